@@ -1,0 +1,164 @@
+//! The `baton-worker` command line.
+
+use std::{io::Write, path::PathBuf, time::Instant};
+
+use burn_tensor::backend::Backend;
+use clap::{Args, Parser, Subcommand};
+
+use crate::{
+    backend::{BackendKind, CpuBackend},
+    engine::{chat::ChatMessage, Engine, GenerateParams, Prompt},
+    engine::llama::WeightDtype,
+    engine::sampler::SamplingParams,
+};
+
+/// Baton worker.
+#[derive(Debug, Parser)]
+#[command(name = "baton-worker", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Generate a completion locally, without a cluster.
+    Generate(GenerateArgs),
+    /// Measure prefill and decode speed and peak memory.
+    Bench(crate::bench::BenchArgs),
+}
+
+/// Arguments of `generate`.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// GGUF model file.
+    #[arg(long, env = baton_common::env::MODEL, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    pub model: PathBuf,
+    /// Prompt text (the user message with --chat).
+    #[arg(long)]
+    pub prompt: String,
+    /// Render the prompt as a user message through the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// System message (with --chat).
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Nucleus sampling mass.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Keep only the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Repetition penalty (1: none).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop strings (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Weight dtype kept in memory: f32 or f16.
+    #[arg(long, default_value = "f32")]
+    pub dtype: WeightDtype,
+    /// Backend: cpu or cuda.
+    #[arg(long, env = baton_common::env::BACKEND, default_value = "cpu")]
+    pub backend: BackendKind,
+    /// Print token ids and timings to stderr.
+    #[arg(long)]
+    pub verbose: bool,
+}
+
+/// Runs the command line.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Generate(args) => match args.backend {
+            BackendKind::Cpu => generate::<CpuBackend>(&args, &Default::default()),
+            BackendKind::Cuda => {
+                crate::backend::cuda_available()?;
+                #[cfg(feature = "cuda")]
+                {
+                    generate::<crate::backend::CudaBackend>(&args, &Default::default())
+                }
+                #[cfg(not(feature = "cuda"))]
+                {
+                    unreachable!("cuda_available fails without the cuda feature")
+                }
+            }
+        },
+        Command::Bench(args) => crate::bench::run::<CpuBackend>(&args, &Default::default()),
+    }
+}
+
+fn generate<B: Backend>(args: &GenerateArgs, device: &B::Device) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let engine = Engine::<B>::load(&args.model, args.dtype, device)?;
+    let load = t0.elapsed();
+    let prompt = if args.chat {
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(ChatMessage {
+                role: "system".into(),
+                content: system.clone(),
+            });
+        }
+        messages.push(ChatMessage {
+            role: "user".into(),
+            content: args.prompt.clone(),
+        });
+        Prompt::Chat(messages)
+    } else {
+        Prompt::Text(args.prompt.clone())
+    };
+    let ids = engine.encode_prompt(&prompt)?;
+    let params = GenerateParams {
+        max_tokens: args.max_tokens,
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            repetition_penalty: args.repetition_penalty,
+            seed: args.seed,
+        },
+        stop: args.stop.clone(),
+        ignore_eos: false,
+    };
+    let n_prompt = ids.len();
+    let t1 = Instant::now();
+    let mut first = None;
+    let mut stdout = std::io::stdout().lock();
+    let completion = engine.generate(ids, params, &mut |ev| {
+        if first.is_none() {
+            first = Some(t1.elapsed());
+        }
+        let _ = stdout.write_all(ev.text.as_bytes());
+        let _ = stdout.flush();
+    })?;
+    let _ = writeln!(stdout);
+    let total = t1.elapsed();
+    if args.verbose {
+        let first = first.unwrap_or(total);
+        let decode = total.saturating_sub(first).as_secs_f64();
+        let n = completion.ids.len();
+        eprintln!("prompt ids: {:?}", completion.prompt_ids);
+        eprintln!("output ids: {:?}", completion.ids);
+        eprintln!(
+            "load {:.2}s, prompt {} tokens, first token {:.1} ms, {} tokens, decode {:.1} tok/s, finish {:?}",
+            load.as_secs_f64(),
+            n_prompt,
+            first.as_secs_f64() * 1e3,
+            n,
+            if decode > 0.0 { (n.saturating_sub(1)) as f64 / decode } else { 0.0 },
+            completion.finish
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,432 @@
+//! Turning prompts into completions: sequences, stop conditions and the decode loop.
+//!
+//! A [`Sequence`] carries everything one request needs between steps (its cache, its
+//! sampler, its stop state). [`Engine::step`] advances any number of sequences by one
+//! token with one batched forward pass, so a scheduler can add and remove sequences
+//! between steps (continuous batching); [`Engine::generate`] is the one-sequence loop.
+
+use std::path::Path;
+
+use burn_tensor::backend::Backend;
+
+use super::{
+    chat::{ChatError, ChatMessage, ChatTemplate},
+    gguf::{GgufError, GgufFile},
+    llama::{load::load_llama, model::ForwardError, KvCache, Llama, LoadError, WeightDtype},
+    sampler::{SamplingError, SamplingParams},
+    stops::StopMatcher,
+    tokenizer::{Tokenizer, TokenizerError},
+};
+
+/// Why the engine refused or failed a request.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The model file could not be read.
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    /// The model could not be built from the file.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// Tokenizing or detokenizing failed.
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    /// The chat template failed.
+    #[error(transparent)]
+    Chat(#[from] ChatError),
+    /// The model file has no chat template but a chat request came.
+    #[error("the model has no chat template")]
+    NoChatTemplate,
+    /// A sampling parameter is out of range.
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    /// The prompt is empty after tokenization.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// The prompt does not fit the context.
+    #[error("the prompt has {prompt} tokens but the context holds {context}")]
+    PromptTooLong {
+        /// Prompt tokens.
+        prompt: usize,
+        /// Context length.
+        context: usize,
+    },
+    /// `max_tokens` was 0.
+    #[error("max_tokens must be at least 1")]
+    ZeroMaxTokens,
+    /// The forward pass refused its input.
+    #[error(transparent)]
+    Forward(#[from] ForwardError),
+}
+
+impl EngineError {
+    /// A stable identifier for error bodies and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EngineError::Gguf(e) => e.kind(),
+            EngineError::Load(e) => e.kind(),
+            EngineError::Tokenizer(e) => e.kind(),
+            EngineError::Chat(e) => e.kind(),
+            EngineError::NoChatTemplate => "no_chat_template",
+            EngineError::Sampling(_) => "invalid_sampling",
+            EngineError::EmptyPrompt => "empty_prompt",
+            EngineError::PromptTooLong { .. } => "prompt_too_long",
+            EngineError::ZeroMaxTokens => "invalid_max_tokens",
+            EngineError::Forward(_) => "forward",
+        }
+    }
+}
+
+/// What a request asks for, besides its prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateParams {
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// How tokens are picked.
+    pub sampling: SamplingParams,
+    /// Strings that end the completion (not included in it).
+    pub stop: Vec<String>,
+    /// Keep going past end-of-sequence tokens.
+    pub ignore_eos: bool,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        Self {
+            max_tokens: 16,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+}
+
+/// Why a completion ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-sequence token was generated.
+    Eos,
+    /// A stop string appeared.
+    StopString,
+    /// `max_tokens` were generated.
+    MaxTokens,
+    /// The context is full.
+    ContextFull,
+}
+
+impl FinishReason {
+    /// The OpenAI `finish_reason` for it.
+    pub fn openai(self) -> &'static str {
+        match self {
+            FinishReason::Eos | FinishReason::StopString => "stop",
+            FinishReason::MaxTokens | FinishReason::ContextFull => "length",
+        }
+    }
+}
+
+/// One generated token, as a stream sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenEvent {
+    /// Index of the token in the output (0 for the first generated token).
+    pub index: usize,
+    /// Token id.
+    pub id: u32,
+    /// Text that became final with this token (may be empty: an incomplete UTF-8
+    /// character, or text held back while it may start a stop string).
+    pub text: String,
+}
+
+/// A finished completion.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// Prompt token ids.
+    pub prompt_ids: Vec<u32>,
+    /// Generated token ids (including a final end-of-sequence token, if any).
+    pub ids: Vec<u32>,
+    /// Generated text, cut before a stop string and without end-of-sequence tokens.
+    pub text: String,
+    /// Why it ended.
+    pub finish: FinishReason,
+}
+
+/// A prompt, as text or as chat messages.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// Raw text, tokenized as is.
+    Text(String),
+    /// Messages rendered through the model's chat template.
+    Chat(Vec<ChatMessage>),
+}
+
+/// A model, its tokenizer and chat template: everything needed to serve completions.
+pub struct Engine<B: Backend> {
+    model: Llama<B>,
+    tokenizer: Tokenizer,
+    chat: Option<ChatTemplate>,
+    /// Tokens that end a completion: the model's EOS and the end-of-turn tokens its
+    /// vocabulary defines.
+    end_tokens: Vec<u32>,
+    /// Hash of the weight file and tokenizer; two workers agree on a stream's state only
+    /// when their fingerprints are equal.
+    fingerprint: u64,
+}
+
+impl<B: Backend> Engine<B> {
+    /// Loads a GGUF model file onto `device`.
+    pub fn load(path: &Path, dtype: WeightDtype, device: &B::Device) -> Result<Self, EngineError> {
+        let gguf = GgufFile::open(path)?;
+        let mut last_decile = 0;
+        let mut progress = |done: usize, total: usize| {
+            let decile = done * 10 / total.max(1);
+            if decile > last_decile {
+                last_decile = decile;
+                tracing::info!(
+                    percent = decile * 10,
+                    tensors = done,
+                    total,
+                    "loading model"
+                );
+            }
+        };
+        let model = load_llama::<B>(&gguf, dtype, device, &mut progress)?;
+        let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        let chat = ChatTemplate::from_gguf(&gguf)?;
+        let mut end_tokens: Vec<u32> = tokenizer.eos_id().into_iter().collect();
+        for t in ["<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>"] {
+            if let Some(id) = tokenizer.token_id(t) {
+                if !end_tokens.contains(&id) {
+                    end_tokens.push(id);
+                }
+            }
+        }
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        hasher.update(gguf.bytes());
+        hasher.update(&tokenizer.fingerprint_bytes());
+        Ok(Self {
+            model,
+            tokenizer,
+            chat,
+            end_tokens,
+            fingerprint: hasher.digest(),
+        })
+    }
+
+    /// The network.
+    pub fn model(&self) -> &Llama<B> {
+        &self.model
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The model fingerprint (weights and tokenizer).
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+
+    /// Tokens that end a completion.
+    pub fn end_tokens(&self) -> &[u32] {
+        &self.end_tokens
+    }
+
+    /// Longest sequence (prompt and output) the engine runs.
+    pub fn context_length(&self) -> usize {
+        self.model.config().context_length.min(super::llama::load::MAX_CONTEXT)
+    }
+
+    /// Renders and tokenizes a prompt.
+    pub fn encode_prompt(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
+        match prompt {
+            Prompt::Text(t) => Ok(self.tokenizer.encode(t, true)?),
+            Prompt::Chat(messages) => {
+                let chat = self.chat.as_ref().ok_or(EngineError::NoChatTemplate)?;
+                let text = chat.render(messages, true)?;
+                // The template writes any BOS itself.
+                Ok(self.tokenizer.encode(&text, false)?)
+            }
+        }
+    }
+
+    /// Starts a sequence after checking the request against the model's limits.
+    pub fn start(&self, prompt_ids: Vec<u32>, params: GenerateParams) -> Result<Sequence<B>, EngineError> {
+        params.sampling.validate()?;
+        if params.max_tokens == 0 {
+            return Err(EngineError::ZeroMaxTokens);
+        }
+        if prompt_ids.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let context = self.context_length();
+        if prompt_ids.len() >= context {
+            return Err(EngineError::PromptTooLong {
+                prompt: prompt_ids.len(),
+                context,
+            });
+        }
+        let vocab = self.model.config().vocab;
+        if let Some(&id) = prompt_ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ForwardError::BadToken { id, vocab }.into());
+        }
+        Ok(Sequence {
+            cache: self.model.new_cache(),
+            pending: prompt_ids.clone(),
+            stops: StopMatcher::new(&params.stop),
+            prompt_ids,
+            generated: Vec::new(),
+            params,
+            text: String::new(),
+            decoder_ids: Vec::new(),
+            decoded_len: 0,
+            finish: None,
+        })
+    }
+
+    /// Advances every unfinished sequence by one token with one forward pass, and
+    /// returns the token event of each (in order; `None` for sequences already finished).
+    pub fn step(&self, seqs: &mut [&mut Sequence<B>]) -> Result<Vec<Option<TokenEvent>>, EngineError> {
+        use super::llama::SeqInput;
+        let active: Vec<usize> = (0..seqs.len()).filter(|&i| seqs[i].finish.is_none()).collect();
+        let mut events = vec![None; seqs.len()];
+        if active.is_empty() {
+            return Ok(events);
+        }
+        let logits = {
+            let mut inputs: Vec<SeqInput<'_, B>> = Vec::with_capacity(active.len());
+            let mut rest: Vec<Option<&mut Sequence<B>>> = seqs.iter_mut().map(|s| Some(&mut **s)).collect();
+            for &i in &active {
+                let s = rest[i].take().expect("each index once");
+                inputs.push(SeqInput {
+                    tokens: &s.pending,
+                    cache: &mut s.cache,
+                });
+            }
+            Llama::<B>::logits_to_host(self.model.forward(&mut inputs)?)
+        };
+        for (&i, mut row) in active.iter().zip(logits) {
+            events[i] = Some(seqs[i].accept(self, &mut row)?);
+        }
+        Ok(events)
+    }
+
+    /// Runs one prompt to completion, calling `on_token` for each token as it comes.
+    pub fn generate(
+        &self,
+        prompt_ids: Vec<u32>,
+        params: GenerateParams,
+        on_token: &mut dyn FnMut(&TokenEvent),
+    ) -> Result<Completion, EngineError> {
+        let mut seq = self.start(prompt_ids, params)?;
+        while seq.finish.is_none() {
+            if let Some(ev) = self.step(&mut [&mut seq])?.pop().flatten() {
+                on_token(&ev);
+            }
+        }
+        Ok(seq.into_completion())
+    }
+}
+
+/// One request in flight.
+pub struct Sequence<B: Backend> {
+    cache: KvCache<B>,
+    /// Tokens not yet run through the model (the prompt, then each sampled token).
+    pending: Vec<u32>,
+    prompt_ids: Vec<u32>,
+    generated: Vec<u32>,
+    params: GenerateParams,
+    stops: StopMatcher,
+    /// Text emitted so far.
+    text: String,
+    /// Ids decoded as text (end tokens excluded).
+    decoder_ids: Vec<u32>,
+    /// Bytes of `decode(decoder_ids)` already handed to the stop matcher.
+    decoded_len: usize,
+    finish: Option<FinishReason>,
+}
+
+impl<B: Backend> Sequence<B> {
+    /// Why the sequence ended, once it has.
+    pub fn finish_reason(&self) -> Option<FinishReason> {
+        self.finish
+    }
+
+    /// Tokens generated so far.
+    pub fn generated(&self) -> &[u32] {
+        &self.generated
+    }
+
+    /// The KV cache (its length is the number of positions processed).
+    pub fn cache(&self) -> &KvCache<B> {
+        &self.cache
+    }
+
+    /// Samples the next token from its logits and applies the stop conditions.
+    fn accept(&mut self, engine: &Engine<B>, logits: &mut [f32]) -> Result<TokenEvent, EngineError> {
+        let position = (self.prompt_ids.len() + self.generated.len()) as u64;
+        let history: Vec<u32> = if self.params.sampling.repetition_penalty != 1.0 {
+            self.prompt_ids.iter().chain(&self.generated).copied().collect()
+        } else {
+            Vec::new()
+        };
+        let id = self.params.sampling.sample(logits, &history, position);
+        let index = self.generated.len();
+        self.generated.push(id);
+        self.pending.clear();
+        self.pending.push(id);
+
+        let is_end = !self.params.ignore_eos && engine.end_tokens.contains(&id);
+        let mut text = String::new();
+        if is_end {
+            self.finish = Some(FinishReason::Eos);
+        } else {
+            self.decoder_ids.push(id);
+            let full = engine.tokenizer.decode(&self.decoder_ids, true)?;
+            // Only whole characters are final: a trailing U+FFFD may be half of one.
+            let stable = full.trim_end_matches('\u{FFFD}');
+            if stable.len() > self.decoded_len && stable.is_char_boundary(self.decoded_len) {
+                let fresh = stable[self.decoded_len..].to_owned();
+                self.decoded_len = stable.len();
+                let out = self.stops.push(&fresh);
+                text = out.emit;
+                if out.stopped {
+                    self.finish = Some(FinishReason::StopString);
+                }
+            }
+        }
+        if self.finish.is_none() {
+            if self.generated.len() >= self.params.max_tokens {
+                self.finish = Some(FinishReason::MaxTokens);
+            } else if self.cache.len() + 1 >= engine.context_length() {
+                self.finish = Some(FinishReason::ContextFull);
+            }
+        }
+        if matches!(self.finish, Some(FinishReason::MaxTokens | FinishReason::ContextFull | FinishReason::Eos)) {
+            // Flush what the stop matcher held and any trailing partial character.
+            let full = engine.tokenizer.decode(&self.decoder_ids, true)?;
+            if full.len() > self.decoded_len && full.is_char_boundary(self.decoded_len) {
+                let rest = full[self.decoded_len..].to_owned();
+                self.decoded_len = full.len();
+                let out = self.stops.push(&rest);
+                text.push_str(&out.emit);
+                if out.stopped {
+                    self.finish = Some(FinishReason::StopString);
+                }
+            }
+            if self.finish != Some(FinishReason::StopString) {
+                text.push_str(&self.stops.finish());
+            }
+        }
+        self.text.push_str(&text);
+        Ok(TokenEvent { index, id, text })
+    }
+
+    /// The finished completion.
+    pub fn into_completion(self) -> Completion {
+        Completion {
+            prompt_ids: self.prompt_ids,
+            ids: self.generated,
+            text: self.text,
+            finish: self.finish.unwrap_or(FinishReason::MaxTokens),
+        }
+    }
+}

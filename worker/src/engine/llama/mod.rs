@@ -1,0 +1,28 @@
+//! The Llama family forward pass, generic over the burn backend.
+//!
+//! # Layout
+//! - [`config`]: hyper-parameters read from the GGUF metadata.
+//! - [`load`]: builds the model from a GGUF file (tensor naming, RoPE row order, tied
+//!   embeddings).
+//! - [`linear`]: a weight matrix in the dtype the worker keeps in memory.
+//! - [`rope`]: rotary position embeddings.
+//! - [`attention`]: grouped-query self-attention against a [`cache::KvCache`].
+//! - [`mlp`]: the SwiGLU feed-forward block.
+//! - [`cache`]: the per-sequence KV cache.
+//! - [`model`]: the whole network and its batched forward pass.
+//! - [`synthetic`]: random-weight Llama files for tests and speed measurements.
+
+pub mod attention;
+pub mod cache;
+pub mod config;
+pub mod linear;
+pub mod load;
+pub mod mlp;
+pub mod model;
+pub mod rope;
+pub mod synthetic;
+
+pub use cache::KvCache;
+pub use config::LlamaConfig;
+pub use load::{LoadError, WeightDtype};
+pub use model::{Llama, SeqInput};

@@ -1,0 +1,183 @@
+//! The Llama network and its batched forward pass.
+
+use burn_tensor::{backend::Backend, Int, Tensor, TensorData};
+
+use super::{
+    attention::{Attention, SeqSpan},
+    cache::KvCache,
+    config::LlamaConfig,
+    linear::Linear,
+    mlp::Mlp,
+    rope::Rope,
+};
+
+/// Why a forward pass was refused. Checked before any tensor work.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ForwardError {
+    /// A sequence brought no new tokens.
+    #[error("sequence {0} has no tokens to process")]
+    Empty(usize),
+    /// The sequence would run past the model's context.
+    #[error("sequence {seq} needs {needed} positions but the context holds {context}")]
+    ContextExceeded {
+        /// Index of the sequence in the batch.
+        seq: usize,
+        /// Positions the sequence would occupy.
+        needed: usize,
+        /// The model's context length.
+        context: usize,
+    },
+    /// A token id is not in the vocabulary.
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    BadToken {
+        /// The offending id.
+        id: u32,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+}
+
+/// Root-mean-square layer norm.
+#[derive(Debug, Clone)]
+pub struct RmsNorm<B: Backend> {
+    /// `[1, hidden]` scale.
+    pub(crate) weight: Tensor<B, 2>,
+    pub(crate) eps: f32,
+}
+
+impl<B: Backend> RmsNorm<B> {
+    /// `x: [rows, hidden]` → normalised rows scaled by the weight.
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let inv_rms = x
+            .clone()
+            .powi_scalar(2)
+            .mean_dim(1)
+            .add_scalar(self.eps)
+            .sqrt()
+            .recip();
+        x * inv_rms * self.weight.clone()
+    }
+}
+
+/// One transformer block.
+#[derive(Debug, Clone)]
+pub struct Block<B: Backend> {
+    pub(crate) attn_norm: RmsNorm<B>,
+    pub(crate) attn: Attention<B>,
+    pub(crate) ffn_norm: RmsNorm<B>,
+    pub(crate) mlp: Mlp<B>,
+}
+
+/// New tokens of one sequence and the cache holding what came before them.
+pub struct SeqInput<'a, B: Backend> {
+    /// Tokens to run, at positions `cache.len()..`.
+    pub tokens: &'a [u32],
+    /// The sequence's cache; extended by the forward pass.
+    pub cache: &'a mut KvCache<B>,
+}
+
+/// A Llama-family network whose weights are shared by every sequence it serves.
+#[derive(Debug, Clone)]
+pub struct Llama<B: Backend> {
+    pub(crate) config: LlamaConfig,
+    /// `[vocab, hidden]` token embedding, in the weight dtype.
+    pub(crate) embed: Tensor<B, 2>,
+    /// The output projection. Tied models (SmolLM2 among them) have no `output.weight`:
+    /// this is then a transposed view of `embed`, sharing its memory.
+    pub(crate) lm_head: Linear<B>,
+    pub(crate) blocks: Vec<Block<B>>,
+    pub(crate) norm: RmsNorm<B>,
+    pub(crate) rope: Rope<B>,
+    pub(crate) device: B::Device,
+}
+
+impl<B: Backend> Llama<B> {
+    /// The network's shape.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &B::Device {
+        &self.device
+    }
+
+    /// A fresh cache for one sequence.
+    pub fn new_cache(&self) -> KvCache<B> {
+        KvCache::new(self.config.n_layers)
+    }
+
+    /// Runs the new tokens of every sequence in one pass — linear layers over all rows
+    /// at once, attention per sequence against its own cache — and returns the logits
+    /// of each sequence's last new token, `[sequences, vocab]`.
+    pub fn forward(&self, seqs: &mut [SeqInput<'_, B>]) -> Result<Tensor<B, 2>, ForwardError> {
+        let context = self.config.context_length.min(self.rope.max_positions());
+        let mut spans = Vec::with_capacity(seqs.len());
+        let mut ids = Vec::new();
+        for (i, s) in seqs.iter().enumerate() {
+            if s.tokens.is_empty() {
+                return Err(ForwardError::Empty(i));
+            }
+            let needed = s.cache.len() + s.tokens.len();
+            if needed > context {
+                return Err(ForwardError::ContextExceeded {
+                    seq: i,
+                    needed,
+                    context,
+                });
+            }
+            for &t in s.tokens {
+                if t as usize >= self.config.vocab {
+                    return Err(ForwardError::BadToken {
+                        id: t,
+                        vocab: self.config.vocab,
+                    });
+                }
+                ids.push(t as i32);
+            }
+            spans.push(SeqSpan {
+                row: ids.len() - s.tokens.len(),
+                len: s.tokens.len(),
+                pos: s.cache.len(),
+            });
+        }
+        let rows = ids.len();
+        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [rows]), &self.device);
+        let mut x = self.embed.clone().select(0, ids).cast(burn_tensor::DType::F32);
+        let mut caches: Vec<&mut KvCache<B>> = seqs.iter_mut().map(|s| &mut *s.cache).collect();
+        for (layer, block) in self.blocks.iter().enumerate() {
+            let h = block.attn_norm.forward(x.clone());
+            x = x + block
+                .attn
+                .forward(layer, h, &spans, &mut caches, &self.rope);
+            let h = block.ffn_norm.forward(x.clone());
+            x = x + block.mlp.forward(h);
+        }
+        for (cache, span) in caches.iter_mut().zip(&spans) {
+            cache.advance(span.len);
+        }
+        let last = if spans.len() == 1 && spans[0].len == 1 {
+            x
+        } else {
+            let picked: Vec<_> = spans
+                .iter()
+                .map(|s| x.clone().narrow(0, s.row + s.len - 1, 1))
+                .collect();
+            Tensor::cat(picked, 0)
+        };
+        Ok(self.lm_head.forward(self.norm.forward(last)))
+    }
+
+    /// Copies logits `[sequences, vocab]` to the host, one vector per sequence.
+    pub fn logits_to_host(logits: Tensor<B, 2>) -> Vec<Vec<f32>> {
+        let [n, vocab] = logits.dims();
+        let data = logits.into_data();
+        let flat: Vec<f32> = match data.to_vec::<f32>() {
+            Ok(v) => v,
+            Err(_) => data.convert::<f32>().to_vec::<f32>().unwrap_or_default(),
+        };
+        (0..n)
+            .map(|i| flat.get(i * vocab..(i + 1) * vocab).unwrap_or(&[]).to_vec())
+            .collect()
+    }
+}

@@ -1,0 +1,22 @@
+//! The inference engine: from a GGUF file and a prompt to tokens.
+//!
+//! # Layout
+//! - [`gguf`]: the GGUF reader (mmap, validated), dequantization, and a writer.
+//! - [`tokenizer`]: byte-level BPE built from the GGUF vocabulary with HF `tokenizers`.
+//! - [`chat`]: the model's own chat template, rendered with minijinja.
+//! - [`llama`]: the Llama forward pass in burn and its KV cache.
+//! - [`sampler`]: greedy and seeded sampling, counter-based per position.
+//! - [`stops`]: stop strings over streamed text.
+//! - [`generate`]: sequences, stop conditions, the batched step and the decode loop.
+
+pub mod chat;
+pub mod generate;
+pub mod gguf;
+pub mod llama;
+pub mod sampler;
+pub mod stops;
+pub mod tokenizer;
+
+pub use generate::{
+    Completion, Engine, EngineError, FinishReason, GenerateParams, Prompt, Sequence, TokenEvent,
+};

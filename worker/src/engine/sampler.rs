@@ -1,0 +1,253 @@
+//! Choosing the next token from logits.
+//!
+//! The random draw for position `p` depends only on `(seed, p)`: a ChaCha8 generator
+//! keyed by the seed, on stream `p`. A stream resumed on another worker at position `p`
+//! therefore draws exactly what the first worker would have drawn.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// How to pick tokens. `temperature == 0` is greedy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature; 0 picks the most likely token.
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens (0: all).
+    pub top_k: usize,
+    /// Keep the smallest set of most likely tokens whose probability reaches `top_p`.
+    pub top_p: f32,
+    /// Penalty (> 1 discourages) on tokens already in the prompt or the output.
+    pub repetition_penalty: f32,
+    /// Seed of the counter-based random draw.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            repetition_penalty: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+/// A sampling parameter outside its domain.
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum SamplingError {
+    /// Temperature must be finite and ≥ 0.
+    #[error("temperature must be a finite number >= 0, got {0}")]
+    Temperature(f32),
+    /// top_p must lie in (0, 1].
+    #[error("top_p must be in (0, 1], got {0}")]
+    TopP(f32),
+    /// The repetition penalty must be finite and > 0.
+    #[error("repetition_penalty must be a finite number > 0, got {0}")]
+    RepetitionPenalty(f32),
+}
+
+impl SamplingParams {
+    /// Checks every field's domain.
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(SamplingError::Temperature(self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(SamplingError::TopP(self.top_p));
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return Err(SamplingError::RepetitionPenalty(self.repetition_penalty));
+        }
+        Ok(())
+    }
+
+    /// The uniform draw in `[0, 1)` used at `position`.
+    pub fn draw(&self, position: u64) -> f64 {
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        rng.set_stream(position);
+        rng.random::<f64>()
+    }
+
+    /// Picks the token at `position` from `logits`, given the tokens so far (prompt and
+    /// output) for the repetition penalty. `logits` is modified in place.
+    pub fn sample(&self, logits: &mut [f32], history: &[u32], position: u64) -> u32 {
+        if self.repetition_penalty != 1.0 {
+            apply_repetition_penalty(logits, history, self.repetition_penalty);
+        }
+        if self.temperature == 0.0 {
+            return argmax(logits);
+        }
+        let mut cands: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| !l.is_nan())
+            .map(|(i, &l)| (i as u32, l / self.temperature))
+            .collect();
+        if cands.is_empty() {
+            return 0;
+        }
+        // Most likely first; equal logits by id so the order never depends on the sort.
+        cands.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if self.top_k > 0 && self.top_k < cands.len() {
+            cands.truncate(self.top_k);
+        }
+        let max = cands[0].1;
+        let mut probs: Vec<f64> = cands.iter().map(|c| ((c.1 - max) as f64).exp()).collect();
+        let sum: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= sum);
+        let mut keep = probs.len();
+        if self.top_p < 1.0 {
+            let mut acc = 0.0;
+            for (i, p) in probs.iter().enumerate() {
+                acc += p;
+                if acc >= self.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        let total: f64 = probs[..keep].iter().sum();
+        let target = self.draw(position) * total;
+        let mut acc = 0.0;
+        for (c, p) in cands[..keep].iter().zip(&probs[..keep]) {
+            acc += p;
+            if target < acc {
+                return c.0;
+            }
+        }
+        cands[keep - 1].0
+    }
+}
+
+/// Index of the largest logit; the lowest index among equals. NaNs are skipped.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > best_v {
+            best = i;
+            best_v = v;
+        }
+    }
+    best as u32
+}
+
+/// CTRL-style penalty: positive logits are divided by it, negative ones multiplied.
+fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f32) {
+    let mut seen = vec![false; logits.len()];
+    for &t in history {
+        if let Some(s) = seen.get_mut(t as usize) {
+            if !*s {
+                *s = true;
+                let l = &mut logits[t as usize];
+                *l = if *l > 0.0 { *l / penalty } else { *l * penalty };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f32, seed: u64) -> SamplingParams {
+        SamplingParams {
+            temperature,
+            seed,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn greedy_picks_max_and_lowest_on_ties() {
+        let p = params(0.0, 1);
+        assert_eq!(p.sample(&mut [0.1, 3.0, -1.0, 2.0], &[], 0), 1);
+        assert_eq!(p.sample(&mut [1.0, 5.0, 5.0], &[], 0), 1);
+        assert_eq!(p.sample(&mut [f32::NAN, 1.0], &[], 0), 1);
+    }
+
+    #[test]
+    fn draw_depends_only_on_seed_and_position() {
+        let a = params(1.0, 42);
+        let b = params(1.0, 42);
+        let seq_a: Vec<f64> = (0..50).map(|p| a.draw(p)).collect();
+        // Another "worker" that starts at position 25 draws the same values there.
+        let seq_b: Vec<f64> = (25..50).map(|p| b.draw(p)).collect();
+        assert_eq!(&seq_a[25..], &seq_b[..]);
+        assert_ne!(params(1.0, 43).draw(7), a.draw(7));
+        assert_ne!(a.draw(7), a.draw(8));
+        assert!(seq_a.iter().all(|u| (0.0..1.0).contains(u)));
+    }
+
+    #[test]
+    fn sampling_is_reproducible_and_follows_probabilities() {
+        let logits = [0.0f32, (3.0f32).ln(), f32::NEG_INFINITY];
+        let p = params(1.0, 9);
+        let mut counts = [0usize; 3];
+        for pos in 0..4000 {
+            let t = p.sample(&mut logits.clone(), &[], pos);
+            assert_eq!(t, p.sample(&mut logits.clone(), &[], pos));
+            counts[t as usize] += 1;
+        }
+        assert_eq!(counts[2], 0);
+        let share = counts[1] as f64 / 4000.0;
+        assert!((share - 0.75).abs() < 0.03, "share of token 1 was {share}");
+    }
+
+    #[test]
+    fn top_k_and_top_p_restrict_candidates() {
+        let logits = [1.0f32, 2.0, 3.0, 4.0];
+        let k1 = SamplingParams {
+            temperature: 1.0,
+            top_k: 1,
+            ..Default::default()
+        };
+        let p_small = SamplingParams {
+            temperature: 1.0,
+            top_p: 0.1,
+            ..Default::default()
+        };
+        for pos in 0..100 {
+            assert_eq!(k1.sample(&mut logits.clone(), &[], pos), 3);
+            assert_eq!(p_small.sample(&mut logits.clone(), &[], pos), 3);
+        }
+        let k2 = SamplingParams {
+            temperature: 1.0,
+            top_k: 2,
+            ..Default::default()
+        };
+        let seen: std::collections::BTreeSet<u32> = (0..200)
+            .map(|pos| k2.sample(&mut logits.clone(), &[], pos))
+            .collect();
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![2, 3]);
+    }
+
+    #[test]
+    fn repetition_penalty_discourages_seen_tokens() {
+        let p = SamplingParams {
+            repetition_penalty: 2.0,
+            ..Default::default()
+        };
+        // Token 0 leads but was already used: 3.0 / 2 < 2.0.
+        assert_eq!(p.sample(&mut [3.0, 2.0], &[0, 0], 0), 1);
+        let mut neg = [-1.0f32, -1.5];
+        p.sample(&mut neg, &[0], 0);
+        assert_eq!(neg, [-2.0, -1.5]);
+    }
+
+    #[test]
+    fn validation_rejects_out_of_domain_values() {
+        assert!(params(-0.1, 0).validate().is_err());
+        assert!(params(f32::NAN, 0).validate().is_err());
+        let mut p = params(1.0, 0);
+        p.top_p = 0.0;
+        assert!(p.validate().is_err());
+        p.top_p = 1.0;
+        p.repetition_penalty = 0.0;
+        assert!(p.validate().is_err());
+        p.repetition_penalty = 1.1;
+        assert!(p.validate().is_ok());
+    }
+}

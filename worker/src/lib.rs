@@ -1,0 +1,14 @@
+//! Baton worker: runs Llama-family models from GGUF files with burn.
+//!
+//! # Layout
+//! - [`engine`]: everything that turns a prompt into tokens — GGUF reader, tokenizer,
+//!   chat template, Llama forward pass, KV cache, sampler, stop conditions.
+//! - [`backend`]: the burn backends a worker can run on (`flex` on CPU, `cuda` behind the
+//!   `cuda` feature) and how one is chosen.
+//! - [`bench`]: `baton-worker bench`, the engine's speed and memory benchmark.
+//! - [`cli`]: the `baton-worker` command line.
+
+pub mod backend;
+pub mod bench;
+pub mod cli;
+pub mod engine;

@@ -1,0 +1,14 @@
+//! `baton-worker`: see [`baton_worker::cli`].
+
+use clap::Parser;
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    baton_worker::cli::run(baton_worker::cli::Cli::parse())
+}

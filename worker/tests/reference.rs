@@ -1,0 +1,156 @@
+//! Agreement with an independent reference: greedy continuations and logits of the
+//! default model against `worker/tests/fixtures/reference/greedy.json`, written by
+//! `scripts/reference.py` (numpy, float64, weights dequantized by the `gguf` package).
+//!
+//! Needs the default model at `models/` (`scripts/setup` puts it there); without it the
+//! test says so and passes, as `cargo test` must run without network.
+
+use std::path::PathBuf;
+
+use baton_worker::{
+    backend::CpuBackend as B,
+    engine::{
+        chat::ChatMessage,
+        llama::{Llama, SeqInput, WeightDtype},
+        sampler::argmax,
+        Engine, GenerateParams, Prompt,
+    },
+};
+use serde_json::Value;
+
+/// Largest allowed difference between our logits and the reference's.
+const LOGIT_TOLERANCE: f32 = 5e-3;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn fixture_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/reference")
+}
+
+fn model_path() -> Option<PathBuf> {
+    let p = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("skipping: {} is absent (run scripts/setup)", p.display());
+        None
+    }
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("array of ids")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+/// Compares against the full vector when the fixture has one, else the top entries.
+fn check_logits(case: &str, ours: &[f32], reference_top: &Value, full_file: Option<&str>) -> f32 {
+    let mut worst = 0.0f32;
+    if let Some(file) = full_file {
+        let bytes = std::fs::read(fixture_dir().join(file)).expect("logits file");
+        let full: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        assert_eq!(full.len(), ours.len(), "{case}: vocabulary size");
+        for (a, b) in ours.iter().zip(&full) {
+            worst = worst.max((a - b).abs());
+        }
+    }
+    for pair in reference_top.as_array().expect("top list") {
+        let id = pair[0].as_u64().expect("id") as usize;
+        let v = pair[1].as_f64().expect("value") as f32;
+        worst = worst.max((ours[id] - v).abs());
+    }
+    assert!(
+        worst <= LOGIT_TOLERANCE,
+        "{case}: logits differ from the reference by {worst} (> {LOGIT_TOLERANCE})"
+    );
+    worst
+}
+
+#[test]
+fn greedy_tokens_and_logits_match_the_reference() {
+    let Some(model_file) = model_path() else {
+        return;
+    };
+    let fixture: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture_dir().join("greedy.json")).expect("fixture"),
+    )
+    .expect("fixture json");
+    let engine =
+        Engine::<B>::load(&model_file, WeightDtype::F32, &Default::default()).expect("load");
+    let model = engine.model();
+    let cases = fixture["cases"].as_array().expect("cases");
+    assert!(cases.len() >= 4);
+    let mut kinds = std::collections::BTreeSet::new();
+    for case in cases {
+        let name = case["name"].as_str().expect("name");
+        let kind = case["kind"].as_str().expect("kind");
+        kinds.insert(kind.to_owned());
+        let prompt_ids = ids(&case["prompt_ids"]);
+        let expected = ids(&case["generated_ids"]);
+        assert!(expected.len() >= 32, "{name}: fixture too short");
+
+        // Our tokenizer and chat template give the reference's prompt ids.
+        let prompt = match kind {
+            "raw" => Prompt::Text(case["prompt"].as_str().expect("prompt").to_owned()),
+            _ => Prompt::Chat(
+                serde_json::from_value::<Vec<ChatMessage>>(case["messages"].clone())
+                    .expect("messages"),
+            ),
+        };
+        assert_eq!(engine.encode_prompt(&prompt).expect("encode"), prompt_ids, "{name}");
+
+        // Prefill: last-position logits.
+        let mut cache = model.new_cache();
+        let mut logits = Llama::<B>::logits_to_host(
+            model
+                .forward(&mut [SeqInput {
+                    tokens: &prompt_ids,
+                    cache: &mut cache,
+                }])
+                .expect("forward"),
+        )
+        .remove(0);
+        let worst = check_logits(
+            name,
+            &logits,
+            &case["last_logits_top"],
+            case["last_logits_file"].as_str(),
+        );
+        // Greedy decode through the cache, token by token.
+        let mut got = Vec::new();
+        for _ in 0..expected.len() {
+            let t = argmax(&logits);
+            got.push(t);
+            logits = Llama::<B>::logits_to_host(
+                model
+                    .forward(&mut [SeqInput {
+                        tokens: &[t],
+                        cache: &mut cache,
+                    }])
+                    .expect("forward"),
+            )
+            .remove(0);
+        }
+        assert_eq!(got, expected, "{name}: greedy tokens differ");
+        if case.get("logits_after_gen_top").is_some() {
+            check_logits(name, &logits, &case["logits_after_gen_top"], None);
+        }
+        // The engine's own loop (sampler at temperature 0) gives the same tokens.
+        let params = GenerateParams {
+            max_tokens: expected.len(),
+            ignore_eos: true,
+            ..Default::default()
+        };
+        let out = engine.generate(prompt_ids, params, &mut |_| {}).expect("generate");
+        assert_eq!(out.ids, expected, "{name}: engine loop differs");
+        eprintln!("{name}: {} tokens match, max logit diff {worst:.2e}", expected.len());
+    }
+    assert!(kinds.contains("raw") && kinds.contains("chat"));
+}

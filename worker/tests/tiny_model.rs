@@ -1,0 +1,347 @@
+//! The forward pass, KV cache, batching and load errors on tiny random-weight models
+//! written for the test: no real model needed.
+
+use std::path::{Path, PathBuf};
+
+use baton_worker::{
+    backend::CpuBackend as B,
+    engine::{
+        gguf::{GgmlType, GgufFile, GgufWriter, MetaValue},
+        llama::{
+            load::load_llama,
+            synthetic::{write_synthetic_llama, SyntheticSpec},
+            Llama, SeqInput, WeightDtype,
+        },
+        Engine, EngineError, FinishReason, GenerateParams, Prompt,
+    },
+};
+use tempfile::TempDir;
+
+fn tiny(dir: &TempDir, spec: &SyntheticSpec) -> PathBuf {
+    let path = dir.path().join("tiny.gguf");
+    write_synthetic_llama(&path, spec).expect("write tiny model");
+    path
+}
+
+fn load(path: &Path, dtype: WeightDtype) -> Llama<B> {
+    let gguf = GgufFile::open(path).expect("open");
+    load_llama::<B>(&gguf, dtype, &Default::default(), &mut |_, _| {}).expect("load")
+}
+
+fn logits(model: &Llama<B>, seqs: &mut [SeqInput<'_, B>]) -> Vec<Vec<f32>> {
+    Llama::<B>::logits_to_host(model.forward(seqs).expect("forward"))
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+#[test]
+fn cached_decode_equals_full_prefill() {
+    let dir = TempDir::new().expect("tempdir");
+    let model = load(&tiny(&dir, &SyntheticSpec::tiny(1)), WeightDtype::F32);
+    let tokens: Vec<u32> = (0..20).map(|i| (i * 37 % 300) as u32 + 3).collect();
+    for split in [1, 5, 19] {
+        let mut full_cache = model.new_cache();
+        let full = logits(
+            &model,
+            &mut [SeqInput {
+                tokens: &tokens,
+                cache: &mut full_cache,
+            }],
+        );
+        // Prefill part of the sequence, then one token at a time.
+        let mut cache = model.new_cache();
+        let mut last = logits(
+            &model,
+            &mut [SeqInput {
+                tokens: &tokens[..split],
+                cache: &mut cache,
+            }],
+        );
+        for t in &tokens[split..] {
+            last = logits(
+                &model,
+                &mut [SeqInput {
+                    tokens: std::slice::from_ref(t),
+                    cache: &mut cache,
+                }],
+            );
+        }
+        assert_eq!(cache.len(), tokens.len());
+        let d = max_diff(&full[0], &last[0]);
+        assert!(d < 1e-4, "split {split}: cached and full logits differ by {d}");
+    }
+}
+
+#[test]
+fn a_batch_equals_its_sequences_run_alone() {
+    let dir = TempDir::new().expect("tempdir");
+    let model = load(&tiny(&dir, &SyntheticSpec::tiny(2)), WeightDtype::F32);
+    let a: Vec<u32> = vec![10, 20, 30, 40, 50, 60, 70];
+    let b: Vec<u32> = vec![5, 6];
+    let c: Vec<u32> = vec![100];
+    let alone: Vec<Vec<f32>> = [&a, &b, &c]
+        .iter()
+        .map(|t| {
+            let mut cache = model.new_cache();
+            logits(
+                &model,
+                &mut [SeqInput {
+                    tokens: t,
+                    cache: &mut cache,
+                }],
+            )
+            .remove(0)
+        })
+        .collect();
+    let (mut ca, mut cb, mut cc) = (model.new_cache(), model.new_cache(), model.new_cache());
+    let together = logits(
+        &model,
+        &mut [
+            SeqInput {
+                tokens: &a,
+                cache: &mut ca,
+            },
+            SeqInput {
+                tokens: &b,
+                cache: &mut cb,
+            },
+            SeqInput {
+                tokens: &c,
+                cache: &mut cc,
+            },
+        ],
+    );
+    for (x, y) in alone.iter().zip(&together) {
+        assert!(max_diff(x, y) < 1e-4);
+    }
+    // A decode step mixing sequences at different positions.
+    let step = logits(
+        &model,
+        &mut [
+            SeqInput {
+                tokens: &[7],
+                cache: &mut ca,
+            },
+            SeqInput {
+                tokens: &[8, 9],
+                cache: &mut cb,
+            },
+        ],
+    );
+    let mut solo = model.new_cache();
+    let mut seq_a = a.clone();
+    seq_a.push(7);
+    let ref_a = logits(
+        &model,
+        &mut [SeqInput {
+            tokens: &seq_a,
+            cache: &mut solo,
+        }],
+    );
+    assert!(max_diff(&step[0], &ref_a[0]) < 1e-4);
+}
+
+#[test]
+fn f16_weights_stay_close_to_f32() {
+    let dir = TempDir::new().expect("tempdir");
+    let path = tiny(&dir, &SyntheticSpec::tiny(3));
+    let tokens: Vec<u32> = (3..40).collect();
+    let run = |dtype| {
+        let model = load(&path, dtype);
+        let mut cache = model.new_cache();
+        logits(
+            &model,
+            &mut [SeqInput {
+                tokens: &tokens,
+                cache: &mut cache,
+            }],
+        )
+        .remove(0)
+    };
+    let d = max_diff(&run(WeightDtype::F32), &run(WeightDtype::F16));
+    assert!(d < 2e-2, "f16 logits differ from f32 by {d}");
+}
+
+#[test]
+fn untied_and_quantized_models_load_and_run() {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::F16] {
+        let dir = TempDir::new().expect("tempdir");
+        let mut spec = SyntheticSpec::tiny(4);
+        spec.weight_type = ty;
+        spec.untied_output = true;
+        let model = load(&tiny(&dir, &spec), WeightDtype::F32);
+        let mut cache = model.new_cache();
+        let out = logits(
+            &model,
+            &mut [SeqInput {
+                tokens: &[3, 4, 5],
+                cache: &mut cache,
+            }],
+        );
+        assert_eq!(out[0].len(), 320);
+        assert!(out[0].iter().all(|v| v.is_finite()), "{ty:?}");
+    }
+}
+
+#[test]
+fn engine_generates_and_honours_limits() {
+    let dir = TempDir::new().expect("tempdir");
+    let path = tiny(&dir, &SyntheticSpec::tiny(5));
+    let engine = Engine::<B>::load(&path, WeightDtype::F32, &Default::default()).expect("load");
+    let ids = engine
+        .encode_prompt(&Prompt::Text("hello world".into()))
+        .expect("encode");
+    assert!(!ids.is_empty());
+
+    // max_tokens
+    let params = GenerateParams {
+        max_tokens: 5,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let mut streamed = Vec::new();
+    let out = engine
+        .generate(ids.clone(), params.clone(), &mut |ev| streamed.push(ev.clone()))
+        .expect("generate");
+    assert_eq!(out.ids.len(), 5);
+    assert_eq!(out.finish, FinishReason::MaxTokens);
+    assert_eq!(streamed.iter().map(|e| e.id).collect::<Vec<_>>(), out.ids);
+    let streamed_text: String = streamed.iter().map(|e| e.text.as_str()).collect();
+    assert_eq!(streamed_text, out.text);
+    // Greedy is deterministic.
+    let again = engine.generate(ids.clone(), params, &mut |_| {}).expect("generate");
+    assert_eq!(again.ids, out.ids);
+
+    // Context length: the tiny model holds 64 positions.
+    let long = GenerateParams {
+        max_tokens: 1000,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let out = engine.generate(ids.clone(), long, &mut |_| {}).expect("generate");
+    assert_eq!(out.finish, FinishReason::ContextFull);
+    assert_eq!(ids.len() + out.ids.len(), 64);
+
+    // A prompt longer than the context is refused before any work.
+    let too_long: Vec<u32> = vec![5; 80];
+    match engine.start(too_long, GenerateParams::default()) {
+        Err(EngineError::PromptTooLong { prompt: 80, context: 64 }) => {}
+        other => panic!("expected PromptTooLong, got {:?}", other.err()),
+    }
+    assert!(matches!(
+        engine.start(vec![], GenerateParams::default()),
+        Err(EngineError::EmptyPrompt)
+    ));
+    assert!(matches!(
+        engine.start(vec![1_000_000], GenerateParams::default()),
+        Err(EngineError::Forward(_))
+    ));
+
+    // Seeded sampling is reproducible and depends on the seed.
+    let sampled = |seed| {
+        let mut p = GenerateParams {
+            max_tokens: 12,
+            ignore_eos: true,
+            ..Default::default()
+        };
+        p.sampling.temperature = 1.5;
+        p.sampling.seed = seed;
+        engine.generate(ids.clone(), p, &mut |_| {}).expect("generate").ids
+    };
+    assert_eq!(sampled(7), sampled(7));
+    assert_ne!(sampled(7), sampled(8));
+}
+
+#[test]
+fn stop_strings_cut_the_text() {
+    let dir = TempDir::new().expect("tempdir");
+    let path = tiny(&dir, &SyntheticSpec::tiny(6));
+    let engine = Engine::<B>::load(&path, WeightDtype::F32, &Default::default()).expect("load");
+    let ids = engine
+        .encode_prompt(&Prompt::Text("abc".into()))
+        .expect("encode");
+    let free = GenerateParams {
+        max_tokens: 30,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let full = engine.generate(ids.clone(), free.clone(), &mut |_| {}).expect("generate");
+    // Stop on a piece of the text the model produces anyway, past its first character.
+    let chars: Vec<char> = full.text.chars().collect();
+    assert!(chars.len() > 4, "tiny model produced too little text: {:?}", full.text);
+    let stop: String = chars[2..4].iter().collect();
+    let cut = full.text.find(&stop).expect("stop string is in the text");
+    let mut params = free;
+    params.stop = vec![stop];
+    let mut streamed = String::new();
+    let out = engine
+        .generate(ids, params, &mut |ev| streamed.push_str(&ev.text))
+        .expect("generate");
+    assert_eq!(out.finish, FinishReason::StopString);
+    assert_eq!(out.text, full.text[..cut]);
+    assert_eq!(streamed, out.text);
+}
+
+#[test]
+fn bad_model_files_give_clear_errors() {
+    let dir = TempDir::new().expect("tempdir");
+    let good = tiny(&dir, &SyntheticSpec::tiny(7));
+    let device = Default::default();
+    let err = |path: &Path| match Engine::<B>::load(path, WeightDtype::F32, &device) {
+        Ok(_) => panic!("{} loaded", path.display()),
+        Err(e) => e,
+    };
+
+    // Missing file.
+    let e = err(&dir.path().join("absent.gguf"));
+    assert!(e.to_string().contains("absent.gguf") || e.kind() == "io", "{e}");
+
+    // Truncated file.
+    let bytes = std::fs::read(&good).expect("read");
+    let cut = dir.path().join("cut.gguf");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).expect("write");
+    err(&cut);
+
+    // Corrupt magic.
+    let mut bad = bytes.clone();
+    bad[0] = b'X';
+    let corrupt = dir.path().join("corrupt.gguf");
+    std::fs::write(&corrupt, &bad).expect("write");
+    err(&corrupt);
+
+    // Another architecture, and a missing tensor, built by rewriting the metadata.
+    let src = GgufFile::open(&good).expect("open");
+    let rewrite = |name: &str, arch: &str, skip: Option<&str>, retype: Option<GgmlType>| {
+        let mut w = GgufWriter::new();
+        for (k, v) in src.metadata() {
+            let v = if k == "general.architecture" {
+                MetaValue::String(arch.into())
+            } else {
+                v.clone()
+            };
+            w.add_metadata(k.clone(), v).expect("metadata");
+        }
+        for t in src.tensors() {
+            if Some(t.name.as_str()) == skip {
+                continue;
+            }
+            let values = src.dequantize(&t.name).expect("dequantize");
+            let ty = if t.name == "blk.0.attn_q.weight" {
+                retype.unwrap_or(t.ggml_type)
+            } else {
+                t.ggml_type
+            };
+            w.add_tensor(t.name.clone(), &t.dims, ty, &values).expect("tensor");
+        }
+        let path = dir.path().join(name);
+        w.write_to(&path).expect("write");
+        path
+    };
+    let e = err(&rewrite("arch.gguf", "mamba", None, None));
+    assert!(e.to_string().contains("mamba"), "{e}");
+    let e = err(&rewrite("missing.gguf", "llama", Some("blk.1.ffn_up.weight"), None));
+    assert!(e.to_string().contains("blk.1.ffn_up.weight"), "{e}");
+}
