@@ -107,7 +107,7 @@ def main() -> None:
 
     norms = np.stack([np.array(tensors[f"blk.{i}.attn_norm.weight"].data) for i in range(ROWS)])
 
-    # (fixture name, type, weight bytes or array, raw type, source, origin)
+    # (fixture name, type, weight data, source weights or None, origin)
     cases: list[tuple[str, T, np.ndarray, np.ndarray | None, str]] = [
         ("f32", T.F32, norms.astype(np.float32), None, "model: blk.0-3.attn_norm.weight"),
         ("f16", T.F16, gguf.quants.quantize(source_edge, T.F16), source_edge, "quantized real weights"),
@@ -190,8 +190,9 @@ def write_metadata_fixture(out: Path) -> None:
 
     def tagged(value: object, vtype: V, sub: V | None) -> dict:
         if vtype == V.ARRAY:
-            assert isinstance(value, list)
-            if sub is None or sub == V.ARRAY:
+            assert isinstance(value, list) and sub is not None
+            if sub == V.ARRAY:
+                # The one nested array of the fixture holds arrays of strings.
                 items = [tagged(v, V.ARRAY, V.STRING) for v in value]
             else:
                 items = [tagged(v, sub, None) for v in value]

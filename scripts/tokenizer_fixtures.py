@@ -31,7 +31,7 @@ with them, and records transformers' ids as `transformers_ids` where they differ
 `upstream` (other `pre` values) the llama.cpp pipeline is the reference.
 
 SmolLM2's vocabulary lacks 21 of the 256 byte symbols (0x04, 0x06, 0x13, 0x14, 0x16, 0x1d and
-bytes that never occur in UTF-8 text or only in planes 4 to 12); every HF pipeline drops such
+bytes that never occur in UTF-8 text or only in planes 4 to 11); every HF pipeline drops such
 bytes silently, so `decoded` can differ from `text` (case `missing_bytes`).
 
 Outputs, in `worker/tests/fixtures/tokenizer/` unless `--out` says otherwise:

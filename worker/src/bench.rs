@@ -55,7 +55,12 @@ pub fn run<B: Backend>(args: &BenchArgs, device: &B::Device) -> anyhow::Result<(
     let text = "The quick brown fox jumps over the lazy dog. In 1969, the first humans \
                 walked on the Moon, and the world watched on television. ";
     let seed = engine.tokenizer().encode(text, false)?;
-    let prompt: Vec<u32> = seed.iter().copied().cycle().take(args.prompt_tokens).collect();
+    let prompt: Vec<u32> = seed
+        .iter()
+        .copied()
+        .cycle()
+        .take(args.prompt_tokens)
+        .collect();
 
     let mut best_pp = f64::MAX;
     for _ in 0..args.reps.max(1) + 1 {
@@ -96,7 +101,10 @@ pub fn run<B: Backend>(args: &BenchArgs, device: &B::Device) -> anyhow::Result<(
         args.gen_tokens as f64 / best_tg
     );
     if let Some(rss) = peak_rss_bytes() {
-        println!("baton peak_rss {tag} mib={:.0}", rss as f64 / (1024.0 * 1024.0));
+        println!(
+            "baton peak_rss {tag} mib={:.0}",
+            rss as f64 / (1024.0 * 1024.0)
+        );
     }
     Ok(())
 }

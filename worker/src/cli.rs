@@ -7,9 +7,9 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::{
     backend::{BackendKind, CpuBackend},
-    engine::{chat::ChatMessage, Engine, GenerateParams, Prompt},
     engine::llama::WeightDtype,
     engine::sampler::SamplingParams,
+    engine::{chat::ChatMessage, Engine, GenerateParams, Prompt},
 };
 
 /// Baton worker.

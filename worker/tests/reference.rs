@@ -74,7 +74,17 @@ fn check_logits(case: &str, ours: &[f32], reference_top: &Value, full_file: Opti
 }
 
 #[test]
-fn greedy_tokens_and_logits_match_the_reference() {
+fn f32_weights_match_the_reference() {
+    check_against_reference(WeightDtype::F32);
+}
+
+/// The default format on CPU: the file's own blocks and the CPU kernels.
+#[test]
+fn native_weights_match_the_reference() {
+    check_against_reference(WeightDtype::Native);
+}
+
+fn check_against_reference(dtype: WeightDtype) {
     let Some(model_file) = model_path() else {
         return;
     };
@@ -82,8 +92,7 @@ fn greedy_tokens_and_logits_match_the_reference() {
         &std::fs::read_to_string(fixture_dir().join("greedy.json")).expect("fixture"),
     )
     .expect("fixture json");
-    let engine =
-        Engine::<B>::load(&model_file, WeightDtype::F32, &Default::default()).expect("load");
+    let engine = Engine::<B>::load(&model_file, dtype, &Default::default()).expect("load");
     let model = engine.model();
     let cases = fixture["cases"].as_array().expect("cases");
     assert!(cases.len() >= 4);
@@ -104,7 +113,11 @@ fn greedy_tokens_and_logits_match_the_reference() {
                     .expect("messages"),
             ),
         };
-        assert_eq!(engine.encode_prompt(&prompt).expect("encode"), prompt_ids, "{name}");
+        assert_eq!(
+            engine.encode_prompt(&prompt).expect("encode"),
+            prompt_ids,
+            "{name}"
+        );
 
         // Prefill: last-position logits.
         let mut cache = model.new_cache();
@@ -148,9 +161,14 @@ fn greedy_tokens_and_logits_match_the_reference() {
             ignore_eos: true,
             ..Default::default()
         };
-        let out = engine.generate(prompt_ids, params, &mut |_| {}).expect("generate");
+        let out = engine
+            .generate(prompt_ids, params, &mut |_| {})
+            .expect("generate");
         assert_eq!(out.ids, expected, "{name}: engine loop differs");
-        eprintln!("{name}: {} tokens match, max logit diff {worst:.2e}", expected.len());
+        eprintln!(
+            "{name}: {} tokens match, max logit diff {worst:.2e}",
+            expected.len()
+        );
     }
     assert!(kinds.contains("raw") && kinds.contains("chat"));
 }

@@ -34,7 +34,10 @@ fn logits(model: &Llama<B>, seqs: &mut [SeqInput<'_, B>]) -> Vec<Vec<f32>> {
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -71,7 +74,10 @@ fn cached_decode_equals_full_prefill() {
         }
         assert_eq!(cache.len(), tokens.len());
         let d = max_diff(&full[0], &last[0]);
-        assert!(d < 1e-4, "split {split}: cached and full logits differ by {d}");
+        assert!(
+            d < 1e-4,
+            "split {split}: cached and full logits differ by {d}"
+        );
     }
 }
 
@@ -204,7 +210,9 @@ fn engine_generates_and_honours_limits() {
     };
     let mut streamed = Vec::new();
     let out = engine
-        .generate(ids.clone(), params.clone(), &mut |ev| streamed.push(ev.clone()))
+        .generate(ids.clone(), params.clone(), &mut |ev| {
+            streamed.push(ev.clone())
+        })
         .expect("generate");
     assert_eq!(out.ids.len(), 5);
     assert_eq!(out.finish, FinishReason::MaxTokens);
@@ -212,7 +220,9 @@ fn engine_generates_and_honours_limits() {
     let streamed_text: String = streamed.iter().map(|e| e.text.as_str()).collect();
     assert_eq!(streamed_text, out.text);
     // Greedy is deterministic.
-    let again = engine.generate(ids.clone(), params, &mut |_| {}).expect("generate");
+    let again = engine
+        .generate(ids.clone(), params, &mut |_| {})
+        .expect("generate");
     assert_eq!(again.ids, out.ids);
 
     // Context length: the tiny model holds 64 positions.
@@ -221,14 +231,19 @@ fn engine_generates_and_honours_limits() {
         ignore_eos: true,
         ..Default::default()
     };
-    let out = engine.generate(ids.clone(), long, &mut |_| {}).expect("generate");
+    let out = engine
+        .generate(ids.clone(), long, &mut |_| {})
+        .expect("generate");
     assert_eq!(out.finish, FinishReason::ContextFull);
     assert_eq!(ids.len() + out.ids.len(), 64);
 
     // A prompt longer than the context is refused before any work.
     let too_long: Vec<u32> = vec![5; 80];
     match engine.start(too_long, GenerateParams::default()) {
-        Err(EngineError::PromptTooLong { prompt: 80, context: 64 }) => {}
+        Err(EngineError::PromptTooLong {
+            prompt: 80,
+            context: 64,
+        }) => {}
         other => panic!("expected PromptTooLong, got {:?}", other.err()),
     }
     assert!(matches!(
@@ -249,7 +264,10 @@ fn engine_generates_and_honours_limits() {
         };
         p.sampling.temperature = 1.5;
         p.sampling.seed = seed;
-        engine.generate(ids.clone(), p, &mut |_| {}).expect("generate").ids
+        engine
+            .generate(ids.clone(), p, &mut |_| {})
+            .expect("generate")
+            .ids
     };
     assert_eq!(sampled(7), sampled(7));
     assert_ne!(sampled(7), sampled(8));
@@ -268,10 +286,16 @@ fn stop_strings_cut_the_text() {
         ignore_eos: true,
         ..Default::default()
     };
-    let full = engine.generate(ids.clone(), free.clone(), &mut |_| {}).expect("generate");
+    let full = engine
+        .generate(ids.clone(), free.clone(), &mut |_| {})
+        .expect("generate");
     // Stop on a piece of the text the model produces anyway, past its first character.
     let chars: Vec<char> = full.text.chars().collect();
-    assert!(chars.len() > 4, "tiny model produced too little text: {:?}", full.text);
+    assert!(
+        chars.len() > 4,
+        "tiny model produced too little text: {:?}",
+        full.text
+    );
     let stop: String = chars[2..4].iter().collect();
     let cut = full.text.find(&stop).expect("stop string is in the text");
     let mut params = free;
@@ -297,7 +321,10 @@ fn bad_model_files_give_clear_errors() {
 
     // Missing file.
     let e = err(&dir.path().join("absent.gguf"));
-    assert!(e.to_string().contains("absent.gguf") || e.kind() == "io", "{e}");
+    assert!(
+        e.to_string().contains("absent.gguf") || e.kind() == "io",
+        "{e}"
+    );
 
     // Truncated file.
     let bytes = std::fs::read(&good).expect("read");
@@ -334,7 +361,8 @@ fn bad_model_files_give_clear_errors() {
             } else {
                 t.ggml_type
             };
-            w.add_tensor(t.name.clone(), &t.dims, ty, &values).expect("tensor");
+            w.add_tensor(t.name.clone(), &t.dims, ty, &values)
+                .expect("tensor");
         }
         let path = dir.path().join(name);
         w.write_to(&path).expect("write");
@@ -342,6 +370,11 @@ fn bad_model_files_give_clear_errors() {
     };
     let e = err(&rewrite("arch.gguf", "mamba", None, None));
     assert!(e.to_string().contains("mamba"), "{e}");
-    let e = err(&rewrite("missing.gguf", "llama", Some("blk.1.ffn_up.weight"), None));
+    let e = err(&rewrite(
+        "missing.gguf",
+        "llama",
+        Some("blk.1.ffn_up.weight"),
+        None,
+    ));
     assert!(e.to_string().contains("blk.1.ffn_up.weight"), "{e}");
 }

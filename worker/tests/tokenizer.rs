@@ -3,14 +3,17 @@
 //! The fixtures in `tests/fixtures/tokenizer/` come from `scripts/tokenizer_fixtures.py`
 //! (Hugging Face `tokenizers` and `transformers` on the default model's GGUF). The tests that
 //! need the model read `models/SmolLM2-135M-Instruct.Q4_1.gguf` under the workspace root and
-//! are skipped, with a note, when it is absent. The last test builds a tiny GGUF itself.
+//! are skipped, with a note, when it is absent. The others build tiny tokenizers (a GGUF
+//! written here, or parts by hand) and need no model.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use baton_worker::engine::chat::{ChatMessage, ChatTemplate};
 use baton_worker::engine::gguf::{GgufFile, GgufWriter, MetaValue};
-use baton_worker::engine::tokenizer::{StreamDecoder, Tokenizer};
+use baton_worker::engine::tokenizer::{
+    PreTokenizer, StreamDecoder, TokenType, Tokenizer, TokenizerParts,
+};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -248,4 +251,262 @@ fn byte_symbol(b: u8) -> String {
     char::from_u32(0x100 + rank as u32)
         .expect("below U+0144")
         .to_string()
+}
+
+// Tiny tokenizers built from parts: the 256 byte symbols plus a few merges.
+
+/// The 256 byte symbols, then `merged` tokens, then `specials` as control tokens.
+fn tiny(pre: PreTokenizer, merges: &[&str], specials: &[&str]) -> Tokenizer {
+    let mut tokens: Vec<String> = (0u8..=255).map(byte_symbol).collect();
+    for merge in merges {
+        tokens.push(merge.replace(' ', ""));
+    }
+    let mut token_types = vec![TokenType::Normal; tokens.len()];
+    for s in specials {
+        tokens.push((*s).to_owned());
+        token_types.push(TokenType::Control);
+    }
+    Tokenizer::from_parts(TokenizerParts {
+        pre,
+        tokens,
+        token_types,
+        merges: merges.iter().map(|m| (*m).to_owned()).collect(),
+        bos_id: None,
+        eos_id: None,
+        unk_id: None,
+        pad_id: None,
+        add_bos: false,
+        add_eos: false,
+    })
+    .expect("tiny tokenizer builds")
+}
+
+fn pieces(tok: &Tokenizer, text: &str) -> Vec<String> {
+    tok.encode(text, false)
+        .expect("encodes")
+        .into_iter()
+        .map(|id| tok.token(id).expect("known id").to_owned())
+        .collect()
+}
+
+#[test]
+fn merges_apply_in_rank_order() {
+    let tok = tiny(PreTokenizer::Gpt2, &["Ġ t", "h e", "Ġt he", "l l"], &[]);
+    assert_eq!(pieces(&tok, " the hello"), ["Ġthe", "Ġ", "he", "ll", "o"]);
+    assert_eq!(
+        tok.decode(&tok.encode(" the hello", false).expect("encodes"), false)
+            .expect("decodes"),
+        " the hello"
+    );
+}
+
+#[test]
+fn smollm_splits_digits_and_whitespace_before_them() {
+    let merges = ["Ġ 1", "1 2", "Ġ Ġ"];
+    let smollm = tiny(PreTokenizer::Smollm, &merges, &[]);
+    let gpt2 = tiny(PreTokenizer::Gpt2, &merges, &[]);
+    assert_eq!(pieces(&smollm, "a 12"), ["a", "Ġ", "1", "2"]);
+    assert_eq!(pieces(&gpt2, "a 12"), ["a", "Ġ1", "2"]);
+    // Two spaces before a digit: one piece "ĠĠ" once the digit is cut off.
+    assert_eq!(pieces(&smollm, "a  1"), ["a", "ĠĠ", "1"]);
+    assert_eq!(pieces(&gpt2, "a  1"), ["a", "Ġ", "Ġ1"]);
+    // Other numerals are cut off too.
+    assert_eq!(pieces(&smollm, "x²"), ["x", "Â", "²"]);
+}
+
+#[test]
+fn default_pre_tokenizer_groups_ascii_digits_by_three() {
+    let merges = ["1 2", "12 3", "4 5"];
+    let tok = tiny(PreTokenizer::Default, &merges, &[]);
+    assert_eq!(pieces(&tok, "12345"), ["123", "45"]);
+}
+
+#[test]
+fn contractions_and_whitespace_follow_the_gpt2_pattern() {
+    let tok = tiny(PreTokenizer::Gpt2, &["' s", "Ġ Ġ"], &[]);
+    assert_eq!(pieces(&tok, "it's"), ["i", "t", "'s"]);
+    // `\s+(?!\S)` leaves the last space to the word that follows.
+    assert_eq!(pieces(&tok, "a   b"), ["a", "ĠĠ", "Ġ", "b"]);
+    assert_eq!(pieces(&tok, "a  "), ["a", "ĠĠ"]);
+}
+
+#[test]
+fn control_tokens_match_whole_and_can_be_skipped() {
+    let tok = tiny(PreTokenizer::Smollm, &[], &["<|im_start|>", "<|im_end|>"]);
+    let start = tok.token_id("<|im_start|>").expect("in vocab");
+    let end = tok.token_id("<|im_end|>").expect("in vocab");
+    assert_eq!((start, end), (256, 257));
+    let ids = tok
+        .encode("<|im_start|>hi<|im_end|>", false)
+        .expect("encodes");
+    let h = tok.token_id("h").expect("byte");
+    let i = tok.token_id("i").expect("byte");
+    assert_eq!(ids, [start, h, i, end]);
+    assert!(tok.is_special(start) && !tok.is_special(ids[1]));
+    assert_eq!(
+        tok.decode(&ids, false).expect("decodes"),
+        "<|im_start|>hi<|im_end|>"
+    );
+    assert_eq!(tok.decode(&ids, true).expect("decodes"), "hi");
+    // A broken special token is plain text.
+    assert_eq!(tok.encode("<|im_start", false).expect("encodes").len(), 10);
+}
+
+#[test]
+fn bos_and_eos_are_added_only_when_asked() {
+    let mut tokens: Vec<String> = (0u8..=255).map(byte_symbol).collect();
+    tokens.push("<s>".to_owned());
+    tokens.push("</s>".to_owned());
+    let mut token_types = vec![TokenType::Normal; 256];
+    token_types.extend([TokenType::Control, TokenType::Control]);
+    let parts = TokenizerParts {
+        pre: PreTokenizer::Gpt2,
+        tokens,
+        token_types,
+        merges: Vec::new(),
+        bos_id: Some(256),
+        eos_id: Some(257),
+        unk_id: None,
+        pad_id: None,
+        add_bos: true,
+        add_eos: true,
+    };
+    let tok = Tokenizer::from_parts(parts.clone()).expect("builds");
+    let a = tok.token_id("a").expect("byte");
+    assert_eq!(tok.encode("a", true).expect("encodes"), [256, a, 257]);
+    assert_eq!(tok.encode("a", false).expect("encodes"), [a]);
+    let plain = Tokenizer::from_parts(TokenizerParts {
+        add_bos: false,
+        add_eos: false,
+        ..parts
+    })
+    .expect("builds");
+    assert_eq!(plain.encode("a", true).expect("encodes"), [a]);
+    assert_ne!(tok.fingerprint_bytes(), plain.fingerprint_bytes());
+}
+
+#[test]
+fn invalid_parts_are_rejected() {
+    let tokens: Vec<String> = (0u8..=255).map(byte_symbol).collect();
+    let parts = TokenizerParts {
+        pre: PreTokenizer::Gpt2,
+        tokens,
+        token_types: Vec::new(),
+        merges: Vec::new(),
+        bos_id: None,
+        eos_id: None,
+        unk_id: None,
+        pad_id: None,
+        add_bos: false,
+        add_eos: false,
+    };
+    let err = |p: TokenizerParts| Tokenizer::from_parts(p).expect_err("must fail").kind();
+    assert_eq!(
+        err(TokenizerParts {
+            bos_id: Some(256),
+            ..parts.clone()
+        }),
+        "invalid_vocab"
+    );
+    assert_eq!(
+        err(TokenizerParts {
+            token_types: vec![TokenType::Normal],
+            ..parts.clone()
+        }),
+        "invalid_vocab"
+    );
+    assert_eq!(
+        err(TokenizerParts {
+            merges: vec!["ab".into()],
+            ..parts.clone()
+        }),
+        "invalid_vocab"
+    );
+    assert_eq!(
+        err(TokenizerParts {
+            merges: vec!["a b".into()],
+            ..parts.clone()
+        }),
+        "build"
+    );
+    assert_eq!(
+        err(TokenizerParts {
+            add_bos: true,
+            ..parts.clone()
+        }),
+        "invalid_vocab"
+    );
+    assert_eq!(
+        PreTokenizer::from_gguf_name("llama3")
+            .expect_err("unknown")
+            .kind(),
+        "unsupported_pre"
+    );
+    let tok = Tokenizer::from_parts(parts).expect("builds");
+    assert_eq!(
+        tok.decode(&[256], false).expect_err("unknown id").kind(),
+        "unknown_id"
+    );
+}
+
+#[test]
+fn stream_decoder_holds_back_split_characters() {
+    let tok = Arc::new(tiny(PreTokenizer::Gpt2, &[], &["<|x|>"]));
+    let text = "é€😀 ok<|x|>";
+    let ids = tok.encode(text, false).expect("encodes");
+    // Every byte is its own token here, so multi-byte characters span several tokens.
+    assert!(ids.len() > text.chars().count());
+    let mut stream = StreamDecoder::new(tok.clone());
+    let mut pieces = Vec::new();
+    for &id in &ids {
+        pieces.push(stream.push(id).expect("pushes"));
+    }
+    assert!(!stream.has_pending());
+    assert_eq!(stream.finish(), "");
+    assert_eq!(pieces.concat(), text);
+    assert!(pieces
+        .iter()
+        .all(|p| p.is_empty() || p.chars().count() >= 1));
+    // The 4 bytes of 😀 come out at once, on the last of them.
+    let emoji: Vec<&String> = pieces.iter().filter(|p| p.contains('😀')).collect();
+    assert_eq!(emoji, [&"😀".to_owned()]);
+
+    let mut skipping = StreamDecoder::new(tok.clone()).skip_special(true);
+    let mut out = String::new();
+    for &id in &ids {
+        out.push_str(&skipping.push(id).expect("pushes"));
+    }
+    assert_eq!(out, "é€😀 ok");
+}
+
+#[test]
+fn stream_decoder_matches_lossy_decode_on_bad_bytes() {
+    let tok = Arc::new(tiny(PreTokenizer::Gpt2, &[], &[]));
+    let id = |b: u8| tok.token_id(&byte_symbol(b)).expect("byte");
+    // A lone continuation byte, a lead byte cut short by ASCII, and an unfinished tail.
+    let ids: Vec<u32> = [0x80, b'a', 0xE2, 0x82, b'b', 0xF0, 0x9F]
+        .into_iter()
+        .map(id)
+        .collect();
+    let mut stream = StreamDecoder::new(tok.clone());
+    let mut out = String::new();
+    for &i in &ids {
+        out.push_str(&stream.push(i).expect("pushes"));
+    }
+    assert!(stream.has_pending());
+    out.push_str(&stream.finish());
+    assert_eq!(out, tok.decode(&ids, false).expect("decodes"));
+    assert_eq!(out, "\u{FFFD}a\u{FFFD}b\u{FFFD}");
+}
+
+#[test]
+fn fingerprint_is_canonical() {
+    let a = tiny(PreTokenizer::Smollm, &["h e"], &["<|x|>"]);
+    let b = tiny(PreTokenizer::Smollm, &["h e"], &["<|x|>"]);
+    let c = tiny(PreTokenizer::Gpt2, &["h e"], &["<|x|>"]);
+    let d = tiny(PreTokenizer::Smollm, &["h e"], &["<|y|>"]);
+    assert_eq!(a.fingerprint_bytes(), b.fingerprint_bytes());
+    assert_ne!(a.fingerprint_bytes(), c.fingerprint_bytes());
+    assert_ne!(a.fingerprint_bytes(), d.fingerprint_bytes());
+    assert!(a.fingerprint_bytes().starts_with(b"baton-tokenizer/1\n"));
 }

@@ -6,7 +6,10 @@
 //! `raise_exception(message)` function templates call to reject a conversation (roles that do
 //! not alternate, say). All of that is provided here. Templates are written for Python's
 //! Jinja, so they also call Python methods on values (`message['content'].strip()`,
-//! `.startswith(..)`, `dict.items()`); the common ones are provided by [`python_method`].
+//! `.startswith(..)`, `dict.items()`); the common string and map methods are provided here
+//! too. Not provided: `{% break %}` / `{% continue %}` (minijinja's `loop_controls` feature),
+//! `strftime_now`, and Python's `tojson` spacing (minijinja's `tojson` is compact and escapes
+//! HTML characters).
 //!
 //! SmolLM2's template is ChatML: `<|im_start|>{role}\n{content}<|im_end|>\n` per message, a
 //! default system message when the first message is not a system one, and
@@ -214,7 +217,7 @@ fn python_method(
             }
             "upper" | "lower" | "title" | "capitalize" => {
                 let () = from_args(args)?;
-                state.apply_filter(method, &[value.clone()])
+                state.apply_filter(method, std::slice::from_ref(value))
             }
             "replace" => {
                 let (old, new, count): (&str, &str, Option<i64>) = from_args(args)?;
@@ -246,7 +249,7 @@ fn python_method(
         return match method {
             "items" => {
                 let () = from_args(args)?;
-                state.apply_filter("items", &[value.clone()])
+                state.apply_filter("items", std::slice::from_ref(value))
             }
             "keys" => {
                 let () = from_args(args)?;

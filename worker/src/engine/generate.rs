@@ -5,7 +5,7 @@
 //! token with one batched forward pass, so a scheduler can add and remove sequences
 //! between steps (continuous batching); [`Engine::generate`] is the one-sequence loop.
 
-use std::path::Path;
+use std::{path::Path, sync::Arc};
 
 use burn_tensor::backend::Backend;
 
@@ -15,7 +15,7 @@ use super::{
     llama::{load::load_llama, model::ForwardError, KvCache, Llama, LoadError, WeightDtype},
     sampler::{SamplingError, SamplingParams},
     stops::StopMatcher,
-    tokenizer::{Tokenizer, TokenizerError},
+    tokenizer::{StreamDecoder, Tokenizer, TokenizerError},
 };
 
 /// Why the engine refused or failed a request.
@@ -160,7 +160,7 @@ pub enum Prompt {
 /// A model, its tokenizer and chat template: everything needed to serve completions.
 pub struct Engine<B: Backend> {
     model: Llama<B>,
-    tokenizer: Tokenizer,
+    tokenizer: Arc<Tokenizer>,
     chat: Option<ChatTemplate>,
     /// Tokens that end a completion: the model's EOS and the end-of-turn tokens its
     /// vocabulary defines.
@@ -191,7 +191,13 @@ impl<B: Backend> Engine<B> {
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let chat = ChatTemplate::from_gguf(&gguf)?;
         let mut end_tokens: Vec<u32> = tokenizer.eos_id().into_iter().collect();
-        for t in ["<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>"] {
+        for t in [
+            "<|endoftext|>",
+            "<|im_end|>",
+            "<|eot_id|>",
+            "<|end_of_text|>",
+            "</s>",
+        ] {
             if let Some(id) = tokenizer.token_id(t) {
                 if !end_tokens.contains(&id) {
                     end_tokens.push(id);
@@ -203,7 +209,7 @@ impl<B: Backend> Engine<B> {
         hasher.update(&tokenizer.fingerprint_bytes());
         Ok(Self {
             model,
-            tokenizer,
+            tokenizer: Arc::new(tokenizer),
             chat,
             end_tokens,
             fingerprint: hasher.digest(),
@@ -232,7 +238,10 @@ impl<B: Backend> Engine<B> {
 
     /// Longest sequence (prompt and output) the engine runs.
     pub fn context_length(&self) -> usize {
-        self.model.config().context_length.min(super::llama::load::MAX_CONTEXT)
+        self.model
+            .config()
+            .context_length
+            .min(super::llama::load::MAX_CONTEXT)
     }
 
     /// Renders and tokenizes a prompt.
@@ -249,7 +258,11 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Starts a sequence after checking the request against the model's limits.
-    pub fn start(&self, prompt_ids: Vec<u32>, params: GenerateParams) -> Result<Sequence<B>, EngineError> {
+    pub fn start(
+        &self,
+        prompt_ids: Vec<u32>,
+        params: GenerateParams,
+    ) -> Result<Sequence<B>, EngineError> {
         params.sampling.validate()?;
         if params.max_tokens == 0 {
             return Err(EngineError::ZeroMaxTokens);
@@ -276,24 +289,29 @@ impl<B: Backend> Engine<B> {
             generated: Vec::new(),
             params,
             text: String::new(),
-            decoder_ids: Vec::new(),
-            decoded_len: 0,
+            decoder: Some(StreamDecoder::new(self.tokenizer.clone()).skip_special(true)),
             finish: None,
         })
     }
 
     /// Advances every unfinished sequence by one token with one forward pass, and
     /// returns the token event of each (in order; `None` for sequences already finished).
-    pub fn step(&self, seqs: &mut [&mut Sequence<B>]) -> Result<Vec<Option<TokenEvent>>, EngineError> {
+    pub fn step(
+        &self,
+        seqs: &mut [&mut Sequence<B>],
+    ) -> Result<Vec<Option<TokenEvent>>, EngineError> {
         use super::llama::SeqInput;
-        let active: Vec<usize> = (0..seqs.len()).filter(|&i| seqs[i].finish.is_none()).collect();
+        let active: Vec<usize> = (0..seqs.len())
+            .filter(|&i| seqs[i].finish.is_none())
+            .collect();
         let mut events = vec![None; seqs.len()];
         if active.is_empty() {
             return Ok(events);
         }
         let logits = {
             let mut inputs: Vec<SeqInput<'_, B>> = Vec::with_capacity(active.len());
-            let mut rest: Vec<Option<&mut Sequence<B>>> = seqs.iter_mut().map(|s| Some(&mut **s)).collect();
+            let mut rest: Vec<Option<&mut Sequence<B>>> =
+                seqs.iter_mut().map(|s| Some(&mut **s)).collect();
             for &i in &active {
                 let s = rest[i].take().expect("each index once");
                 inputs.push(SeqInput {
@@ -337,10 +355,8 @@ pub struct Sequence<B: Backend> {
     stops: StopMatcher,
     /// Text emitted so far.
     text: String,
-    /// Ids decoded as text (end tokens excluded).
-    decoder_ids: Vec<u32>,
-    /// Bytes of `decode(decoder_ids)` already handed to the stop matcher.
-    decoded_len: usize,
+    /// Turns ids into whole characters as they come; taken when the sequence ends.
+    decoder: Option<StreamDecoder>,
     finish: Option<FinishReason>,
 }
 
@@ -361,10 +377,18 @@ impl<B: Backend> Sequence<B> {
     }
 
     /// Samples the next token from its logits and applies the stop conditions.
-    fn accept(&mut self, engine: &Engine<B>, logits: &mut [f32]) -> Result<TokenEvent, EngineError> {
+    fn accept(
+        &mut self,
+        engine: &Engine<B>,
+        logits: &mut [f32],
+    ) -> Result<TokenEvent, EngineError> {
         let position = (self.prompt_ids.len() + self.generated.len()) as u64;
         let history: Vec<u32> = if self.params.sampling.repetition_penalty != 1.0 {
-            self.prompt_ids.iter().chain(&self.generated).copied().collect()
+            self.prompt_ids
+                .iter()
+                .chain(&self.generated)
+                .copied()
+                .collect()
         } else {
             Vec::new()
         };
@@ -378,14 +402,9 @@ impl<B: Backend> Sequence<B> {
         let mut text = String::new();
         if is_end {
             self.finish = Some(FinishReason::Eos);
-        } else {
-            self.decoder_ids.push(id);
-            let full = engine.tokenizer.decode(&self.decoder_ids, true)?;
-            // Only whole characters are final: a trailing U+FFFD may be half of one.
-            let stable = full.trim_end_matches('\u{FFFD}');
-            if stable.len() > self.decoded_len && stable.is_char_boundary(self.decoded_len) {
-                let fresh = stable[self.decoded_len..].to_owned();
-                self.decoded_len = stable.len();
+        } else if let Some(decoder) = self.decoder.as_mut() {
+            let fresh = decoder.push(id)?;
+            if !fresh.is_empty() {
                 let out = self.stops.push(&fresh);
                 text = out.emit;
                 if out.stopped {
@@ -400,20 +419,22 @@ impl<B: Backend> Sequence<B> {
                 self.finish = Some(FinishReason::ContextFull);
             }
         }
-        if matches!(self.finish, Some(FinishReason::MaxTokens | FinishReason::ContextFull | FinishReason::Eos)) {
-            // Flush what the stop matcher held and any trailing partial character.
-            let full = engine.tokenizer.decode(&self.decoder_ids, true)?;
-            if full.len() > self.decoded_len && full.is_char_boundary(self.decoded_len) {
-                let rest = full[self.decoded_len..].to_owned();
-                self.decoded_len = full.len();
+        if let Some(reason) = self.finish {
+            // Release what is still pending: a trailing partial character, and text the
+            // stop matcher held back (unless a stop string ended the completion).
+            let rest = self
+                .decoder
+                .take()
+                .map(StreamDecoder::finish)
+                .unwrap_or_default();
+            if reason != FinishReason::StopString {
                 let out = self.stops.push(&rest);
                 text.push_str(&out.emit);
                 if out.stopped {
                     self.finish = Some(FinishReason::StopString);
+                } else {
+                    text.push_str(&self.stops.finish());
                 }
-            }
-            if self.finish != Some(FinishReason::StopString) {
-                text.push_str(&self.stops.finish());
             }
         }
         self.text.push_str(&text);

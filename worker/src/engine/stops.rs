@@ -99,9 +99,13 @@ mod tests {
 
     #[test]
     fn stops_inside_and_across_pieces() {
-        assert_eq!(run(&["\n\n"], &["Hello", " world\n", "\nmore"]), ("Hello world".into(), true));
+        assert_eq!(
+            run(&["\n\n"], &["Hello", " world\n", "\nmore"]),
+            ("Hello world".into(), true)
+        );
         assert_eq!(run(&["END"], &["aE", "N", "Db"]), ("a".into(), true));
-        assert_eq!(run(&["x", "abc"], &["zab", "cx"]), ("zab".into(), true));
+        assert_eq!(run(&["x", "abc"], &["zab", "cx"]), ("z".into(), true));
+        assert_eq!(run(&["x", "abd"], &["zab", "cx"]), ("zabc".into(), true));
     }
 
     #[test]

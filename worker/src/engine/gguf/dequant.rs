@@ -18,6 +18,8 @@ const CHUNK_ELEMENTS: usize = 1 << 15;
 /// Placeholder tensor name in errors raised without one; [`super::GgufFile`] replaces it.
 const UNNAMED: &str = "<data>";
 
+/// Defines [`GgmlType`] and its per-type tables from one list of
+/// `Variant = id, "name", elements per block, bytes per block;` lines.
 macro_rules! ggml_types {
     ($( $(#[$doc:meta])* $variant:ident = $id:literal, $name:literal, $block:literal, $bytes:literal; )*) => {
         /// A ggml tensor element type, with the ids of ggml's `ggml_type` enum.
@@ -72,6 +74,8 @@ macro_rules! ggml_types {
     };
 }
 
+// Ids, names and block layouts as in ggml's `ggml.h` and `ggml-common.h` (ids 4, 5 and
+// 31–33, 36–38 belong to retired types and read as `Other`).
 ggml_types! {
     /// 32-bit float.
     F32 = 0, "f32", 1, 4;

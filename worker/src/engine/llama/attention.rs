@@ -1,11 +1,6 @@
 //! Grouped-query self-attention.
 
-use burn_tensor::{
-    backend::Backend,
-    module::attention,
-    ops::AttentionModuleOptions,
-    Tensor,
-};
+use burn_tensor::{backend::Backend, module::attention, ops::AttentionModuleOptions, Tensor};
 
 use super::{cache::KvCache, linear::Linear, rope::Rope};
 
@@ -53,7 +48,9 @@ impl<B: Backend> Attention<B> {
                 .clone()
                 .narrow(1, h * d, kvh * d)
                 .reshape([span.len, kvh, d]);
-            let v = rows.narrow(1, (h + kvh) * d, kvh * d).reshape([span.len, kvh, d]);
+            let v = rows
+                .narrow(1, (h + kvh) * d, kvh * d)
+                .reshape([span.len, kvh, d]);
             let q = rope.apply(q, span.pos);
             let k = rope.apply(k, span.pos);
             // [len, heads, d] → [heads, len, d]
@@ -103,6 +100,8 @@ impl<B: Backend> Attention<B> {
         };
         let out = attention(q, expand(keys), expand(values), None, None, options);
         // [1, h, len, d] → [len, h·d]
-        out.squeeze_dim::<3>(0).swap_dims(0, 1).reshape([len, h * d])
+        out.squeeze_dim::<3>(0)
+            .swap_dims(0, 1)
+            .reshape([len, h * d])
     }
 }

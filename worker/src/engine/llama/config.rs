@@ -53,7 +53,7 @@ impl LlamaConfig {
             Some(_) => gguf.get_f64(&key("rope.freq_base"))? as f32,
             None => 10_000.0,
         };
-        let head_dim = if n_heads == 0 { 0 } else { hidden / n_heads };
+        let head_dim = hidden.checked_div(n_heads).unwrap_or(0);
         Ok(Self {
             n_layers: get("block_count")?,
             hidden,
@@ -84,19 +84,19 @@ impl LlamaConfig {
                 return Err(format!("{name} is 0"));
             }
         }
-        if self.hidden % self.n_heads != 0 {
+        if !self.hidden.is_multiple_of(self.n_heads) {
             return Err(format!(
                 "embedding_length {} is not a multiple of head_count {}",
                 self.hidden, self.n_heads
             ));
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(format!(
                 "head_count {} is not a multiple of head_count_kv {}",
                 self.n_heads, self.n_kv_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(format!("head dimension {} is odd", self.head_dim));
         }
         if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {

@@ -1,32 +1,32 @@
-//! A weight matrix kept in the dtype the worker chose for weights.
+//! A weight matrix kept in the format the worker chose for weights.
+
+use std::sync::Arc;
 
 use burn_tensor::{backend::Backend, DType, Tensor, TensorData};
 use half::f16;
 
-/// The dtype weights are kept in on the device.
+use super::qmatmul::QMatrix;
+
+/// The format weights are kept in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WeightDtype {
-    /// 32-bit floats: exact dequantized values (used to check against the reference).
-    #[default]
+    /// 32-bit floats: exact dequantized values, as burn tensors on the device.
     F32,
-    /// 16-bit floats: half the memory traffic per decoded token.
+    /// 16-bit floats, as burn tensors on the device: half the traffic of f32.
     F16,
+    /// The file's own 32-element blocks (Q4_0, Q4_1, Q8_0; other types converted to
+    /// Q8_0), multiplied by the CPU kernels of [`super::qmatmul`]: the least memory
+    /// traffic per token. CPU only.
+    #[default]
+    Native,
 }
 
 impl WeightDtype {
     /// The burn dtype of tensors holding such weights.
     pub fn dtype(self) -> DType {
         match self {
-            WeightDtype::F32 => DType::F32,
+            WeightDtype::F32 | WeightDtype::Native => DType::F32,
             WeightDtype::F16 => DType::F16,
-        }
-    }
-
-    /// Bytes per weight.
-    pub fn size(self) -> usize {
-        match self {
-            WeightDtype::F32 => 4,
-            WeightDtype::F16 => 2,
         }
     }
 }
@@ -38,7 +38,10 @@ impl std::str::FromStr for WeightDtype {
         match s {
             "f32" => Ok(WeightDtype::F32),
             "f16" => Ok(WeightDtype::F16),
-            other => Err(format!("unknown weight dtype {other:?} (expected f32 or f16)")),
+            "native" | "q" => Ok(WeightDtype::Native),
+            other => Err(format!(
+                "unknown weight format {other:?} (expected native, f32 or f16)"
+            )),
         }
     }
 }
@@ -53,7 +56,7 @@ pub fn weight_tensor<B: Backend>(
 ) -> Tensor<B, 2> {
     debug_assert_eq!(values.len(), rows * cols);
     match dtype {
-        WeightDtype::F32 => {
+        WeightDtype::F32 | WeightDtype::Native => {
             Tensor::from_data(TensorData::new(values, [rows, cols]), (device, DType::F32))
         }
         WeightDtype::F16 => {
@@ -65,14 +68,26 @@ pub fn weight_tensor<B: Backend>(
 
 /// `y = x · Wᵀ` for a weight stored as `[out, in]` rows, as GGUF stores it.
 ///
-/// Activations stay f32; when the weight is kept in another dtype the input is cast to
-/// it for the product and the result cast back.
+/// Activations stay f32. A dense weight kept in f16 gets its input cast to f16 for the
+/// product and the result cast back; a block-quantized weight is multiplied on the host
+/// by the CPU kernels.
 #[derive(Debug, Clone)]
-pub struct Linear<B: Backend> {
-    /// `[in, out]`: a transposed view of the `[out, in]` rows, so no copy is made and
-    /// a one-row product reads each output's weights contiguously.
-    weight_t: Tensor<B, 2>,
-    dtype: WeightDtype,
+pub enum Linear<B: Backend> {
+    /// A burn tensor on the device.
+    Dense {
+        /// `[in, out]`: a transposed view of the `[out, in]` rows, so no copy is made
+        /// and a one-row product reads each output's weights contiguously.
+        weight_t: Tensor<B, 2>,
+        /// The tensor's dtype.
+        dtype: WeightDtype,
+    },
+    /// GGUF blocks in host memory.
+    Quant {
+        /// The blocks (shared: a tied output projection is the embedding itself).
+        matrix: Arc<QMatrix>,
+        /// Where results go.
+        device: B::Device,
+    },
 }
 
 impl<B: Backend> Linear<B> {
@@ -90,25 +105,51 @@ impl<B: Backend> Linear<B> {
 
     /// Wraps an existing `[out, in]` tensor of the given dtype.
     pub fn from_rows(rows: Tensor<B, 2>, dtype: WeightDtype) -> Self {
-        Self {
+        Linear::Dense {
             weight_t: rows.transpose(),
             dtype,
         }
     }
 
+    /// Wraps block-quantized rows.
+    pub fn quant(matrix: Arc<QMatrix>, device: &B::Device) -> Self {
+        Linear::Quant {
+            matrix,
+            device: device.clone(),
+        }
+    }
+
     /// Output width.
     pub fn out_features(&self) -> usize {
-        self.weight_t.dims()[1]
+        match self {
+            Linear::Dense { weight_t, .. } => weight_t.dims()[1],
+            Linear::Quant { matrix, .. } => matrix.rows(),
+        }
     }
 
     /// `x: [n, in]` → `[n, out]`.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        match self.dtype {
-            WeightDtype::F32 => x.matmul(self.weight_t.clone()),
-            WeightDtype::F16 => x
-                .cast(DType::F16)
-                .matmul(self.weight_t.clone())
-                .cast(DType::F32),
+        match self {
+            Linear::Dense {
+                weight_t,
+                dtype: WeightDtype::F16,
+            } => x.cast(DType::F16).matmul(weight_t.clone()).cast(DType::F32),
+            Linear::Dense { weight_t, .. } => x.matmul(weight_t.clone()),
+            Linear::Quant { matrix, device } => {
+                let [n, _] = x.dims();
+                let host = to_host(x);
+                let y = matrix.matmul(&host, n);
+                Tensor::from_data(TensorData::new(y, [n, matrix.rows()]), device)
+            }
         }
+    }
+}
+
+/// Copies an f32 tensor's values to the host.
+pub fn to_host<B: Backend, const D: usize>(x: Tensor<B, D>) -> Vec<f32> {
+    let data = x.into_data();
+    match data.to_vec::<f32>() {
+        Ok(v) => v,
+        Err(_) => data.convert::<f32>().to_vec::<f32>().unwrap_or_default(),
     }
 }

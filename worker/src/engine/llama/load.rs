@@ -12,11 +12,13 @@ use super::{
     config::LlamaConfig,
     linear::{weight_tensor, Linear},
     mlp::Mlp,
-    model::{Block, Llama, RmsNorm},
+    model::{Block, Embedding, Llama, RmsNorm},
+    qmatmul::QMatrix,
     rope::Rope,
 };
-use crate::engine::gguf::{GgufError, GgufFile};
+use crate::engine::gguf::{GgufError, GgufFile, TensorInfo};
 use burn_tensor::{backend::Backend, Tensor, TensorData};
+use std::sync::Arc;
 
 /// Why a model could not be built from a file.
 #[derive(Debug, thiserror::Error)]
@@ -62,8 +64,15 @@ impl LoadError {
 /// tables' memory for models that advertise huge contexts.
 pub const MAX_CONTEXT: usize = 32_768;
 
+/// A weight matrix between reading and placing: dense values or GGUF blocks.
+enum Matrix {
+    Dense(Vec<f32>),
+    Quant(QMatrix),
+}
+
 struct Loader<'a, B: Backend> {
     gguf: &'a GgufFile,
+    dtype: WeightDtype,
     device: &'a B::Device,
     done: usize,
     total: usize,
@@ -71,8 +80,8 @@ struct Loader<'a, B: Backend> {
 }
 
 impl<B: Backend> Loader<'_, B> {
-    /// Dequantizes `name` after checking its dims (GGUF order).
-    fn read(&mut self, name: &str, dims: &[usize]) -> Result<Vec<f32>, LoadError> {
+    /// The tensor `name` after checking its dims (GGUF order).
+    fn info(&self, name: &str, dims: &[usize]) -> Result<&TensorInfo, LoadError> {
         let info = self
             .gguf
             .tensor(name)
@@ -85,10 +94,41 @@ impl<B: Backend> Loader<'_, B> {
                 found: info.dims.clone(),
             });
         }
-        let values = self.gguf.dequantize(name)?;
+        Ok(info)
+    }
+
+    fn tick(&mut self) {
         self.done += 1;
         (self.progress)(self.done, self.total);
+    }
+
+    /// Dequantizes `name` after checking its dims.
+    fn read(&mut self, name: &str, dims: &[usize]) -> Result<Vec<f32>, LoadError> {
+        let info = self.info(name, dims)?;
+        let values = self.gguf.dequantize_tensor(info)?;
+        self.tick();
         Ok(values)
+    }
+
+    /// Reads the `out × inp` matrix `name` (GGUF dims `[inp, out]`) in the weight format.
+    fn matrix(&mut self, name: &str, inp: usize, out: usize) -> Result<Matrix, LoadError> {
+        if self.dtype != WeightDtype::Native {
+            return Ok(Matrix::Dense(self.read(name, &[inp, out])?));
+        }
+        let info = self.info(name, &[inp, out])?;
+        let q = if QMatrix::supports(info.ggml_type) {
+            QMatrix::from_gguf(info.ggml_type, out, inp, self.gguf.tensor_bytes(info))
+        } else {
+            // No kernel for this type: convert to 8-bit blocks.
+            QMatrix::quantize_q8(&self.gguf.dequantize_tensor(info)?, out, inp)
+        };
+        let q = q.ok_or_else(|| {
+            LoadError::Config(format!(
+                "tensor {name:?}: rows of {inp} values cannot be kept in 32-value blocks"
+            ))
+        })?;
+        self.tick();
+        Ok(Matrix::Quant(q))
     }
 
     fn norm(&mut self, name: &str, hidden: usize, eps: f32) -> Result<RmsNorm<B>, LoadError> {
@@ -98,6 +138,71 @@ impl<B: Backend> Loader<'_, B> {
             eps,
         })
     }
+
+    fn linear(&self, m: Matrix, out: usize, inp: usize) -> Linear<B> {
+        match m {
+            Matrix::Dense(v) => Linear::new(v, out, inp, self.dtype, self.device),
+            Matrix::Quant(q) => Linear::quant(Arc::new(q), self.device),
+        }
+    }
+}
+
+/// Row order that undoes llama.cpp's RoPE permutation (see [`unpermute_rope_rows`]):
+/// row `i` of the result is row `order[i]` of the file.
+fn rope_row_order(heads: usize, head_dim: usize) -> Vec<usize> {
+    let half = head_dim / 2;
+    let mut order = vec![0; heads * head_dim];
+    for h in 0..heads {
+        for i in 0..half {
+            for j in 0..2 {
+                order[h * head_dim + j * half + i] = h * head_dim + 2 * i + j;
+            }
+        }
+    }
+    order
+}
+
+fn unpermute(m: Matrix, heads: usize, head_dim: usize, cols: usize) -> Matrix {
+    match m {
+        Matrix::Dense(v) => Matrix::Dense(unpermute_rope_rows(&v, heads, head_dim, cols)),
+        Matrix::Quant(q) => Matrix::Quant(q.select_rows(&rope_row_order(heads, head_dim))),
+    }
+}
+
+/// Stacks matrices of equal width: one product instead of several.
+fn stack(parts: Vec<Matrix>, cols: usize) -> Matrix {
+    if parts.iter().all(|p| matches!(p, Matrix::Dense(_))) {
+        let mut all = Vec::new();
+        for p in parts {
+            if let Matrix::Dense(v) = p {
+                all.extend_from_slice(&v);
+            }
+        }
+        return Matrix::Dense(all);
+    }
+    let quants: Vec<QMatrix> = parts
+        .into_iter()
+        .map(|p| match p {
+            Matrix::Quant(q) => q,
+            Matrix::Dense(v) => {
+                let rows = v.len() / cols;
+                QMatrix::quantize_q8(&v, rows, cols).expect("width checked when read")
+            }
+        })
+        .collect();
+    if let Some(q) = QMatrix::concat_rows(quants.clone()) {
+        return Matrix::Quant(q);
+    }
+    // Different block formats: bring them all to 8-bit blocks.
+    let mut values = Vec::new();
+    let mut rows = 0;
+    for q in &quants {
+        for r in 0..q.rows() {
+            values.extend(q.row(r));
+        }
+        rows += q.rows();
+    }
+    Matrix::Quant(QMatrix::quantize_q8(&values, rows, cols).expect("width checked when read"))
 }
 
 /// Reorders the rows of a GGUF `attn_q`/`attn_k` matrix back to the Hugging Face order.
@@ -106,21 +211,14 @@ impl<B: Backend> Loader<'_, B> {
 /// pairs: GGUF row `2i + j` of a head is row `j·(d/2) + i` of the original. Undoing it
 /// lets the forward pass rotate the halves `(x[i], x[i + d/2])`.
 pub fn unpermute_rope_rows(values: &[f32], heads: usize, head_dim: usize, cols: usize) -> Vec<f32> {
-    let half = head_dim / 2;
-    let mut out = vec![0.0; values.len()];
-    for h in 0..heads {
-        for i in 0..half {
-            for j in 0..2 {
-                let src = (h * head_dim + 2 * i + j) * cols;
-                let dst = (h * head_dim + j * half + i) * cols;
-                out[dst..dst + cols].copy_from_slice(&values[src..src + cols]);
-            }
-        }
+    let mut out = Vec::with_capacity(values.len());
+    for src in rope_row_order(heads, head_dim) {
+        out.extend_from_slice(&values[src * cols..(src + 1) * cols]);
     }
     out
 }
 
-/// Builds the model, dequantizing each tensor to `dtype` on `device`.
+/// Builds the model, keeping weights in `dtype` on `device`.
 ///
 /// `progress(done, total)` is called after each tensor.
 pub fn load_llama<B: Backend>(
@@ -139,6 +237,7 @@ pub fn load_llama<B: Backend>(
     let total = 2 + config.n_layers * 9 + usize::from(!tied);
     let mut l = Loader::<B> {
         gguf,
+        dtype,
         device,
         done: 0,
         total,
@@ -153,36 +252,51 @@ pub fn load_llama<B: Backend>(
     );
     let qd = config.n_heads * d;
 
-    let embed_values = l.read("token_embd.weight", &[hd, vocab])?;
-    let embed = weight_tensor::<B>(embed_values, vocab, hd, dtype, device);
-    let lm_head = if tied {
-        // Tied embeddings: the output projection is the embedding matrix itself.
-        Linear::from_rows(embed.clone(), dtype)
-    } else {
-        let w = l.read("output.weight", &[hd, vocab])?;
-        Linear::new(w, vocab, hd, dtype, device)
+    let (embed, lm_head) = match l.matrix("token_embd.weight", hd, vocab)? {
+        Matrix::Dense(values) => {
+            let table = weight_tensor::<B>(values, vocab, hd, dtype, device);
+            let head = if tied {
+                // Tied embeddings: the output projection is the embedding matrix itself.
+                Linear::from_rows(table.clone(), dtype)
+            } else {
+                let w = l.matrix("output.weight", hd, vocab)?;
+                l.linear(w, vocab, hd)
+            };
+            (Embedding::Dense(table), head)
+        }
+        Matrix::Quant(q) => {
+            let table = Arc::new(q);
+            let head = if tied {
+                Linear::quant(table.clone(), device)
+            } else {
+                let w = l.matrix("output.weight", hd, vocab)?;
+                l.linear(w, vocab, hd)
+            };
+            (Embedding::Quant(table), head)
+        }
     };
 
     let mut blocks = Vec::with_capacity(config.n_layers);
     for n in 0..config.n_layers {
         let name = |t: &str| format!("blk.{n}.{t}.weight");
         let attn_norm = l.norm(&name("attn_norm"), hd, config.rms_eps)?;
-        let q = l.read(&name("attn_q"), &[hd, qd])?;
-        let k = l.read(&name("attn_k"), &[hd, kvd])?;
-        let v = l.read(&name("attn_v"), &[hd, kvd])?;
-        let mut qkv = unpermute_rope_rows(&q, config.n_heads, d, hd);
-        drop(q);
-        qkv.extend_from_slice(&unpermute_rope_rows(&k, config.n_kv_heads, d, hd));
-        drop(k);
-        qkv.extend_from_slice(&v);
-        drop(v);
-        let qkv = Linear::new(qkv, qd + 2 * kvd, hd, dtype, device);
-        let out = Linear::new(l.read(&name("attn_output"), &[qd, hd])?, hd, qd, dtype, device);
+        let q = unpermute(l.matrix(&name("attn_q"), hd, qd)?, config.n_heads, d, hd);
+        let k = unpermute(
+            l.matrix(&name("attn_k"), hd, kvd)?,
+            config.n_kv_heads,
+            d,
+            hd,
+        );
+        let v = l.matrix(&name("attn_v"), hd, kvd)?;
+        let qkv = l.linear(stack(vec![q, k, v], hd), qd + 2 * kvd, hd);
+        let out = l.matrix(&name("attn_output"), qd, hd)?;
+        let out = l.linear(out, hd, qd);
         let ffn_norm = l.norm(&name("ffn_norm"), hd, config.rms_eps)?;
-        let mut gate_up = l.read(&name("ffn_gate"), &[hd, ffn])?;
-        gate_up.extend_from_slice(&l.read(&name("ffn_up"), &[hd, ffn])?);
-        let gate_up = Linear::new(gate_up, 2 * ffn, hd, dtype, device);
-        let down = Linear::new(l.read(&name("ffn_down"), &[ffn, hd])?, hd, ffn, dtype, device);
+        let gate = l.matrix(&name("ffn_gate"), hd, ffn)?;
+        let up = l.matrix(&name("ffn_up"), hd, ffn)?;
+        let gate_up = l.linear(stack(vec![gate, up], hd), 2 * ffn, hd);
+        let down = l.matrix(&name("ffn_down"), ffn, hd)?;
+        let down = l.linear(down, hd, ffn);
         blocks.push(Block {
             attn_norm,
             attn: Attention {
@@ -219,7 +333,10 @@ mod tests {
         // One head of dim 4, one column: HF rows [a0, a1, b0, b1] are stored by the
         // converter as [a0, b0, a1, b1].
         let gguf = [10.0, 20.0, 11.0, 21.0];
-        assert_eq!(unpermute_rope_rows(&gguf, 1, 4, 1), vec![10.0, 11.0, 20.0, 21.0]);
+        assert_eq!(
+            unpermute_rope_rows(&gguf, 1, 4, 1),
+            vec![10.0, 11.0, 20.0, 21.0]
+        );
     }
 
     #[test]

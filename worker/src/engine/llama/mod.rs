@@ -5,6 +5,7 @@
 //! - [`load`]: builds the model from a GGUF file (tensor naming, RoPE row order, tied
 //!   embeddings).
 //! - [`linear`]: a weight matrix in the dtype the worker keeps in memory.
+//! - [`qmatmul`]: CPU products against weights kept in GGUF block formats.
 //! - [`rope`]: rotary position embeddings.
 //! - [`attention`]: grouped-query self-attention against a [`cache::KvCache`].
 //! - [`mlp`]: the SwiGLU feed-forward block.
@@ -19,6 +20,7 @@ pub mod linear;
 pub mod load;
 pub mod mlp;
 pub mod model;
+pub mod qmatmul;
 pub mod rope;
 pub mod synthetic;
 

@@ -1,13 +1,16 @@
 //! The Llama network and its batched forward pass.
 
+use std::sync::Arc;
+
 use burn_tensor::{backend::Backend, Int, Tensor, TensorData};
 
 use super::{
     attention::{Attention, SeqSpan},
     cache::KvCache,
     config::LlamaConfig,
-    linear::Linear,
+    linear::{to_host, Linear},
     mlp::Mlp,
+    qmatmul::QMatrix,
     rope::Rope,
 };
 
@@ -68,6 +71,15 @@ pub struct Block<B: Backend> {
     pub(crate) mlp: Mlp<B>,
 }
 
+/// The token embedding table, `[vocab, hidden]`.
+#[derive(Debug, Clone)]
+pub enum Embedding<B: Backend> {
+    /// A tensor on the device, in the weight dtype.
+    Dense(Tensor<B, 2>),
+    /// GGUF blocks in host memory; looked-up rows are dequantized.
+    Quant(Arc<QMatrix>),
+}
+
 /// New tokens of one sequence and the cache holding what came before them.
 pub struct SeqInput<'a, B: Backend> {
     /// Tokens to run, at positions `cache.len()..`.
@@ -80,8 +92,8 @@ pub struct SeqInput<'a, B: Backend> {
 #[derive(Debug, Clone)]
 pub struct Llama<B: Backend> {
     pub(crate) config: LlamaConfig,
-    /// `[vocab, hidden]` token embedding, in the weight dtype.
-    pub(crate) embed: Tensor<B, 2>,
+    /// The token embedding.
+    pub(crate) embed: Embedding<B>,
     /// The output projection. Tied models (SmolLM2 among them) have no `output.weight`:
     /// this is then a transposed view of `embed`, sharing its memory.
     pub(crate) lm_head: Linear<B>,
@@ -142,8 +154,23 @@ impl<B: Backend> Llama<B> {
             });
         }
         let rows = ids.len();
-        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [rows]), &self.device);
-        let mut x = self.embed.clone().select(0, ids).cast(burn_tensor::DType::F32);
+        let mut x = match &self.embed {
+            Embedding::Dense(table) => {
+                let ids =
+                    Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [rows]), &self.device);
+                table.clone().select(0, ids).cast(burn_tensor::DType::F32)
+            }
+            Embedding::Quant(table) => {
+                let mut values = Vec::with_capacity(rows * self.config.hidden);
+                for &id in &ids {
+                    values.extend(table.row(id as usize));
+                }
+                Tensor::from_data(
+                    TensorData::new(values, [rows, self.config.hidden]),
+                    &self.device,
+                )
+            }
+        };
         let mut caches: Vec<&mut KvCache<B>> = seqs.iter_mut().map(|s| &mut *s.cache).collect();
         for (layer, block) in self.blocks.iter().enumerate() {
             let h = block.attn_norm.forward(x.clone());
@@ -171,11 +198,7 @@ impl<B: Backend> Llama<B> {
     /// Copies logits `[sequences, vocab]` to the host, one vector per sequence.
     pub fn logits_to_host(logits: Tensor<B, 2>) -> Vec<Vec<f32>> {
         let [n, vocab] = logits.dims();
-        let data = logits.into_data();
-        let flat: Vec<f32> = match data.to_vec::<f32>() {
-            Ok(v) => v,
-            Err(_) => data.convert::<f32>().to_vec::<f32>().unwrap_or_default(),
-        };
+        let flat = to_host(logits);
         (0..n)
             .map(|i| flat.get(i * vocab..(i + 1) * vocab).unwrap_or(&[]).to_vec())
             .collect()

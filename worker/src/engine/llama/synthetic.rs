@@ -176,7 +176,9 @@ pub fn write_synthetic_llama(path: &Path, spec: &SyntheticSpec) -> Result<(), Gg
     let matrix = |rows: usize, cols: usize, rng: &mut ChaCha8Rng| -> Vec<f32> {
         // Uniform with the variance of N(0, 1/cols): activations keep their scale.
         let bound = (3.0 / cols as f32).sqrt();
-        (0..rows * cols).map(|_| rng.random_range(-bound..bound)).collect()
+        (0..rows * cols)
+            .map(|_| rng.random_range(-bound..bound))
+            .collect()
     };
     let norm = |n: usize, rng: &mut ChaCha8Rng| -> Vec<f32> {
         (0..n).map(|_| rng.random_range(0.8..1.2)).collect()

@@ -1,0 +1,574 @@
+//! Matrix products against weights kept in GGUF's 32-element block formats, on the CPU.
+//!
+//! Decoding one token reads every weight once, so its speed is bound by memory traffic:
+//! keeping the file's 4- or 8-bit blocks (≈ 0.6–1.1 bytes a weight) instead of f32 (4
+//! bytes) is what brings the CPU within reach of its bandwidth. Blocks are repacked at
+//! load into struct-of-arrays form — scales and minimums as f32 beside the packed
+//! integers — so the inner loop converts no f16 and reads contiguous bytes.
+//!
+//! Activations stay f32 and products accumulate in f32 (no 8-bit activations as
+//! llama.cpp uses), so results match a dequantize-then-multiply reference up to the
+//! order of additions. On x86-64 with AVX2 and FMA (checked at run time) the dot
+//! products use 256-bit vectors; elsewhere a portable loop does the same arithmetic.
+
+use half::f16;
+use rayon::prelude::*;
+
+use crate::engine::gguf::GgmlType;
+
+/// Elements per block in every format here.
+pub const BLOCK: usize = 32;
+
+/// How a matrix's blocks are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QKind {
+    /// 4-bit values `q` with a scale and a minimum per block: `w = q·d + m`
+    /// (GGUF Q4_1; Q4_0 too, as `m = −8·d`).
+    Nibble,
+    /// 8-bit signed values with a scale per block: `w = q·d` (GGUF Q8_0).
+    Byte,
+}
+
+/// A `rows × cols` weight matrix in block form; row `o` holds output `o`'s weights.
+#[derive(Debug, Clone)]
+pub struct QMatrix {
+    kind: QKind,
+    rows: usize,
+    cols: usize,
+    /// Scale of each block, row-major (`rows × cols/32`).
+    scales: Vec<f32>,
+    /// Minimum of each block (`Nibble` only).
+    mins: Vec<f32>,
+    /// Packed values: 16 bytes a block for `Nibble` (low nibbles are elements 0..16,
+    /// high nibbles 16..32, as in GGUF), 32 for `Byte`.
+    qs: Vec<u8>,
+}
+
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+impl QMatrix {
+    /// Whether GGUF data of this type can be kept as is.
+    pub fn supports(ty: GgmlType) -> bool {
+        matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+    }
+
+    /// Repacks `rows` rows of GGUF blocks of type `ty` (Q4_0, Q4_1 or Q8_0).
+    /// Returns `None` for other types, a `cols` that is not a multiple of 32, or bytes
+    /// of the wrong length.
+    pub fn from_gguf(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Option<Self> {
+        if !cols.is_multiple_of(BLOCK) || !Self::supports(ty) {
+            return None;
+        }
+        let n_blocks = rows.checked_mul(cols / BLOCK)?;
+        let block_bytes = ty.block_bytes()?;
+        if bytes.len() != n_blocks.checked_mul(block_bytes)? {
+            return None;
+        }
+        let mut m = QMatrix {
+            kind: if ty == GgmlType::Q8_0 {
+                QKind::Byte
+            } else {
+                QKind::Nibble
+            },
+            rows,
+            cols,
+            scales: Vec::with_capacity(n_blocks),
+            mins: Vec::new(),
+            qs: Vec::new(),
+        };
+        match ty {
+            GgmlType::Q8_0 => {
+                m.qs.reserve(n_blocks * 32);
+                for b in bytes.chunks_exact(34) {
+                    m.scales.push(f16_at(b, 0));
+                    m.qs.extend_from_slice(&b[2..34]);
+                }
+            }
+            GgmlType::Q4_1 => {
+                m.qs.reserve(n_blocks * 16);
+                m.mins.reserve(n_blocks);
+                for b in bytes.chunks_exact(20) {
+                    m.scales.push(f16_at(b, 0));
+                    m.mins.push(f16_at(b, 2));
+                    m.qs.extend_from_slice(&b[4..20]);
+                }
+            }
+            GgmlType::Q4_0 => {
+                m.qs.reserve(n_blocks * 16);
+                m.mins.reserve(n_blocks);
+                for b in bytes.chunks_exact(18) {
+                    let d = f16_at(b, 0);
+                    m.scales.push(d);
+                    // (q − 8)·d = q·d + (−8·d)
+                    m.mins.push(-8.0 * d);
+                    m.qs.extend_from_slice(&b[2..18]);
+                }
+            }
+            _ => return None,
+        }
+        Some(m)
+    }
+
+    /// Quantizes f32 rows to 8-bit blocks (for weights stored in formats without a
+    /// kernel here). `cols` must be a multiple of 32.
+    pub fn quantize_q8(values: &[f32], rows: usize, cols: usize) -> Option<Self> {
+        if !cols.is_multiple_of(BLOCK) || values.len() != rows.checked_mul(cols)? {
+            return None;
+        }
+        let n_blocks = rows * cols / BLOCK;
+        let mut scales = Vec::with_capacity(n_blocks);
+        let mut qs = Vec::with_capacity(values.len());
+        for block in values.chunks_exact(BLOCK) {
+            let amax = block.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
+            // Stored like GGUF's Q8_0: the scale rounded to f16.
+            scales.push(f16::from_f32(d).to_f32());
+            qs.extend(block.iter().map(|v| (v * inv).round() as i8 as u8));
+        }
+        Some(QMatrix {
+            kind: QKind::Byte,
+            rows,
+            cols,
+            scales,
+            mins: Vec::new(),
+            qs,
+        })
+    }
+
+    /// Output rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The block format.
+    pub fn kind(&self) -> QKind {
+        self.kind
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        (self.scales.len() + self.mins.len()) * 4 + self.qs.len()
+    }
+
+    fn qs_per_block(&self) -> usize {
+        match self.kind {
+            QKind::Nibble => 16,
+            QKind::Byte => 32,
+        }
+    }
+
+    /// A matrix of the rows in `order` (row `i` of the result is row `order[i]`).
+    pub fn select_rows(&self, order: &[usize]) -> Self {
+        let bpr = self.cols / BLOCK;
+        let qpb = self.qs_per_block();
+        let mut out = QMatrix {
+            kind: self.kind,
+            rows: order.len(),
+            cols: self.cols,
+            scales: Vec::with_capacity(order.len() * bpr),
+            mins: Vec::new(),
+            qs: Vec::with_capacity(order.len() * bpr * qpb),
+        };
+        for &r in order {
+            out.scales
+                .extend_from_slice(&self.scales[r * bpr..(r + 1) * bpr]);
+            if !self.mins.is_empty() {
+                out.mins
+                    .extend_from_slice(&self.mins[r * bpr..(r + 1) * bpr]);
+            }
+            out.qs
+                .extend_from_slice(&self.qs[r * bpr * qpb..(r + 1) * bpr * qpb]);
+        }
+        out
+    }
+
+    /// Stacks matrices of one kind and width; `None` if they differ.
+    pub fn concat_rows(parts: Vec<QMatrix>) -> Option<Self> {
+        let mut iter = parts.into_iter();
+        let mut out = iter.next()?;
+        for p in iter {
+            if p.kind != out.kind || p.cols != out.cols {
+                return None;
+            }
+            out.rows += p.rows;
+            out.scales.extend_from_slice(&p.scales);
+            out.mins.extend_from_slice(&p.mins);
+            out.qs.extend_from_slice(&p.qs);
+        }
+        Some(out)
+    }
+
+    /// Row `r` as f32 (an embedding lookup).
+    pub fn row(&self, r: usize) -> Vec<f32> {
+        let mut out = Vec::with_capacity(self.cols);
+        self.row_into(r, &mut out);
+        out
+    }
+
+    /// Appends row `r`, dequantized, to `out`.
+    fn row_into(&self, r: usize, out: &mut Vec<f32>) {
+        let bpr = self.cols / BLOCK;
+        let qpb = self.qs_per_block();
+        for b in r * bpr..(r + 1) * bpr {
+            let d = self.scales[b];
+            let q = &self.qs[b * qpb..(b + 1) * qpb];
+            match self.kind {
+                QKind::Byte => out.extend(q.iter().map(|&v| f32::from(v as i8) * d)),
+                QKind::Nibble => {
+                    let m = self.mins[b];
+                    out.extend(q.iter().map(|&v| f32::from(v & 0x0F) * d + m));
+                    out.extend(q.iter().map(|&v| f32::from(v >> 4) * d + m));
+                }
+            }
+        }
+    }
+
+    /// Rows of input from which [`QMatrix::matmul`] dequantizes tiles of weights and
+    /// runs a dense product instead of block dot products per pair of rows.
+    const DENSE_FROM: usize = 4;
+
+    /// Weight rows dequantized per dense tile.
+    const TILE: usize = 64;
+
+    /// The many-row product (prefill): each tile of weight rows is dequantized once and
+    /// multiplied by all input rows with an f32 GEMM.
+    fn matmul_dense(&self, x: &[f32], n: usize) -> Vec<f32> {
+        let cols = self.cols;
+        let tiles: Vec<Vec<f32>> = (0..self.rows.div_ceil(Self::TILE))
+            .into_par_iter()
+            .map(|t| {
+                let r0 = t * Self::TILE;
+                let tr = Self::TILE.min(self.rows - r0);
+                let mut w = Vec::with_capacity(tr * cols);
+                for r in r0..r0 + tr {
+                    self.row_into(r, &mut w);
+                }
+                let mut out = vec![0.0f32; n * tr];
+                // SAFETY: `out` is [n, tr] row-major (column stride 1, row stride tr),
+                // `x` is [n, cols] row-major, and `w` holds `tr` rows of `cols`, read as
+                // its transpose [cols, tr] (row stride 1, column stride cols); every
+                // pointer stays inside its buffer for these sizes and strides.
+                unsafe {
+                    gemm::gemm(
+                        n,
+                        tr,
+                        cols,
+                        out.as_mut_ptr(),
+                        1,
+                        tr as isize,
+                        false,
+                        x.as_ptr(),
+                        1,
+                        cols as isize,
+                        w.as_ptr(),
+                        cols as isize,
+                        1,
+                        0.0f32,
+                        1.0f32,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    );
+                }
+                out
+            })
+            .collect();
+        let mut y = vec![0.0f32; n * self.rows];
+        for (t, tile) in tiles.iter().enumerate() {
+            let r0 = t * Self::TILE;
+            let tr = tile.len() / n;
+            for j in 0..n {
+                y[j * self.rows + r0..j * self.rows + r0 + tr]
+                    .copy_from_slice(&tile[j * tr..(j + 1) * tr]);
+            }
+        }
+        y
+    }
+
+    /// `x: [n, cols]` (row-major) → `[n, rows]`: every row of `x` against every weight row.
+    pub fn matmul(&self, x: &[f32], n: usize) -> Vec<f32> {
+        assert_eq!(x.len(), n * self.cols, "input is not [n, cols]");
+        if n >= Self::DENSE_FROM {
+            return self.matmul_dense(x, n);
+        }
+        let bpr = self.cols / BLOCK;
+        // Per-block sums of the input, for the minimums: Σ(q·d + m)·x = d·Σq·x + m·Σx.
+        let xsum: Vec<f32> = if self.kind == QKind::Nibble {
+            x.chunks_exact(BLOCK).map(|c| c.iter().sum()).collect()
+        } else {
+            Vec::new()
+        };
+        let avx2 = simd::available();
+        // Work in slices of output rows; each task fills `[rows_in_task, n]`.
+        let rows_per_task = (4096 / n.max(1)).clamp(16, 256);
+        let mut yt = vec![0.0f32; self.rows * n];
+        let qpb = self.qs_per_block();
+        yt.par_chunks_mut(rows_per_task * n)
+            .enumerate()
+            .for_each(|(task, out)| {
+                let first = task * rows_per_task;
+                for (i, o) in out.chunks_exact_mut(n).enumerate() {
+                    let r = first + i;
+                    let scales = &self.scales[r * bpr..(r + 1) * bpr];
+                    let qs = &self.qs[r * bpr * qpb..(r + 1) * bpr * qpb];
+                    for (j, y) in o.iter_mut().enumerate() {
+                        let xr = &x[j * self.cols..(j + 1) * self.cols];
+                        *y = match self.kind {
+                            QKind::Byte => simd::dot_byte(avx2, qs, scales, xr),
+                            QKind::Nibble => {
+                                let mins = &self.mins[r * bpr..(r + 1) * bpr];
+                                let xs = &xsum[j * bpr..(j + 1) * bpr];
+                                simd::dot_nibble(avx2, qs, scales, xr) + dot(mins, xs)
+                            }
+                        };
+                    }
+                }
+            });
+        if n == 1 {
+            return yt;
+        }
+        let mut y = vec![0.0f32; n * self.rows];
+        for r in 0..self.rows {
+            for j in 0..n {
+                y[j * self.rows + r] = yt[r * n + j];
+            }
+        }
+        y
+    }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+mod simd {
+    //! Block dot products, vectorised where the CPU allows.
+
+    /// Whether the AVX2+FMA kernels can run on this CPU.
+    pub fn available() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    /// `Σ_b d_b · Σ_i q_bi · x_bi` over 8-bit blocks.
+    pub fn dot_byte(avx2: bool, qs: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+        debug_assert_eq!(qs.len(), x.len());
+        debug_assert_eq!(scales.len() * 32, x.len());
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: AVX2 and FMA were detected at run time; lengths are checked above
+            // (every block reads 32 bytes of `qs` and 32 floats of `x`).
+            return unsafe { x86::dot_byte(qs, scales, x) };
+        }
+        let _ = avx2;
+        let mut total = 0.0f32;
+        for ((q, x), d) in qs.chunks_exact(32).zip(x.chunks_exact(32)).zip(scales) {
+            let s: f32 = q.iter().zip(x).map(|(&q, &x)| f32::from(q as i8) * x).sum();
+            total += d * s;
+        }
+        total
+    }
+
+    /// `Σ_b d_b · Σ_i q_bi · x_bi` over 4-bit blocks (minimums are added by the caller).
+    pub fn dot_nibble(avx2: bool, qs: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+        debug_assert_eq!(qs.len() * 2, x.len());
+        debug_assert_eq!(scales.len() * 32, x.len());
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: AVX2 and FMA were detected at run time; every block reads 16
+            // bytes of `qs` and 32 floats of `x`, which the lengths above guarantee.
+            return unsafe { x86::dot_nibble(qs, scales, x) };
+        }
+        let _ = avx2;
+        let mut total = 0.0f32;
+        for ((q, x), d) in qs.chunks_exact(16).zip(x.chunks_exact(32)).zip(scales) {
+            let (lo, hi) = x.split_at(16);
+            let mut s = 0.0f32;
+            for j in 0..16 {
+                s += f32::from(q[j] & 0x0F) * lo[j] + f32::from(q[j] >> 4) * hi[j];
+            }
+            total += d * s;
+        }
+        total
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod x86 {
+        use std::arch::x86_64::*;
+
+        #[target_feature(enable = "avx2,fma")]
+        fn hsum(v: __m256) -> f32 {
+            let lo = _mm256_castps256_ps128(v);
+            let hi = _mm256_extractf128_ps(v, 1);
+            let s = _mm_add_ps(lo, hi);
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+            _mm_cvtss_f32(s)
+        }
+
+        /// # Safety
+        /// Needs AVX2 and FMA; `qs.len() == x.len() == 32 · scales.len()`.
+        #[target_feature(enable = "avx2,fma")]
+        pub unsafe fn dot_byte(qs: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+            let mut acc = _mm256_setzero_ps();
+            for (b, &d) in scales.iter().enumerate() {
+                // SAFETY: block `b` spans qs[32b..32b+32] and x[32b..32b+32], in bounds
+                // by the length contract.
+                unsafe {
+                    let q = qs.as_ptr().add(b * 32);
+                    let xp = x.as_ptr().add(b * 32);
+                    let q01 = _mm_loadu_si128(q as *const __m128i);
+                    let q23 = _mm_loadu_si128(q.add(16) as *const __m128i);
+                    let f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q01));
+                    let f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q01, 8)));
+                    let f2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q23));
+                    let f3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q23, 8)));
+                    let mut s = _mm256_mul_ps(f0, _mm256_loadu_ps(xp));
+                    s = _mm256_fmadd_ps(f1, _mm256_loadu_ps(xp.add(8)), s);
+                    s = _mm256_fmadd_ps(f2, _mm256_loadu_ps(xp.add(16)), s);
+                    s = _mm256_fmadd_ps(f3, _mm256_loadu_ps(xp.add(24)), s);
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc);
+                }
+            }
+            hsum(acc)
+        }
+
+        /// # Safety
+        /// Needs AVX2 and FMA; `2 · qs.len() == x.len() == 32 · scales.len()`.
+        #[target_feature(enable = "avx2,fma")]
+        pub unsafe fn dot_nibble(qs: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+            let mut acc = _mm256_setzero_ps();
+            let mask = _mm_set1_epi8(0x0F);
+            for (b, &d) in scales.iter().enumerate() {
+                // SAFETY: block `b` spans qs[16b..16b+16] and x[32b..32b+32], in bounds
+                // by the length contract.
+                unsafe {
+                    let q = _mm_loadu_si128(qs.as_ptr().add(b * 16) as *const __m128i);
+                    let xp = x.as_ptr().add(b * 32);
+                    let lo = _mm_and_si128(q, mask);
+                    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+                    let f0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+                    let f1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+                    let f2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+                    let f3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+                    let mut s = _mm256_mul_ps(f0, _mm256_loadu_ps(xp));
+                    s = _mm256_fmadd_ps(f1, _mm256_loadu_ps(xp.add(8)), s);
+                    s = _mm256_fmadd_ps(f2, _mm256_loadu_ps(xp.add(16)), s);
+                    s = _mm256_fmadd_ps(f3, _mm256_loadu_ps(xp.add(24)), s);
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc);
+                }
+            }
+            hsum(acc)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::gguf::{dequant::dequantize, writer::quantize};
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 2001) as f32
+                    / 1000.0
+                    - 1.0
+            })
+            .collect()
+    }
+
+    fn reference(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize) -> Vec<f32> {
+        let mut y = vec![0.0f64; n * rows];
+        for j in 0..n {
+            for r in 0..rows {
+                y[j * rows + r] = (0..cols)
+                    .map(|c| w[r * cols + c] as f64 * x[j * cols + c] as f64)
+                    .sum();
+            }
+        }
+        y.into_iter().map(|v| v as f32).collect()
+    }
+
+    #[test]
+    fn products_match_dequantized_weights() {
+        let (rows, cols) = (70, 96);
+        let w = values(rows * cols, 1);
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_0] {
+            let bytes = quantize(ty, &w).expect("quantize");
+            let deq = dequantize(ty, &bytes, rows * cols).expect("dequantize");
+            let q = QMatrix::from_gguf(ty, rows, cols, &bytes).expect("repack");
+            for r in [0, 33, 69] {
+                let row = q.row(r);
+                for c in 0..cols {
+                    assert!((row[c] - deq[r * cols + c]).abs() < 1e-6, "{ty:?} row {r}");
+                }
+            }
+            for n in [1, 3, 17] {
+                let x = values(n * cols, 7 + n as u32);
+                let want = reference(&deq, rows, cols, &x, n);
+                // Both the vector kernel and the portable loop.
+                let got = q.matmul(&x, n);
+                for (a, b) in got.iter().zip(&want) {
+                    assert!((a - b).abs() < 1e-4, "{ty:?} n={n}: {a} vs {b}");
+                }
+                let bpr = cols / BLOCK;
+                let qpb = q.qs_per_block();
+                let r = 5;
+                let xs = &x[..cols];
+                let qs = &q.qs[r * bpr * qpb..(r + 1) * bpr * qpb];
+                let sc = &q.scales[r * bpr..(r + 1) * bpr];
+                let portable = match q.kind {
+                    QKind::Byte => simd::dot_byte(false, qs, sc, xs),
+                    QKind::Nibble => {
+                        let xsum: Vec<f32> = xs.chunks(32).map(|c| c.iter().sum()).collect();
+                        simd::dot_nibble(false, qs, sc, xs)
+                            + dot(&q.mins[r * bpr..(r + 1) * bpr], &xsum)
+                    }
+                };
+                assert!((portable - want[r]).abs() < 1e-4);
+            }
+        }
+    }
+
+    #[test]
+    fn rows_can_be_selected_and_stacked() {
+        let (rows, cols) = (8, 64);
+        let w = values(rows * cols, 3);
+        let bytes = quantize(GgmlType::Q4_1, &w).expect("quantize");
+        let q = QMatrix::from_gguf(GgmlType::Q4_1, rows, cols, &bytes).expect("repack");
+        let picked = q.select_rows(&[7, 0]);
+        assert_eq!(picked.row(0), q.row(7));
+        assert_eq!(picked.row(1), q.row(0));
+        let both = QMatrix::concat_rows(vec![q.clone(), picked]).expect("same kind");
+        assert_eq!(both.rows(), 10);
+        assert_eq!(both.row(9), q.row(0));
+        let q8 = QMatrix::quantize_q8(&w, rows, cols).expect("q8");
+        assert!(QMatrix::concat_rows(vec![q, q8.clone()]).is_none());
+        for (a, b) in q8.row(2).iter().zip(&w[2 * cols..3 * cols]) {
+            assert!((a - b).abs() < 0.01);
+        }
+    }
+
+    #[test]
+    fn unsupported_shapes_are_refused() {
+        assert!(QMatrix::from_gguf(GgmlType::Q4_1, 2, 48, &[0; 60]).is_none());
+        assert!(QMatrix::from_gguf(GgmlType::Q4_1, 2, 32, &[0; 39]).is_none());
+        assert!(QMatrix::from_gguf(GgmlType::F32, 2, 32, &[0; 256]).is_none());
+    }
+}
