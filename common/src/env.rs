@@ -1,8 +1,22 @@
 //! Environment variable names, in one place.
 
-/// Path of the GGUF model file a worker serves.
+/// Path of `cluster.toml`.
+pub const CONFIG: &str = "BATON_CONFIG";
+/// NATS server URL (overrides `nats.url`).
+pub const NATS_URL: &str = "BATON_NATS_URL";
+/// Subject prefix (overrides `nats.subject_prefix`).
+pub const SUBJECT_PREFIX: &str = "BATON_SUBJECT_PREFIX";
+/// Coordinator HTTP listen address (overrides `coordinator.listen`).
+pub const LISTEN: &str = "BATON_LISTEN";
+/// Path of the GGUF model file a worker serves (overrides `worker.model`).
 pub const MODEL: &str = "BATON_MODEL";
-/// Backend a worker runs on: `cpu` or `cuda`.
+/// Public model name (overrides `worker.model_name`).
+pub const MODEL_NAME: &str = "BATON_MODEL_NAME";
+/// Backend a worker runs on: `cpu` or `cuda` (overrides `worker.backend`).
 pub const BACKEND: &str = "BATON_BACKEND";
+/// Weight format: `native`, `f16`, `f32` (overrides `worker.weights`).
+pub const WEIGHTS: &str = "BATON_WEIGHTS";
 /// Log filter, in `tracing_subscriber::EnvFilter` syntax.
 pub const LOG: &str = "RUST_LOG";
+/// Log format: `text` (default) or `json`.
+pub const LOG_FORMAT: &str = "BATON_LOG_FORMAT";

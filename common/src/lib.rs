@@ -1,9 +1,17 @@
 //! What crosses the wire between Baton's processes, and nothing else: ids, message
-//! types, subject names, the token hash chain, configuration types.
+//! types, subject names, configuration types.
 //!
 //! # Layout
+//! - [`ids`]: worker, coordinator and stream ids.
+//! - [`subjects`]: NATS subject names, built in one place.
+//! - [`protocol`]: coordinator ⇄ worker messages (rkyv), checked decoding.
+//! - [`config`]: `cluster.toml` types.
 //! - [`env`]: the names of every environment variable Baton reads.
 
 #![deny(missing_docs)]
 
+pub mod config;
 pub mod env;
+pub mod ids;
+pub mod protocol;
+pub mod subjects;

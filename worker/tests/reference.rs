@@ -166,7 +166,7 @@ fn check_against_reference(dtype: WeightDtype) {
             .expect("generate");
         assert_eq!(out.ids, expected, "{name}: engine loop differs");
         eprintln!(
-            "{name}: {} tokens match, max logit diff {worst:.2e}",
+            "{dtype:?} {name}: {} tokens match, max logit diff {worst:.2e}",
             expected.len()
         );
     }

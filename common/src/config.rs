@@ -1,0 +1,204 @@
+//! `cluster.toml`: one file describes a cluster. Every field has a default; each binary's
+//! flags and environment variables (see [`crate::env`]) override what the file says.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// The whole file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// How to reach NATS.
+    pub nats: NatsConfig,
+    /// The coordinator.
+    pub coordinator: CoordinatorConfig,
+    /// The workers (every worker of this file gets the same settings; flags differ).
+    pub worker: WorkerConfig,
+}
+
+/// NATS connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NatsConfig {
+    /// Server URL(s), comma-separated.
+    pub url: String,
+    /// Prefix of every subject.
+    pub subject_prefix: String,
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        Self {
+            url: "nats://127.0.0.1:4222".into(),
+            subject_prefix: crate::subjects::DEFAULT_PREFIX.into(),
+        }
+    }
+}
+
+/// The coordinator's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CoordinatorConfig {
+    /// HTTP listen address.
+    pub listen: String,
+    /// Largest `max_tokens` a request may ask for.
+    pub max_tokens_limit: u32,
+    /// `max_tokens` when a request gives none.
+    pub default_max_tokens: u32,
+    /// Largest request body, in bytes.
+    pub max_body_bytes: usize,
+    /// How long to wait for a worker to accept a submit, in milliseconds.
+    pub submit_timeout_ms: u64,
+    /// A worker silent for this long is dropped from the registry, in milliseconds.
+    pub worker_timeout_ms: u64,
+    /// A stream with no event for this long fails, in milliseconds.
+    pub stream_timeout_ms: u64,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8000".into(),
+            max_tokens_limit: 4096,
+            default_max_tokens: 256,
+            max_body_bytes: 1 << 20,
+            submit_timeout_ms: 5_000,
+            worker_timeout_ms: 3_000,
+            stream_timeout_ms: 60_000,
+        }
+    }
+}
+
+/// A worker's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// GGUF model file.
+    pub model: String,
+    /// Name clients use for the model (default: the file name without `.gguf`).
+    pub model_name: Option<String>,
+    /// `cpu` or `cuda`.
+    pub backend: String,
+    /// Weight format in memory: `native` (GGUF blocks, CPU), `f16` or `f32`.
+    pub weights: String,
+    /// Most sequences running at once.
+    pub max_running: u32,
+    /// Most sequences waiting to run.
+    pub max_queued: u32,
+    /// KV cache budget, in MiB.
+    pub kv_budget_mib: u64,
+    /// Heartbeat period, in milliseconds.
+    pub heartbeat_interval_ms: u64,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            model: "models/SmolLM2-135M-Instruct.Q4_1.gguf".into(),
+            model_name: None,
+            backend: "cpu".into(),
+            weights: "native".into(),
+            max_running: 16,
+            max_queued: 64,
+            kv_budget_mib: 1024,
+            heartbeat_interval_ms: 500,
+        }
+    }
+}
+
+impl WorkerConfig {
+    /// The model's public name.
+    pub fn model_name(&self) -> String {
+        self.model_name.clone().unwrap_or_else(|| {
+            Path::new(&self.model)
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| self.model.clone())
+        })
+    }
+}
+
+/// Why the configuration could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid for these types.
+    #[error("invalid {path}: {source}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// Why.
+        source: Box<toml::de::Error>,
+    },
+}
+
+impl ClusterConfig {
+    /// Reads `path`; a missing file at the default location gives the defaults.
+    pub fn load(path: &Path, must_exist: bool) -> Result<Self, ConfigError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if !must_exist && e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Self::default())
+            }
+            Err(source) => {
+                return Err(ConfigError::Read {
+                    path: path.display().to_string(),
+                    source,
+                })
+            }
+        };
+        Self::parse(&text).map_err(|source| ConfigError::Parse {
+            path: path.display().to_string(),
+            source: Box::new(source),
+        })
+    }
+
+    /// Parses TOML text.
+    pub fn parse(text: &str) -> Result<Self, toml::de::Error> {
+        toml::from_str(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults_and_fields_override() {
+        assert_eq!(ClusterConfig::parse("").expect("empty"), ClusterConfig::default());
+        let c = ClusterConfig::parse(
+            "[coordinator]\nlisten = \"0.0.0.0:9000\"\n[worker]\nmax_running = 4\n",
+        )
+        .expect("parse");
+        assert_eq!(c.coordinator.listen, "0.0.0.0:9000");
+        assert_eq!(c.worker.max_running, 4);
+        assert_eq!(c.nats, NatsConfig::default());
+    }
+
+    #[test]
+    fn unknown_fields_are_errors() {
+        assert!(ClusterConfig::parse("[worker]\nmax_runing = 4\n").is_err());
+    }
+
+    #[test]
+    fn model_name_defaults_to_the_file_stem() {
+        let w = WorkerConfig::default();
+        assert_eq!(w.model_name(), "SmolLM2-135M-Instruct.Q4_1");
+    }
+
+    #[test]
+    fn the_repository_cluster_toml_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cluster.toml");
+        if path.exists() {
+            ClusterConfig::load(&path, true).expect("cluster.toml");
+        }
+    }
+}

@@ -1,0 +1,461 @@
+//! Messages between coordinators and workers, encoded with rkyv.
+//!
+//! Every message is a [`Wire`]: an [`Envelope`] (publisher, sequence number, protocol
+//! version) and a [`Body`]. Bytes from the network are decoded with validation
+//! ([`decode`]): NATS payloads carry no alignment guarantee, so they are first copied
+//! into an aligned buffer, then checked by rkyv's bytecheck before any field is read.
+
+use rkyv::{rancor, util::AlignedVec, Archive, Deserialize, Serialize};
+
+use crate::ids::{CoordinatorId, StreamId, WorkerId};
+
+/// Version of this protocol; receivers drop messages of another major version.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Largest message a receiver accepts (bytes), whatever NATS allows.
+pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
+
+/// Who sent a message and in what order.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Envelope {
+    /// Process id of the publisher (a worker's or coordinator's id bits).
+    pub publisher: u128,
+    /// Per-publisher, per-subject counter from 0: receivers see gaps and duplicates.
+    pub seq: u64,
+    /// [`PROTOCOL_VERSION`] of the publisher.
+    pub version: u16,
+}
+
+/// A message as it travels.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Wire {
+    /// Who and when.
+    pub envelope: Envelope,
+    /// What.
+    pub body: Body,
+}
+
+/// Every message kind.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum Body {
+    /// A worker's periodic announcement.
+    Heartbeat(Heartbeat),
+    /// New sequences for a worker.
+    Submit(Submit),
+    /// A worker's answer to a [`Submit`].
+    SubmitReply(SubmitReply),
+    /// Sequences a worker must stop.
+    Cancel(Cancel),
+    /// One decode step's events for one coordinator.
+    Tokens(TokenBatch),
+}
+
+/// A worker's state, published every heartbeat interval.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Heartbeat {
+    /// The worker.
+    pub worker: WorkerId,
+    /// Models it serves.
+    pub models: Vec<ModelInfo>,
+    /// Most sequences it runs at once.
+    pub capacity: u32,
+    /// Sequences running now.
+    pub running: u32,
+    /// Sequences accepted but not yet running.
+    pub queued: u32,
+    /// KV cache bytes in use.
+    pub kv_used_bytes: u64,
+    /// KV cache budget in bytes.
+    pub kv_budget_bytes: u64,
+    /// Taking no new work.
+    pub draining: bool,
+    /// The worker's software version.
+    pub version: String,
+}
+
+/// A model a worker serves.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ModelInfo {
+    /// The name clients ask for.
+    pub name: String,
+    /// Longest sequence (prompt and output) in tokens.
+    pub context_length: u32,
+    /// Hash of weights and tokenizer: equal fingerprints, equal model.
+    pub fingerprint: u64,
+}
+
+/// New sequences for one worker.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Submit {
+    /// Where the tokens go ([`crate::subjects::Subjects::tokens`]).
+    pub coordinator: CoordinatorId,
+    /// The sequences (one message carries a batch).
+    pub sequences: Vec<SeqRequest>,
+}
+
+/// One sequence to run.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct SeqRequest {
+    /// Its stream.
+    pub stream: StreamId,
+    /// Model name.
+    pub model: String,
+    /// What to continue.
+    pub prompt: PromptSpec,
+    /// How to generate.
+    pub params: GenParams,
+}
+
+/// A prompt as the client gave it; the worker tokenizes.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum PromptSpec {
+    /// Raw text.
+    Text(String),
+    /// Chat messages, rendered with the model's template.
+    Chat(Vec<ChatTurn>),
+    /// Token ids.
+    Tokens(Vec<u32>),
+}
+
+/// One chat message.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ChatTurn {
+    /// `system`, `user`, `assistant`, …
+    pub role: String,
+    /// Text.
+    pub content: String,
+}
+
+/// Generation parameters.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct GenParams {
+    /// Most tokens to generate.
+    pub max_tokens: u32,
+    /// Temperature; 0 is greedy.
+    pub temperature: f32,
+    /// Nucleus mass.
+    pub top_p: f32,
+    /// Top-k (0: off).
+    pub top_k: u32,
+    /// Repetition penalty (1: off).
+    pub repetition_penalty: f32,
+    /// Sampler seed.
+    pub seed: u64,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Keep going past end-of-sequence tokens.
+    pub ignore_eos: bool,
+}
+
+/// A worker's answer to a submit, per sequence.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct SubmitReply {
+    /// One outcome per submitted sequence, in order.
+    pub outcomes: Vec<SubmitOutcome>,
+}
+
+/// Whether one sequence was taken.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum SubmitOutcome {
+    /// Running or queued; events will follow.
+    Accepted(Accepted),
+    /// Refused; nothing will follow.
+    Refused(Refused),
+}
+
+/// A sequence a worker took.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Accepted {
+    /// The stream.
+    pub stream: StreamId,
+    /// Prompt length in tokens.
+    pub prompt_tokens: u32,
+}
+
+/// A sequence a worker refused.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Refused {
+    /// The stream.
+    pub stream: StreamId,
+    /// Why.
+    pub error: WireError,
+}
+
+/// Sequences to stop.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Cancel {
+    /// The streams.
+    pub streams: Vec<StreamId>,
+}
+
+/// Events of one decode step, for one coordinator.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct TokenBatch {
+    /// The publishing worker.
+    pub worker: WorkerId,
+    /// One event per stream that moved.
+    pub events: Vec<StreamEvent>,
+}
+
+/// What happened to one stream.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct StreamEvent {
+    /// The stream.
+    pub stream: StreamId,
+    /// The event.
+    pub kind: EventKind,
+}
+
+/// Stream event kinds.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum EventKind {
+    /// A generated token.
+    Token(TokenEvent),
+    /// The stream ended normally (after its last token event).
+    Finished(Finished),
+    /// The stream failed on the worker.
+    Failed(WireError),
+}
+
+/// A generated token.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct TokenEvent {
+    /// Index in the output (0 = first generated token).
+    pub index: u32,
+    /// Token id.
+    pub id: u32,
+    /// Text that became final with it (may be empty).
+    pub text: String,
+}
+
+/// How a stream ended.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Finished {
+    /// Why.
+    pub reason: FinishReason,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Generated tokens.
+    pub completion_tokens: u32,
+}
+
+/// Why a stream ended.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// End-of-sequence token or stop string.
+    Stop,
+    /// `max_tokens` or the context length.
+    Length,
+    /// Cancelled by the coordinator.
+    Cancelled,
+}
+
+impl FinishReason {
+    /// The OpenAI `finish_reason`.
+    pub fn openai(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length | FinishReason::Cancelled => "length",
+        }
+    }
+}
+
+/// An error that travels: a stable kind and a message for people.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct WireError {
+    /// Stable kind.
+    pub kind: ErrorKind,
+    /// Human-readable detail.
+    pub message: String,
+}
+
+/// Stable error kinds (no HTTP here: the coordinator maps them to status codes).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The request is malformed or out of range.
+    InvalidRequest,
+    /// The prompt does not fit the model's context.
+    PromptTooLong,
+    /// No such model here.
+    UnknownModel,
+    /// The worker is full.
+    Overloaded,
+    /// The worker is draining.
+    Draining,
+    /// Something broke inside the worker.
+    Internal,
+}
+
+impl ErrorKind {
+    /// A stable snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidRequest => "invalid_request",
+            ErrorKind::PromptTooLong => "prompt_too_long",
+            ErrorKind::UnknownModel => "unknown_model",
+            ErrorKind::Overloaded => "overloaded",
+            ErrorKind::Draining => "draining",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
+/// Why bytes were not a message.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// Over [`MAX_MESSAGE_BYTES`].
+    #[error("message of {0} bytes is over the limit")]
+    TooLarge(usize),
+    /// Not a valid archive of [`Wire`].
+    #[error("malformed message: {0}")]
+    Malformed(String),
+    /// Another protocol version.
+    #[error("protocol version {0} is not {PROTOCOL_VERSION}")]
+    Version(u16),
+}
+
+impl DecodeError {
+    /// A stable identifier for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            DecodeError::TooLarge(_) => "too_large",
+            DecodeError::Malformed(_) => "malformed",
+            DecodeError::Version(_) => "version",
+        }
+    }
+}
+
+/// Encodes a message.
+pub fn encode(wire: &Wire) -> Vec<u8> {
+    rkyv::to_bytes::<rancor::Error>(wire)
+        .expect("serializing owned values into a growable buffer cannot fail")
+        .into_vec()
+}
+
+/// Decodes and validates bytes from the network. Never panics on any input.
+pub fn decode(bytes: &[u8]) -> Result<Wire, DecodeError> {
+    if bytes.len() > MAX_MESSAGE_BYTES {
+        return Err(DecodeError::TooLarge(bytes.len()));
+    }
+    // NATS payloads have no alignment guarantee; rkyv's checked access needs one.
+    let mut aligned = AlignedVec::<16>::with_capacity(bytes.len());
+    aligned.extend_from_slice(bytes);
+    let wire = rkyv::from_bytes::<Wire, rancor::Error>(&aligned)
+        .map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    if wire.envelope.version != PROTOCOL_VERSION {
+        return Err(DecodeError::Version(wire.envelope.version));
+    }
+    Ok(wire)
+}
+
+/// Numbers the messages one publisher sends.
+#[derive(Debug)]
+pub struct Sequencer {
+    publisher: u128,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Sequencer {
+    /// Starts at 0 for `publisher`.
+    pub fn new(publisher: u128) -> Self {
+        Self {
+            publisher,
+            next: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Wraps a body in the next envelope and encodes it.
+    pub fn encode(&self, body: Body) -> Vec<u8> {
+        let seq = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        encode(&Wire {
+            envelope: Envelope {
+                publisher: self.publisher,
+                seq,
+                version: PROTOCOL_VERSION,
+            },
+            body,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Wire {
+        Wire {
+            envelope: Envelope {
+                publisher: 7,
+                seq: 3,
+                version: PROTOCOL_VERSION,
+            },
+            body: Body::Tokens(TokenBatch {
+                worker: WorkerId(9),
+                events: vec![
+                    StreamEvent {
+                        stream: StreamId(1),
+                        kind: EventKind::Token(TokenEvent {
+                            index: 0,
+                            id: 42,
+                            text: "héllo".into(),
+                        }),
+                    },
+                    StreamEvent {
+                        stream: StreamId(2),
+                        kind: EventKind::Failed(WireError {
+                            kind: ErrorKind::Internal,
+                            message: "boom".into(),
+                        }),
+                    },
+                ],
+            }),
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let w = sample();
+        assert_eq!(decode(&encode(&w)).expect("decode"), w);
+    }
+
+    #[test]
+    fn unaligned_payloads_decode() {
+        // A payload at an odd address, as a NATS buffer may hand it over.
+        let bytes = encode(&sample());
+        let mut shifted = vec![0u8; bytes.len() + 1];
+        shifted[1..].copy_from_slice(&bytes);
+        assert_eq!(decode(&shifted[1..]).expect("decode"), sample());
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        assert!(decode(b"").is_err());
+        assert!(decode(b"hello world, not rkyv").is_err());
+        let bytes = encode(&sample());
+        let mut state = 0x1234_5678u32;
+        for _ in 0..2000 {
+            let mut b = bytes.clone();
+            state = state.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            let i = (state as usize) % b.len();
+            b[i] ^= (state >> 16) as u8 | 1;
+            let _ = decode(&b);
+            let _ = decode(&b[..i]);
+        }
+    }
+
+    #[test]
+    fn other_versions_are_refused() {
+        let mut w = sample();
+        w.envelope.version = PROTOCOL_VERSION + 1;
+        assert!(matches!(decode(&encode(&w)), Err(DecodeError::Version(_))));
+    }
+
+    #[test]
+    fn sequencer_counts() {
+        let s = Sequencer::new(5);
+        let a = decode(&s.encode(Body::Cancel(Cancel { streams: vec![] }))).expect("a");
+        let b = decode(&s.encode(Body::Cancel(Cancel { streams: vec![] }))).expect("b");
+        assert_eq!((a.envelope.seq, b.envelope.seq), (0, 1));
+        assert_eq!(a.envelope.publisher, 5);
+    }
+}
