@@ -1,4 +1,138 @@
-//! Baton coordinator: the OpenAI-compatible HTTP front, routing and stream checkpoints.
+//! Baton coordinator: the OpenAI-compatible HTTP front of the cluster.
 //!
-//! The HTTP API, registry, router and checkpoint store are built on top of the worker
-//! engine; this crate currently holds no behaviour of its own.
+//! It learns which workers are alive from their heartbeats, routes each request to the
+//! least loaded worker serving the model, submits it over NATS, and streams the tokens
+//! the worker sends back to the client (Server-Sent Events or one JSON body).
+//!
+//! # Layout
+//! - [`config`]: the command line, merged with `cluster.toml`.
+//! - [`nats`]: the NATS connection: listeners (heartbeats, tokens), submit, cancel.
+//! - [`actors`]: the worker registry with the router's choice, and the stream sessions.
+//! - [`http`]: routes, OpenAI bodies, validation, SSE, and the error → status mapping.
+//!
+//! [`start`] wires them together inside an actix system; [`run`] also waits for the
+//! HTTP server to stop (SIGINT/SIGTERM stop it gracefully).
+
+pub mod actors;
+pub mod config;
+pub mod http;
+pub mod nats;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::Actor;
+use actix_web::{web, App, HttpServer};
+use baton_common::config::ClusterConfig;
+use baton_common::ids::CoordinatorId;
+use baton_common::subjects::Subjects;
+use tracing::info;
+
+use crate::actors::registry::Registry;
+use crate::actors::sessions::Sessions;
+use crate::http::AppState;
+use crate::nats::{Counters, NatsHandle};
+
+/// Why the coordinator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// NATS is unreachable.
+    #[error("cannot connect to NATS at {url}: {source}")]
+    Connect {
+        /// The URL.
+        url: String,
+        /// Why.
+        source: async_nats::ConnectError,
+    },
+    /// A subscription failed.
+    #[error("cannot subscribe: {0}")]
+    Subscribe(#[from] async_nats::SubscribeError),
+    /// The listen address cannot be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// A started coordinator.
+pub struct Running {
+    /// Its id (the subject its tokens arrive on).
+    pub id: CoordinatorId,
+    /// Where the HTTP API listens.
+    pub addrs: Vec<SocketAddr>,
+    /// Wire error counters.
+    pub counters: Arc<Counters>,
+    /// The HTTP server; await it to run until shutdown.
+    pub server: actix_web::dev::Server,
+}
+
+/// Connects to NATS, starts the actors and binds the HTTP server. Must be called
+/// inside an actix system (`#[actix_web::main]`, `actix_rt::System`).
+pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
+    let id = CoordinatorId::random();
+    let subjects = Subjects::new(cluster.nats.subject_prefix.clone());
+    let nats = NatsHandle::connect(&cluster.nats.url, subjects, id)
+        .await
+        .map_err(|source| StartError::Connect {
+            url: cluster.nats.url.clone(),
+            source,
+        })?;
+    let config = Arc::new(cluster.coordinator);
+    let sessions = Sessions::new(nats.clone()).start();
+    let registry = Registry::new(
+        Duration::from_millis(config.worker_timeout_ms),
+        Some(sessions.clone().recipient()),
+    )
+    .start();
+    nats.listen(registry.clone(), sessions.clone()).await?;
+    let state = AppState {
+        config: config.clone(),
+        registry,
+        sessions,
+        nats: nats.clone(),
+    };
+    let data = web::Data::new(state);
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(data.clone())
+            .configure(http::routes::configure)
+            .default_service(web::to(http::routes::not_found))
+    })
+    .bind(config.listen.as_str())
+    .map_err(|source| StartError::Bind {
+        addr: config.listen.clone(),
+        source,
+    })?;
+    let addrs = server.addrs();
+    let server = server.run();
+    info!(coordinator = %id, ?addrs, "coordinator listening");
+    Ok(Running {
+        id,
+        addrs,
+        counters: nats.counters().clone(),
+        server,
+    })
+}
+
+/// Runs the coordinator until the HTTP server stops.
+pub async fn run(cluster: ClusterConfig) -> Result<(), RunError> {
+    let running = start(cluster).await?;
+    running.server.await.map_err(RunError::Server)?;
+    info!("coordinator stopped");
+    Ok(())
+}
+
+/// Why the coordinator stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// It could not start.
+    #[error(transparent)]
+    Start(#[from] StartError),
+    /// The HTTP server failed.
+    #[error("HTTP server failed: {0}")]
+    Server(std::io::Error),
+}

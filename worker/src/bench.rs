@@ -51,6 +51,10 @@ pub fn run<B: Backend>(args: &BenchArgs, device: &B::Device) -> anyhow::Result<(
     let engine = Engine::<B>::load(&args.model, args.dtype, device)?;
     println!("baton load {tag} seconds={:.2}", t0.elapsed().as_secs_f64());
     let model = engine.model();
+    println!(
+        "baton weights {tag} mib={:.1}",
+        model.decode_weight_bytes() as f64 / (1024.0 * 1024.0)
+    );
     // A real-text prompt, repeated to length.
     let text = "The quick brown fox jumps over the lazy dog. In 1969, the first humans \
                 walked on the Moon, and the world watched on television. ";

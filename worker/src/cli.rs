@@ -28,6 +28,8 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Measure prefill and decode speed and peak memory.
     Bench(crate::bench::BenchArgs),
+    /// Join a cluster over NATS and serve the model.
+    Serve(crate::serve::ServeArgs),
 }
 
 /// Arguments of `generate`.
@@ -95,6 +97,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             }
         },
         Command::Bench(args) => crate::bench::run::<CpuBackend>(&args, &Default::default()),
+        Command::Serve(args) => crate::serve::run(args),
     }
 }
 

@@ -7,8 +7,10 @@
 //!   `cuda` feature) and how one is chosen.
 //! - [`bench`]: `baton-worker bench`, the engine's speed and memory benchmark.
 //! - [`cli`]: the `baton-worker` command line.
+//! - [`serve`]: `baton-worker serve`, the worker that joins a cluster over NATS.
 
 pub mod backend;
 pub mod bench;
 pub mod cli;
 pub mod engine;
+pub mod serve;

@@ -366,6 +366,11 @@ impl<B: Backend> Sequence<B> {
         self.finish
     }
 
+    /// Prompt length in tokens.
+    pub fn prompt_len(&self) -> usize {
+        self.prompt_ids.len()
+    }
+
     /// Tokens generated so far.
     pub fn generated(&self) -> &[u32] {
         &self.generated

@@ -127,6 +127,16 @@ impl<B: Backend> Linear<B> {
         }
     }
 
+    /// Bytes of weights one product reads.
+    pub fn weight_bytes(&self) -> usize {
+        match self {
+            Linear::Dense { weight_t, dtype } => {
+                weight_t.shape().num_elements() * if *dtype == WeightDtype::F16 { 2 } else { 4 }
+            }
+            Linear::Quant { matrix, .. } => matrix.bytes(),
+        }
+    }
+
     /// `x: [n, in]` → `[n, out]`.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         match self {

@@ -114,6 +114,22 @@ impl<B: Backend> Llama<B> {
         &self.device
     }
 
+    /// Bytes of weights one decode step reads: every matrix once (the embedding lookup
+    /// reads one row and is not counted).
+    pub fn decode_weight_bytes(&self) -> usize {
+        self.lm_head.weight_bytes()
+            + self
+                .blocks
+                .iter()
+                .map(|b| {
+                    b.attn.qkv.weight_bytes()
+                        + b.attn.out.weight_bytes()
+                        + b.mlp.gate_up.weight_bytes()
+                        + b.mlp.down.weight_bytes()
+                })
+                .sum::<usize>()
+    }
+
     /// A fresh cache for one sequence.
     pub fn new_cache(&self) -> KvCache<B> {
         KvCache::new(self.config.n_layers)

@@ -1,0 +1,104 @@
+//! Command line and `cluster.toml`: one [`Config`] for the coordinator binary.
+//!
+//! The file gives every setting (missing fields take their defaults); environment
+//! variables and flags override the few settings an operator changes per process.
+
+use std::path::PathBuf;
+
+use baton_common::config::{ClusterConfig, ConfigError};
+use baton_common::env;
+use clap::Parser;
+
+/// Default location of `cluster.toml`; a missing file there means "all defaults".
+pub const DEFAULT_CONFIG_PATH: &str = "cluster.toml";
+
+/// `baton-coordinator` command line.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "baton-coordinator",
+    version,
+    about = "OpenAI-compatible front of a Baton cluster"
+)]
+pub struct Config {
+    /// Cluster configuration file (default: `cluster.toml`, all defaults when absent).
+    #[arg(long, env = env::CONFIG)]
+    pub config: Option<PathBuf>,
+    /// NATS server URL(s), comma-separated (overrides `nats.url`).
+    #[arg(long, env = env::NATS_URL)]
+    pub nats_url: Option<String>,
+    /// HTTP listen address (overrides `coordinator.listen`).
+    #[arg(long, env = env::LISTEN)]
+    pub listen: Option<String>,
+    /// Prefix of every NATS subject (overrides `nats.subject_prefix`).
+    #[arg(long, env = env::SUBJECT_PREFIX)]
+    pub subject_prefix: Option<String>,
+}
+
+impl Config {
+    /// Reads the configuration file and applies the overrides of the command line and
+    /// environment. A file named explicitly must exist; the default one may be absent.
+    pub fn load(&self) -> Result<ClusterConfig, ConfigError> {
+        let (path, must_exist) = match &self.config {
+            Some(path) => (path.clone(), true),
+            None => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
+        };
+        let file = ClusterConfig::load(&path, must_exist)?;
+        Ok(self.apply(file))
+    }
+
+    /// Applies the overrides to a configuration read from a file.
+    pub fn apply(&self, mut cluster: ClusterConfig) -> ClusterConfig {
+        if let Some(url) = &self.nats_url {
+            cluster.nats.url = url.clone();
+        }
+        if let Some(listen) = &self.listen {
+            cluster.coordinator.listen = listen.clone();
+        }
+        if let Some(prefix) = &self.subject_prefix {
+            cluster.nats.subject_prefix = prefix.clone();
+        }
+        cluster
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_the_file() {
+        let config = Config::try_parse_from([
+            "baton-coordinator",
+            "--nats-url",
+            "nats://10.0.0.1:4222",
+            "--listen",
+            "0.0.0.0:9000",
+            "--subject-prefix",
+            "acme",
+        ])
+        .expect("parse");
+        let cluster = config.apply(ClusterConfig::default());
+        assert_eq!(cluster.nats.url, "nats://10.0.0.1:4222");
+        assert_eq!(cluster.coordinator.listen, "0.0.0.0:9000");
+        assert_eq!(cluster.nats.subject_prefix, "acme");
+    }
+
+    #[test]
+    fn without_flags_the_file_stands() {
+        let config = Config::try_parse_from(["baton-coordinator"]).expect("parse");
+        let mut file = ClusterConfig::default();
+        file.coordinator.listen = "127.0.0.1:1234".into();
+        assert_eq!(config.apply(file.clone()), file);
+    }
+
+    #[test]
+    fn a_named_file_must_exist() {
+        let config = Config::try_parse_from([
+            "baton-coordinator",
+            "--config",
+            "/nonexistent/baton/cluster.toml",
+        ])
+        .expect("parse");
+        assert!(config.load().is_err());
+    }
+}

@@ -1,0 +1,36 @@
+//! The OpenAI-compatible HTTP API.
+//!
+//! - [`routes`]: handlers (`/v1/chat/completions`, `/v1/completions`, `/v1/models`,
+//!   `/health`).
+//! - [`openai`]: request and response bodies.
+//! - [`validate`]: request validation into a [`validate::ValidRequest`].
+//! - [`sse`]: Server-Sent Events framing and chunks.
+//! - [`error`]: the one mapping from errors to status codes.
+
+pub mod error;
+pub mod openai;
+pub mod routes;
+pub mod sse;
+pub mod validate;
+
+use std::sync::Arc;
+
+use actix::Addr;
+use baton_common::config::CoordinatorConfig;
+
+use crate::actors::registry::Registry;
+use crate::actors::sessions::Sessions;
+use crate::nats::NatsHandle;
+
+/// What every handler shares.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// Limits and timeouts.
+    pub config: Arc<CoordinatorConfig>,
+    /// The worker registry (and router).
+    pub registry: Addr<Registry>,
+    /// Open stream sessions.
+    pub sessions: Addr<Sessions>,
+    /// The NATS connection.
+    pub nats: NatsHandle,
+}

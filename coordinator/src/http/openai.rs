@@ -1,0 +1,344 @@
+//! OpenAI request and response bodies, as they travel in JSON.
+//!
+//! Requests keep the loosely typed fields (`prompt`, `stop`, message `content`) as
+//! [`serde_json::Value`]: the validator ([`super::validate`]) turns them into precise
+//! errors instead of serde's "did not match any variant". Unknown fields are ignored.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Fields shared by `/v1/completions` and `/v1/chat/completions`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SamplingFields {
+    /// Most tokens to generate.
+    pub max_tokens: Option<i64>,
+    /// Temperature (0 is greedy; OpenAI's default is 1).
+    pub temperature: Option<f64>,
+    /// Nucleus mass in (0, 1].
+    pub top_p: Option<f64>,
+    /// Top-k (extension; 0 is off).
+    pub top_k: Option<i64>,
+    /// Repetition penalty (extension; 1 is off).
+    pub repetition_penalty: Option<f64>,
+    /// Sampler seed.
+    pub seed: Option<serde_json::Number>,
+    /// Stop string or strings.
+    pub stop: Option<Value>,
+    /// Choices per prompt (only 1 is supported).
+    pub n: Option<i64>,
+    /// Stream the answer as Server-Sent Events.
+    pub stream: Option<bool>,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// Keep going past end-of-sequence tokens (extension).
+    pub ignore_eos: Option<bool>,
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a usage chunk before `[DONE]`.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CompletionRequest {
+    /// Model name.
+    pub model: Option<String>,
+    /// A string, an array of one string, token ids, or an array of one token id array.
+    pub prompt: Option<Value>,
+    /// Sampling and streaming fields.
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ChatRequest {
+    /// Model name.
+    pub model: Option<String>,
+    /// The conversation.
+    pub messages: Option<Vec<ChatMessageIn>>,
+    /// Most tokens to generate (newer name of `max_tokens`; wins when both are given).
+    pub max_completion_tokens: Option<i64>,
+    /// Sampling and streaming fields.
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+/// One message of a chat request.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ChatMessageIn {
+    /// `system`, `user`, `assistant`, …
+    pub role: Option<String>,
+    /// A string, an array of `{"type": "text", "text": …}` parts, or null.
+    pub content: Option<Value>,
+}
+
+/// Token counts of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Generated tokens.
+    pub completion_tokens: u32,
+    /// Their sum.
+    pub total_tokens: u32,
+}
+
+impl Usage {
+    /// Usage of `prompt` and `completion` tokens.
+    pub fn new(prompt_tokens: u32, completion_tokens: u32) -> Self {
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens.saturating_add(completion_tokens),
+        }
+    }
+}
+
+/// `chat.completion`: a whole chat answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatCompletion {
+    /// `chatcmpl-<stream id>`.
+    pub id: String,
+    /// Always `chat.completion`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// Model name.
+    pub model: String,
+    /// The one choice.
+    pub choices: Vec<ChatChoice>,
+    /// Token counts.
+    pub usage: Usage,
+}
+
+/// A choice of a [`ChatCompletion`].
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChoice {
+    /// Always 0.
+    pub index: u32,
+    /// The answer.
+    pub message: ChatMessageOut,
+    /// Not supported: always null.
+    pub logprobs: Option<()>,
+    /// `stop` or `length`.
+    pub finish_reason: &'static str,
+}
+
+/// The assistant's answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatMessageOut {
+    /// Always `assistant`.
+    pub role: &'static str,
+    /// The text.
+    pub content: String,
+}
+
+/// `chat.completion.chunk`: one streamed piece of a chat answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChunk {
+    /// `chatcmpl-<stream id>`, the same for every chunk of a stream.
+    pub id: String,
+    /// Always `chat.completion.chunk`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// Model name.
+    pub model: String,
+    /// One choice, or none in the usage chunk.
+    pub choices: Vec<ChatChunkChoice>,
+    /// Only in the usage chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// A choice of a [`ChatChunk`].
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChunkChoice {
+    /// Always 0.
+    pub index: u32,
+    /// What is new.
+    pub delta: Delta,
+    /// Not supported: always null.
+    pub logprobs: Option<()>,
+    /// Null until the final chunk.
+    pub finish_reason: Option<&'static str>,
+}
+
+/// What a chat chunk adds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Delta {
+    /// `assistant`, in the first chunk only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    /// New text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// `text_completion`: a whole completion, or one streamed piece of it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Completion {
+    /// `cmpl-<stream id>`.
+    pub id: String,
+    /// Always `text_completion`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// Model name.
+    pub model: String,
+    /// One choice, or none in a usage chunk.
+    pub choices: Vec<CompletionChoice>,
+    /// In whole completions and in the usage chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// A choice of a [`Completion`].
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionChoice {
+    /// The text (new text, in a chunk).
+    pub text: String,
+    /// Always 0.
+    pub index: u32,
+    /// Not supported: always null.
+    pub logprobs: Option<()>,
+    /// Null until the end.
+    pub finish_reason: Option<&'static str>,
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelList {
+    /// Always `list`.
+    pub object: &'static str,
+    /// The models.
+    pub data: Vec<ModelCard>,
+}
+
+/// One model of [`ModelList`].
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelCard {
+    /// The name clients use.
+    pub id: String,
+    /// Always `model`.
+    pub object: &'static str,
+    /// Unix seconds (when this coordinator first saw it).
+    pub created: u64,
+    /// Always `baton`.
+    pub owned_by: &'static str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn to_json<T: Serialize>(v: &T) -> Value {
+        serde_json::to_value(v).expect("serialize")
+    }
+
+    #[test]
+    fn chat_chunks_have_the_openai_shape() {
+        let chunk = ChatChunk {
+            id: "chatcmpl-1".into(),
+            object: "chat.completion.chunk",
+            created: 7,
+            model: "m".into(),
+            choices: vec![ChatChunkChoice {
+                index: 0,
+                delta: Delta {
+                    role: Some("assistant"),
+                    content: Some("Hi".into()),
+                },
+                logprobs: None,
+                finish_reason: None,
+            }],
+            usage: None,
+        };
+        assert_eq!(
+            to_json(&chunk),
+            json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 7,
+                   "model": "m", "choices": [{"index": 0,
+                   "delta": {"role": "assistant", "content": "Hi"},
+                   "logprobs": null, "finish_reason": null}]})
+        );
+    }
+
+    #[test]
+    fn whole_answers_have_the_openai_shape() {
+        let chat = ChatCompletion {
+            id: "chatcmpl-1".into(),
+            object: "chat.completion",
+            created: 7,
+            model: "m".into(),
+            choices: vec![ChatChoice {
+                index: 0,
+                message: ChatMessageOut {
+                    role: "assistant",
+                    content: "Hi".into(),
+                },
+                logprobs: None,
+                finish_reason: "stop",
+            }],
+            usage: Usage::new(3, 1),
+        };
+        assert_eq!(
+            to_json(&chat),
+            json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 7, "model": "m",
+                   "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"},
+                                "logprobs": null, "finish_reason": "stop"}],
+                   "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+        );
+        let text = Completion {
+            id: "cmpl-1".into(),
+            object: "text_completion",
+            created: 7,
+            model: "m".into(),
+            choices: vec![CompletionChoice {
+                text: "Hi".into(),
+                index: 0,
+                logprobs: None,
+                finish_reason: Some("length"),
+            }],
+            usage: None,
+        };
+        assert_eq!(
+            to_json(&text),
+            json!({"id": "cmpl-1", "object": "text_completion", "created": 7, "model": "m",
+                   "choices": [{"text": "Hi", "index": 0, "logprobs": null,
+                                "finish_reason": "length"}]})
+        );
+        let models = ModelList {
+            object: "list",
+            data: vec![ModelCard {
+                id: "m".into(),
+                object: "model",
+                created: 7,
+                owned_by: "baton",
+            }],
+        };
+        assert_eq!(
+            to_json(&models),
+            json!({"object": "list", "data": [{"id": "m", "object": "model", "created": 7,
+                                               "owned_by": "baton"}]})
+        );
+    }
+
+    #[test]
+    fn requests_ignore_unknown_fields() {
+        let r: ChatRequest = serde_json::from_value(json!({
+            "model": "m", "messages": [{"role": "user", "content": "hi", "name": "x"}],
+            "max_tokens": 5, "frequency_penalty": 0.5, "stream": true,
+            "stream_options": {"include_usage": true}
+        }))
+        .expect("parse");
+        assert_eq!(r.model.as_deref(), Some("m"));
+        assert_eq!(r.sampling.max_tokens, Some(5));
+        assert!(r.sampling.stream_options.expect("options").include_usage);
+    }
+}

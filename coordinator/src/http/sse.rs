@@ -1,0 +1,336 @@
+//! Server-Sent Events: OpenAI chunks, one frame per token.
+//!
+//! Each frame carries `id: <stream id>:<position>` (the token's index; the final frames
+//! carry the number of generated tokens), so that a client knows how far it got. The
+//! stream ends with a chunk holding `finish_reason`, an optional usage chunk, and
+//! `data: [DONE]`. An error after the headers are out becomes one `event: error` frame
+//! with an OpenAI error body, and the stream ends there.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use actix_web::web::Bytes;
+use baton_common::ids::StreamId;
+use baton_common::protocol::{EventKind, FinishReason};
+use futures::Stream;
+use serde::Serialize;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::error::ApiError;
+use super::openai::{ChatChunk, ChatChunkChoice, Completion, CompletionChoice, Delta, Usage};
+use super::validate::Endpoint;
+use crate::actors::sessions::SessionGuard;
+
+/// The last frame of a successful stream.
+pub const DONE: &str = "data: [DONE]\n\n";
+
+/// One SSE frame: an optional `event:` and `id:`, and one `data:` line.
+pub fn frame(event: Option<&str>, id: Option<&str>, data: &str) -> Bytes {
+    let mut out = String::with_capacity(data.len() + 64);
+    if let Some(event) = event {
+        out.push_str("event: ");
+        out.push_str(event);
+        out.push('\n');
+    }
+    if let Some(id) = id {
+        out.push_str("id: ");
+        out.push_str(id);
+        out.push('\n');
+    }
+    // JSON has no raw newlines, but a frame must never be split by one.
+    for line in data.split('\n') {
+        out.push_str("data: ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.push('\n');
+    Bytes::from(out)
+}
+
+/// The `event: error` frame of `error`.
+pub fn error_frame(error: &ApiError) -> Bytes {
+    frame(Some("error"), None, &to_json(&error.body()))
+}
+
+fn to_json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|e| {
+        format!(r#"{{"error":{{"message":"serialization failed: {e}","type":"server_error","param":null,"code":"internal_error"}}}}"#)
+    })
+}
+
+/// Builds the chunks of one stream in the shape of its endpoint.
+#[derive(Debug, Clone)]
+pub struct ChunkWriter {
+    /// Chat or text completion shapes.
+    endpoint: Endpoint,
+    /// `chatcmpl-…` or `cmpl-…`, the same in every chunk.
+    id: String,
+    /// Unix seconds, the same in every chunk.
+    created: u64,
+    /// Model name.
+    model: String,
+    /// Whether a chat chunk already carried `role`.
+    role_sent: bool,
+}
+
+impl ChunkWriter {
+    /// Chunks for `stream` of `model`, created at `created` (Unix seconds).
+    pub fn new(endpoint: Endpoint, stream: StreamId, model: String, created: u64) -> Self {
+        Self {
+            endpoint,
+            id: response_id(endpoint, stream),
+            created,
+            model,
+            role_sent: false,
+        }
+    }
+
+    /// The chunk of new `text`.
+    pub fn text(&mut self, text: &str) -> String {
+        self.chunk(Some(text.to_string()), None, None)
+    }
+
+    /// The final chunk, with `finish_reason`.
+    pub fn finish(&mut self, reason: FinishReason) -> String {
+        self.chunk(None, Some(reason.openai()), None)
+    }
+
+    /// The usage chunk (no choices).
+    pub fn usage(&mut self, usage: Usage) -> String {
+        self.chunk(None, None, Some(usage))
+    }
+
+    fn chunk(
+        &mut self,
+        text: Option<String>,
+        finish: Option<&'static str>,
+        usage: Option<Usage>,
+    ) -> String {
+        let with_choice = usage.is_none();
+        match self.endpoint {
+            Endpoint::Chat => {
+                let role = if with_choice && !self.role_sent {
+                    self.role_sent = true;
+                    Some("assistant")
+                } else {
+                    None
+                };
+                let choices = if with_choice {
+                    vec![ChatChunkChoice {
+                        index: 0,
+                        delta: Delta {
+                            role,
+                            content: text,
+                        },
+                        logprobs: None,
+                        finish_reason: finish,
+                    }]
+                } else {
+                    Vec::new()
+                };
+                to_json(&ChatChunk {
+                    id: self.id.clone(),
+                    object: "chat.completion.chunk",
+                    created: self.created,
+                    model: self.model.clone(),
+                    choices,
+                    usage,
+                })
+            }
+            Endpoint::Completion => {
+                let choices = if with_choice {
+                    vec![CompletionChoice {
+                        text: text.unwrap_or_default(),
+                        index: 0,
+                        logprobs: None,
+                        finish_reason: finish,
+                    }]
+                } else {
+                    Vec::new()
+                };
+                to_json(&Completion {
+                    id: self.id.clone(),
+                    object: "text_completion",
+                    created: self.created,
+                    model: self.model.clone(),
+                    choices,
+                    usage,
+                })
+            }
+        }
+    }
+}
+
+/// The response id of `stream`: `chatcmpl-<id>` or `cmpl-<id>`.
+pub fn response_id(endpoint: Endpoint, stream: StreamId) -> String {
+    match endpoint {
+        Endpoint::Chat => format!("chatcmpl-{stream}"),
+        Endpoint::Completion => format!("cmpl-{stream}"),
+    }
+}
+
+/// What the SSE body needs of an accepted stream.
+#[derive(Debug)]
+pub struct SseStream {
+    /// The stream's events.
+    pub events: UnboundedReceiver<EventKind>,
+    /// Closes the session (and cancels, if unfinished) when the body is dropped.
+    pub guard: SessionGuard,
+    /// Shapes the chunks.
+    pub writer: ChunkWriter,
+    /// Longest wait for the next event.
+    pub idle_timeout: Duration,
+    /// Send a usage chunk before `[DONE]`.
+    pub include_usage: bool,
+    /// Prompt tokens, as the worker counted at acceptance.
+    pub prompt_tokens: u32,
+}
+
+struct State {
+    s: SseStream,
+    pending: VecDeque<Bytes>,
+    ended: bool,
+}
+
+impl SseStream {
+    /// The response body: frames until the stream ends. Dropping it (the client went
+    /// away) drops the guard, which cancels the stream on the worker.
+    pub fn into_body(self) -> impl Stream<Item = Result<Bytes, Infallible>> {
+        let state = State {
+            s: self,
+            pending: VecDeque::new(),
+            ended: false,
+        };
+        futures::stream::unfold(state, |mut st| async move {
+            loop {
+                if let Some(bytes) = st.pending.pop_front() {
+                    return Some((Ok(bytes), st));
+                }
+                if st.ended {
+                    return None;
+                }
+                st.step().await;
+            }
+        })
+    }
+}
+
+impl State {
+    /// Waits for the next event and queues its frames.
+    async fn step(&mut self) {
+        let stream = self.s.guard.stream();
+        let event = match tokio::time::timeout(self.s.idle_timeout, self.s.events.recv()).await {
+            Ok(Some(event)) => event,
+            Ok(None) => {
+                return self.fail(ApiError::Internal("the stream's session closed".into()));
+            }
+            Err(_) => {
+                let ms = u64::try_from(self.s.idle_timeout.as_millis()).unwrap_or(u64::MAX);
+                return self.fail(ApiError::StreamTimeout(ms));
+            }
+        };
+        match event {
+            EventKind::Token(token) => {
+                if !token.text.is_empty() {
+                    let id = format!("{stream}:{}", token.index);
+                    let data = self.s.writer.text(&token.text);
+                    self.pending.push_back(frame(None, Some(&id), &data));
+                }
+            }
+            EventKind::Finished(f) => {
+                self.s.guard.finish();
+                let id = format!("{stream}:{}", f.completion_tokens);
+                let data = self.s.writer.finish(f.reason);
+                self.pending.push_back(frame(None, Some(&id), &data));
+                if self.s.include_usage {
+                    let prompt = if f.prompt_tokens > 0 {
+                        f.prompt_tokens
+                    } else {
+                        self.s.prompt_tokens
+                    };
+                    let data = self.s.writer.usage(Usage::new(prompt, f.completion_tokens));
+                    self.pending.push_back(frame(None, Some(&id), &data));
+                }
+                self.pending.push_back(Bytes::from_static(DONE.as_bytes()));
+                self.ended = true;
+            }
+            EventKind::Failed(error) => {
+                self.s.guard.finish();
+                let model = self.s.writer.model.clone();
+                self.fail(ApiError::from_worker(error, &model));
+            }
+        }
+    }
+
+    fn fail(&mut self, error: ApiError) {
+        tracing::warn!(stream = %self.s.guard.stream(), code = error.code(), %error, "stream failed");
+        self.pending.push_back(error_frame(&error));
+        self.ended = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn parse(chunk: &str) -> Value {
+        serde_json::from_str(chunk).expect("json")
+    }
+
+    #[test]
+    fn frames_have_id_and_data_lines() {
+        assert_eq!(
+            frame(None, Some("s:3"), "{}"),
+            Bytes::from("id: s:3\ndata: {}\n\n")
+        );
+        assert_eq!(
+            frame(Some("error"), None, "a\nb"),
+            Bytes::from("event: error\ndata: a\ndata: b\n\n")
+        );
+        let e = error_frame(&ApiError::StreamTimeout(5));
+        let text = std::str::from_utf8(&e).expect("utf8");
+        assert!(text.starts_with("event: error\ndata: {\"error\":"));
+        assert!(text.contains("\"code\":\"stream_timeout\""));
+    }
+
+    #[test]
+    fn chat_chunks_carry_the_role_first_then_content_then_finish() {
+        let mut w = ChunkWriter::new(Endpoint::Chat, StreamId(1), "m".into(), 9);
+        let id = format!("chatcmpl-{}", StreamId(1));
+        assert_eq!(
+            parse(&w.text("Hel")),
+            json!({"id": id, "object": "chat.completion.chunk", "created": 9, "model": "m",
+                   "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"},
+                                "logprobs": null, "finish_reason": null}]})
+        );
+        assert_eq!(
+            parse(&w.text("lo"))["choices"][0]["delta"],
+            json!({"content": "lo"})
+        );
+        let fin = parse(&w.finish(FinishReason::Length));
+        assert_eq!(fin["choices"][0]["delta"], json!({}));
+        assert_eq!(fin["choices"][0]["finish_reason"], "length");
+        let usage = parse(&w.usage(Usage::new(2, 3)));
+        assert_eq!(usage["choices"], json!([]));
+        assert_eq!(
+            usage["usage"],
+            json!({"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5})
+        );
+    }
+
+    #[test]
+    fn completion_chunks_are_text_completions() {
+        let mut w = ChunkWriter::new(Endpoint::Completion, StreamId(2), "m".into(), 9);
+        assert_eq!(
+            parse(&w.text("Hi")),
+            json!({"id": format!("cmpl-{}", StreamId(2)), "object": "text_completion",
+                   "created": 9, "model": "m",
+                   "choices": [{"text": "Hi", "index": 0, "logprobs": null, "finish_reason": null}]})
+        );
+        let fin = parse(&w.finish(FinishReason::Stop));
+        assert_eq!(fin["choices"][0]["text"], "");
+        assert_eq!(fin["choices"][0]["finish_reason"], "stop");
+    }
+}

@@ -1,0 +1,509 @@
+//! Request validation: JSON bytes in, a [`ValidRequest`] (or an [`ApiError`]) out.
+//!
+//! Everything a client can get wrong is caught here, before any routing, with the
+//! field to blame. Ranges follow OpenAI: `temperature` ≥ 0 (0 is greedy; values above
+//! 2 are allowed), `top_p` in (0, 1], `n` = 1 only, `max_tokens` in
+//! 1..=`max_tokens_limit`.
+
+use baton_common::config::CoordinatorConfig;
+use baton_common::protocol::{ChatTurn, GenParams, PromptSpec};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::error::ApiError;
+use super::openai::{ChatMessageIn, ChatRequest, CompletionRequest, SamplingFields};
+
+/// Most stop strings a request may give.
+pub const MAX_STOP_STRINGS: usize = 16;
+
+/// Which API a request came through (decides the response shapes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`.
+    Completion,
+}
+
+/// A request that passed validation: what the worker needs, and how to answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidRequest {
+    /// Which API.
+    pub endpoint: Endpoint,
+    /// The model name.
+    pub model: String,
+    /// The prompt, for the worker to tokenize.
+    pub prompt: PromptSpec,
+    /// Sampling parameters.
+    pub params: GenParams,
+    /// Answer as Server-Sent Events.
+    pub stream: bool,
+    /// Send a usage chunk at the end of the stream.
+    pub include_usage: bool,
+}
+
+/// Parses JSON bytes into `T`; malformed JSON is an OpenAI-shaped 400.
+pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::MalformedJson(e.to_string()))
+}
+
+impl ValidRequest {
+    /// Validates a `/v1/chat/completions` body.
+    pub fn chat(body: &[u8], config: &CoordinatorConfig) -> Result<Self, ApiError> {
+        let request: ChatRequest = parse_json(body)?;
+        let model = model(request.model)?;
+        let messages = request.messages.ok_or(ApiError::MissingField("messages"))?;
+        if messages.is_empty() {
+            return Err(ApiError::invalid(
+                "messages",
+                "`messages` must not be empty",
+            ));
+        }
+        let turns = messages
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| turn(i, m))
+            .collect::<Result<Vec<_>, _>>()?;
+        let max_tokens = request
+            .max_completion_tokens
+            .or(request.sampling.max_tokens);
+        Self::finish(
+            Endpoint::Chat,
+            model,
+            PromptSpec::Chat(turns),
+            max_tokens,
+            request.sampling,
+            config,
+        )
+    }
+
+    /// Validates a `/v1/completions` body.
+    pub fn completion(body: &[u8], config: &CoordinatorConfig) -> Result<Self, ApiError> {
+        let request: CompletionRequest = parse_json(body)?;
+        let model = model(request.model)?;
+        let prompt = prompt(request.prompt.ok_or(ApiError::MissingField("prompt"))?)?;
+        let max_tokens = request.sampling.max_tokens;
+        Self::finish(
+            Endpoint::Completion,
+            model,
+            prompt,
+            max_tokens,
+            request.sampling,
+            config,
+        )
+    }
+
+    fn finish(
+        endpoint: Endpoint,
+        model: String,
+        prompt: PromptSpec,
+        max_tokens: Option<i64>,
+        s: SamplingFields,
+        config: &CoordinatorConfig,
+    ) -> Result<Self, ApiError> {
+        let limit = config.max_tokens_limit;
+        let max_tokens = match max_tokens {
+            None => config.default_max_tokens.min(limit),
+            Some(n) if n <= 0 => {
+                return Err(ApiError::invalid(
+                    "max_tokens",
+                    format!("`max_tokens` must be at least 1, got {n}"),
+                ))
+            }
+            Some(n) if n > i64::from(limit) => {
+                return Err(ApiError::invalid(
+                    "max_tokens",
+                    format!("`max_tokens` is {n}, larger than this server's limit of {limit}"),
+                ))
+            }
+            Some(n) => u32::try_from(n)
+                .map_err(|_| ApiError::invalid("max_tokens", "`max_tokens` is out of range"))?,
+        };
+        let temperature = s.temperature.unwrap_or(1.0);
+        if !temperature.is_finite() || temperature < 0.0 {
+            return Err(ApiError::invalid(
+                "temperature",
+                format!("`temperature` must be a number ≥ 0, got {temperature}"),
+            ));
+        }
+        let top_p = s.top_p.unwrap_or(1.0);
+        if !top_p.is_finite() || top_p <= 0.0 || top_p > 1.0 {
+            return Err(ApiError::invalid(
+                "top_p",
+                format!("`top_p` must be in (0, 1], got {top_p}"),
+            ));
+        }
+        let top_k = match s.top_k {
+            None => 0,
+            Some(k) => u32::try_from(k).map_err(|_| {
+                ApiError::invalid("top_k", format!("`top_k` must be ≥ 0 (0 is off), got {k}"))
+            })?,
+        };
+        let repetition_penalty = s.repetition_penalty.unwrap_or(1.0);
+        if !repetition_penalty.is_finite() || repetition_penalty <= 0.0 {
+            return Err(ApiError::invalid(
+                "repetition_penalty",
+                format!("`repetition_penalty` must be > 0 (1 is off), got {repetition_penalty}"),
+            ));
+        }
+        match s.n {
+            None | Some(1) => {}
+            Some(n) => {
+                return Err(ApiError::invalid(
+                    "n",
+                    format!("only `n` = 1 is supported, got {n}"),
+                ))
+            }
+        }
+        let seed = match s.seed {
+            None => uuid::Uuid::new_v4().as_u64_pair().0,
+            Some(n) => n
+                .as_u64()
+                .or_else(|| n.as_i64().map(|i| i as u64))
+                .ok_or_else(|| {
+                    ApiError::invalid("seed", format!("`seed` must be an integer, got {n}"))
+                })?,
+        };
+        let stream = s.stream.unwrap_or(false);
+        Ok(Self {
+            endpoint,
+            model,
+            prompt,
+            params: GenParams {
+                max_tokens,
+                temperature: temperature as f32,
+                top_p: top_p as f32,
+                top_k,
+                repetition_penalty: repetition_penalty as f32,
+                seed,
+                stop: stop(s.stop)?,
+                ignore_eos: s.ignore_eos.unwrap_or(false),
+            },
+            stream,
+            include_usage: stream && s.stream_options.is_some_and(|o| o.include_usage),
+        })
+    }
+}
+
+fn model(model: Option<String>) -> Result<String, ApiError> {
+    match model {
+        None => Err(ApiError::MissingField("model")),
+        Some(m) if m.trim().is_empty() => Err(ApiError::MissingField("model")),
+        Some(m) => Ok(m),
+    }
+}
+
+/// `prompt`: a string, `[string]`, `[token ids]` or `[[token ids]]`.
+fn prompt(value: Value) -> Result<PromptSpec, ApiError> {
+    let bad = |message: &str| ApiError::invalid("prompt", message);
+    match value {
+        Value::String(text) => Ok(PromptSpec::Text(text)),
+        Value::Array(items) => match items.as_slice() {
+            [] => Err(bad("`prompt` must not be empty")),
+            [Value::String(text)] => Ok(PromptSpec::Text(text.clone())),
+            [Value::Array(ids)] => token_ids(ids),
+            [Value::Number(_), ..] => token_ids(&items),
+            [_, _, ..] if items.iter().all(|v| v.is_string() || v.is_array()) => {
+                Err(bad("only one prompt per request is supported"))
+            }
+            _ => Err(bad(
+                "`prompt` must be a string, an array of one string, or token ids",
+            )),
+        },
+        _ => Err(bad(
+            "`prompt` must be a string, an array of one string, or token ids",
+        )),
+    }
+}
+
+fn token_ids(ids: &[Value]) -> Result<PromptSpec, ApiError> {
+    if ids.is_empty() {
+        return Err(ApiError::invalid("prompt", "`prompt` must not be empty"));
+    }
+    ids.iter()
+        .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect::<Option<Vec<u32>>>()
+        .map(PromptSpec::Tokens)
+        .ok_or_else(|| ApiError::invalid("prompt", "token ids must be integers in 0..2^32"))
+}
+
+/// One chat message: `content` may be a string, text parts (joined by newlines) or null.
+fn turn(i: usize, m: ChatMessageIn) -> Result<ChatTurn, ApiError> {
+    let role = match m.role {
+        Some(r) if !r.trim().is_empty() => r,
+        _ => {
+            return Err(ApiError::invalid(
+                "messages",
+                format!("`messages[{i}].role` is required"),
+            ))
+        }
+    };
+    let content = match m.content {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s,
+        Some(Value::Array(parts)) => {
+            let texts = parts
+                .iter()
+                .map(|p| {
+                    match (
+                        p.get("type").and_then(Value::as_str),
+                        p.get("text").and_then(Value::as_str),
+                    ) {
+                        (Some("text"), Some(text)) => Ok(text),
+                        _ => Err(ApiError::invalid(
+                            "messages",
+                            format!(
+                                "`messages[{i}].content`: only parts of type `text` are supported"
+                            ),
+                        )),
+                    }
+                })
+                .collect::<Result<Vec<&str>, _>>()?;
+            texts.join("\n")
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "messages",
+                format!("`messages[{i}].content` must be a string or an array of text parts"),
+            ))
+        }
+    };
+    Ok(ChatTurn { role, content })
+}
+
+/// `stop`: null, a string, or an array of strings; empty strings are dropped.
+fn stop(value: Option<Value>) -> Result<Vec<String>, ApiError> {
+    let list = match value {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s],
+        Some(Value::Array(items)) => items
+            .into_iter()
+            .map(|v| match v {
+                Value::String(s) => Ok(s),
+                _ => Err(ApiError::invalid(
+                    "stop",
+                    "`stop` must be a string or an array of strings",
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stop",
+                "`stop` must be a string or an array of strings",
+            ))
+        }
+    };
+    let list: Vec<String> = list.into_iter().filter(|s| !s.is_empty()).collect();
+    if list.len() > MAX_STOP_STRINGS {
+        return Err(ApiError::invalid(
+            "stop",
+            format!("at most {MAX_STOP_STRINGS} stop strings"),
+        ));
+    }
+    Ok(list)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn config() -> CoordinatorConfig {
+        CoordinatorConfig::default()
+    }
+
+    fn chat(v: Value) -> Result<ValidRequest, ApiError> {
+        ValidRequest::chat(v.to_string().as_bytes(), &config())
+    }
+
+    fn completion(v: Value) -> Result<ValidRequest, ApiError> {
+        ValidRequest::completion(v.to_string().as_bytes(), &config())
+    }
+
+    fn param(r: Result<ValidRequest, ApiError>) -> Option<&'static str> {
+        r.expect_err("must be refused").param()
+    }
+
+    #[test]
+    fn a_plain_chat_request_gets_openai_defaults() {
+        let r = chat(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+            .expect("valid");
+        assert_eq!(r.endpoint, Endpoint::Chat);
+        assert_eq!(r.model, "m");
+        assert_eq!(
+            r.prompt,
+            PromptSpec::Chat(vec![ChatTurn {
+                role: "user".into(),
+                content: "hi".into()
+            }])
+        );
+        assert_eq!(r.params.max_tokens, config().default_max_tokens);
+        assert_eq!(r.params.temperature, 1.0);
+        assert_eq!(r.params.top_p, 1.0);
+        assert_eq!((r.params.top_k, r.params.repetition_penalty), (0, 1.0));
+        assert!(!r.stream && !r.include_usage && !r.params.ignore_eos);
+        assert!(r.params.stop.is_empty());
+    }
+
+    #[test]
+    fn every_field_is_read() {
+        let r = chat(json!({"model": "m", "messages": [
+                {"role": "system", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                {"role": "assistant", "content": null}],
+            "max_tokens": 9, "max_completion_tokens": 7, "temperature": 0, "top_p": 0.5,
+            "top_k": 40, "repetition_penalty": 1.1, "seed": 42, "stop": ["x", ""], "n": 1,
+            "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true,
+            "logit_bias": {}}))
+        .expect("valid");
+        let PromptSpec::Chat(turns) = &r.prompt else {
+            panic!("chat prompt")
+        };
+        assert_eq!(turns[0].content, "a\nb");
+        assert_eq!(turns[1].content, "");
+        assert_eq!(r.params.max_tokens, 7);
+        assert_eq!(
+            (r.params.temperature, r.params.top_p, r.params.top_k),
+            (0.0, 0.5, 40)
+        );
+        assert_eq!(r.params.seed, 42);
+        assert_eq!(r.params.stop, vec!["x".to_string()]);
+        assert!(r.stream && r.include_usage && r.params.ignore_eos);
+    }
+
+    #[test]
+    fn completion_prompts_take_every_openai_form() {
+        let p =
+            |prompt: Value| completion(json!({"model": "m", "prompt": prompt})).map(|r| r.prompt);
+        assert_eq!(p(json!("hi")), Ok(PromptSpec::Text("hi".into())));
+        assert_eq!(p(json!(["hi"])), Ok(PromptSpec::Text("hi".into())));
+        assert_eq!(p(json!([1, 2, 3])), Ok(PromptSpec::Tokens(vec![1, 2, 3])));
+        assert_eq!(p(json!([[4, 5]])), Ok(PromptSpec::Tokens(vec![4, 5])));
+        assert_eq!(
+            completion(json!({"model": "m", "prompt": "x", "stop": "\n"}))
+                .expect("ok")
+                .params
+                .stop,
+            vec!["\n".to_string()]
+        );
+        for bad in [
+            json!([]),
+            json!(["a", "b"]),
+            json!([-1]),
+            json!([1.5]),
+            json!(3),
+            json!([[]]),
+            json!({}),
+        ] {
+            assert_eq!(
+                p(bad.clone()).map_err(|e| e.param()),
+                Err(Some("prompt")),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_json_and_missing_fields_are_400() {
+        let e = ValidRequest::chat(b"{\"model\": ", &config()).expect_err("malformed");
+        assert_eq!((e.status().as_u16(), e.code()), (400, "invalid_json"));
+        let e = ValidRequest::chat(b"[1, 2]", &config()).expect_err("not an object");
+        assert_eq!(e.status().as_u16(), 400);
+        assert_eq!(
+            chat(json!({"messages": []})),
+            Err(ApiError::MissingField("model"))
+        );
+        assert_eq!(
+            chat(json!({"model": "m"})),
+            Err(ApiError::MissingField("messages"))
+        );
+        assert_eq!(
+            completion(json!({"model": "m"})),
+            Err(ApiError::MissingField("prompt"))
+        );
+        assert_eq!(
+            completion(json!({"model": "", "prompt": "x"})),
+            Err(ApiError::MissingField("model"))
+        );
+        assert_eq!(
+            param(chat(json!({"model": "m", "messages": []}))),
+            Some("messages")
+        );
+        assert_eq!(
+            param(chat(json!({"model": "m", "messages": [{"content": "x"}]}))),
+            Some("messages")
+        );
+        assert_eq!(
+            param(chat(
+                json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
+            )),
+            Some("messages")
+        );
+        let e = chat(json!({"model": "m", "messages": "hi"})).expect_err("wrong type");
+        assert_eq!(e.code(), "invalid_json");
+    }
+
+    #[test]
+    fn out_of_range_parameters_are_400() {
+        let with = |extra: Value| {
+            let mut v = json!({"model": "m", "prompt": "x"});
+            for (k, x) in extra.as_object().expect("object") {
+                v[k] = x.clone();
+            }
+            completion(v)
+        };
+        let limit = config().max_tokens_limit;
+        assert_eq!(param(with(json!({"max_tokens": 0}))), Some("max_tokens"));
+        assert_eq!(param(with(json!({"max_tokens": -3}))), Some("max_tokens"));
+        assert_eq!(
+            param(with(json!({"max_tokens": limit + 1}))),
+            Some("max_tokens")
+        );
+        assert_eq!(
+            with(json!({"max_tokens": limit}))
+                .expect("at the limit")
+                .params
+                .max_tokens,
+            limit
+        );
+        assert_eq!(
+            param(with(json!({"temperature": -0.1}))),
+            Some("temperature")
+        );
+        assert_eq!(param(with(json!({"top_p": 0}))), Some("top_p"));
+        assert_eq!(param(with(json!({"top_p": 1.01}))), Some("top_p"));
+        assert_eq!(param(with(json!({"top_k": -1}))), Some("top_k"));
+        assert_eq!(
+            param(with(json!({"repetition_penalty": 0}))),
+            Some("repetition_penalty")
+        );
+        assert_eq!(param(with(json!({"n": 2}))), Some("n"));
+        assert_eq!(param(with(json!({"seed": 1.5}))), Some("seed"));
+        assert_eq!(param(with(json!({"stop": [1]}))), Some("stop"));
+        assert_eq!(
+            with(json!({"seed": -1}))
+                .expect("negative seed")
+                .params
+                .seed,
+            u64::MAX
+        );
+        // JSON has no NaN: a client that sends one sends malformed JSON.
+        let e = ValidRequest::completion(
+            br#"{"model":"m","prompt":"x","temperature":NaN}"#,
+            &config(),
+        )
+        .expect_err("NaN");
+        assert_eq!(e.status().as_u16(), 400);
+        for e in [with(json!({"top_p": 0})), with(json!({"n": 3}))] {
+            assert_eq!(e.expect_err("bad").status().as_u16(), 400);
+        }
+    }
+
+    #[test]
+    fn include_usage_needs_stream() {
+        let r = completion(
+            json!({"model": "m", "prompt": "x", "stream_options": {"include_usage": true}}),
+        )
+        .expect("valid");
+        assert!(!r.include_usage);
+    }
+}

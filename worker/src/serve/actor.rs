@@ -1,0 +1,156 @@
+//! The `Worker` actor: the worker's NATS endpoint, heartbeats, admission and drain.
+
+use std::{
+    sync::{atomic::Ordering, mpsc, Arc},
+    time::Duration,
+};
+
+use actix::prelude::*;
+use baton_common::{
+    ids::{StreamId, WorkerId},
+    protocol::{Body, Heartbeat, ModelInfo, Sequencer, Submit, SubmitReply},
+    subjects::Subjects,
+};
+
+use super::scheduler::{Command, Limits, Load};
+
+/// A worker process, as the cluster sees it.
+pub struct Worker {
+    /// This worker's id, in every heartbeat and token batch.
+    pub(crate) id: WorkerId,
+    pub(crate) client: async_nats::Client,
+    pub(crate) subjects: Subjects,
+    /// Numbers every message this worker publishes.
+    pub(crate) sequencer: Arc<Sequencer>,
+    /// To the engine thread.
+    pub(crate) commands: mpsc::Sender<Command>,
+    /// Load figures kept by the engine thread.
+    pub(crate) load: Arc<Load>,
+    pub(crate) model: ModelInfo,
+    pub(crate) limits: Limits,
+    pub(crate) heartbeat_interval: Duration,
+    /// Taking no new work; set on drain.
+    pub(crate) draining: bool,
+}
+
+impl Worker {
+    fn heartbeat(&self) -> Heartbeat {
+        Heartbeat {
+            worker: self.id,
+            models: vec![self.model.clone()],
+            capacity: self.limits.max_running as u32,
+            running: self.load.running.load(Ordering::Relaxed) as u32,
+            queued: self.load.queued.load(Ordering::Relaxed) as u32,
+            kv_used_bytes: self.load.kv_bytes.load(Ordering::Relaxed),
+            kv_budget_bytes: self.limits.kv_budget,
+            draining: self.draining,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+        }
+    }
+
+    fn publish_heartbeat(&self) {
+        let payload = self.sequencer.encode(Body::Heartbeat(self.heartbeat()));
+        let client = self.client.clone();
+        let subject = self.subjects.heartbeat();
+        actix::spawn(async move {
+            if let Err(e) = client.publish(subject, payload.into()).await {
+                tracing::warn!(error = %e, "heartbeat not published");
+            }
+        });
+    }
+}
+
+impl Actor for Worker {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        tracing::info!(worker = %self.id, model = %self.model.name, "worker ready");
+        self.publish_heartbeat();
+        ctx.run_interval(self.heartbeat_interval, |this, _| this.publish_heartbeat());
+    }
+}
+
+/// New sequences from a coordinator.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SubmitMsg {
+    /// The decoded submit.
+    pub submit: Submit,
+    /// Where the coordinator waits for the answer.
+    pub reply: Option<async_nats::Subject>,
+}
+
+impl Handler<SubmitMsg> for Worker {
+    type Result = ();
+
+    fn handle(&mut self, msg: SubmitMsg, _: &mut Self::Context) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let sent = self.commands.send(Command::Submit {
+            coordinator: msg.submit.coordinator,
+            sequences: msg.submit.sequences,
+            reply: tx,
+        });
+        if sent.is_err() {
+            tracing::error!("engine thread is gone; submit dropped");
+            return;
+        }
+        let Some(reply) = msg.reply else { return };
+        let client = self.client.clone();
+        let sequencer = self.sequencer.clone();
+        actix::spawn(async move {
+            if let Ok(outcomes) = rx.await {
+                let payload = sequencer.encode(Body::SubmitReply(SubmitReply { outcomes }));
+                if let Err(e) = client.publish(reply, payload.into()).await {
+                    tracing::warn!(error = %e, "submit reply not published");
+                }
+            }
+        });
+    }
+}
+
+/// Sequences to stop.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CancelMsg {
+    /// The streams.
+    pub streams: Vec<StreamId>,
+}
+
+impl Handler<CancelMsg> for Worker {
+    type Result = ();
+
+    fn handle(&mut self, msg: CancelMsg, _: &mut Self::Context) {
+        let _ = self.commands.send(Command::Cancel(msg.streams));
+    }
+}
+
+/// Stop taking work; finish what was accepted.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Drain;
+
+impl Handler<Drain> for Worker {
+    type Result = ();
+
+    fn handle(&mut self, _: Drain, _: &mut Self::Context) {
+        if !self.draining {
+            tracing::info!(worker = %self.id, "draining: no new work, finishing what runs");
+            self.draining = true;
+            let _ = self.commands.send(Command::Drain);
+            self.publish_heartbeat();
+        }
+    }
+}
+
+/// Whether everything accepted has finished.
+#[derive(Message)]
+#[rtype(result = "bool")]
+pub struct IsIdle;
+
+impl Handler<IsIdle> for Worker {
+    type Result = bool;
+
+    fn handle(&mut self, _: IsIdle, _: &mut Self::Context) -> bool {
+        self.load.running.load(Ordering::Relaxed) == 0 && self.load.queued.load(Ordering::Relaxed) == 0
+    }
+}

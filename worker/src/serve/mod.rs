@@ -1,0 +1,295 @@
+//! `baton-worker serve`: a worker that joins a cluster over NATS.
+//!
+//! # Layout
+//! - [`actor`]: the `Worker` actor (NATS endpoint, heartbeats, admission, drain).
+//! - [`scheduler`]: the engine thread and its continuous batching.
+//! - [`real`]: the burn engine behind the scheduler's [`scheduler::SeqEngine`] trait.
+//! - [`sim`]: a simulated engine for routing and failover tests.
+
+pub mod actor;
+pub mod real;
+pub mod scheduler;
+pub mod sim;
+
+use std::{
+    path::PathBuf,
+    sync::{mpsc, Arc},
+    time::Duration,
+};
+
+use actix::prelude::*;
+use anyhow::Context as _;
+use baton_common::{
+    config::ClusterConfig,
+    env,
+    ids::WorkerId,
+    protocol::{decode, Body, ModelInfo, Sequencer, TokenBatch},
+    subjects::Subjects,
+};
+use clap::Args;
+use futures::StreamExt;
+
+use crate::{
+    backend::{BackendKind, CpuBackend},
+    engine::{llama::WeightDtype, Engine},
+};
+use actor::{CancelMsg, Drain, SubmitMsg, Worker};
+use scheduler::{Limits, Load, Outbox, SeqEngine};
+
+/// Arguments of `serve`; each overrides `cluster.toml`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Cluster configuration file.
+    #[arg(long, env = env::CONFIG, default_value = "cluster.toml")]
+    pub config: PathBuf,
+    /// NATS server URL.
+    #[arg(long, env = env::NATS_URL)]
+    pub nats_url: Option<String>,
+    /// Subject prefix.
+    #[arg(long, env = env::SUBJECT_PREFIX)]
+    pub subject_prefix: Option<String>,
+    /// GGUF model file.
+    #[arg(long, env = env::MODEL)]
+    pub model: Option<String>,
+    /// Public model name.
+    #[arg(long, env = env::MODEL_NAME)]
+    pub model_name: Option<String>,
+    /// Backend: cpu or cuda.
+    #[arg(long, env = env::BACKEND)]
+    pub backend: Option<BackendKind>,
+    /// Weight format: native, f16 or f32.
+    #[arg(long, env = env::WEIGHTS)]
+    pub weights: Option<WeightDtype>,
+    /// Most sequences running at once.
+    #[arg(long)]
+    pub max_running: Option<u32>,
+    /// Run the simulated engine (no model; a test tool).
+    #[arg(long)]
+    pub simulated: bool,
+    /// Milliseconds per step of the simulated engine.
+    #[arg(long, default_value_t = 20)]
+    pub sim_step_ms: u64,
+}
+
+/// Starts the engine thread; returns the model it serves once it is loaded.
+fn spawn_engine<E, F>(
+    make: F,
+    limits: Limits,
+    commands: mpsc::Receiver<scheduler::Command>,
+    out: tokio::sync::mpsc::UnboundedSender<Outbox>,
+    load: Arc<Load>,
+) -> anyhow::Result<ModelInfo>
+where
+    E: SeqEngine,
+    F: FnOnce() -> anyhow::Result<E> + Send + 'static,
+{
+    let (ready_tx, ready_rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("engine".into())
+        .spawn(move || match make() {
+            Ok(engine) => {
+                let _ = ready_tx.send(Ok(engine.model_info()));
+                scheduler::run(engine, limits, commands, out, load);
+            }
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
+            }
+        })
+        .context("spawning the engine thread")?;
+    ready_rx
+        .recv()
+        .context("the engine thread ended before loading")?
+}
+
+/// Runs a worker until SIGTERM or Ctrl-C, then drains and leaves.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let file = ClusterConfig::load(&args.config, args.config != PathBuf::from("cluster.toml"))?;
+    let mut cfg = file.worker.clone();
+    if let Some(m) = &args.model {
+        cfg.model = m.clone();
+    }
+    if let Some(n) = &args.model_name {
+        cfg.model_name = Some(n.clone());
+    }
+    if let Some(r) = args.max_running {
+        cfg.max_running = r;
+    }
+    let nats_url = args.nats_url.clone().unwrap_or(file.nats.url.clone());
+    let subjects = Subjects::new(
+        args.subject_prefix
+            .clone()
+            .unwrap_or(file.nats.subject_prefix.clone()),
+    );
+    let backend = match args.backend {
+        Some(b) => b,
+        None => cfg.backend.parse().map_err(anyhow::Error::msg)?,
+    };
+    let weights = match args.weights {
+        Some(w) => w,
+        None => cfg.weights.parse().map_err(anyhow::Error::msg)?,
+    };
+    let limits = Limits {
+        max_running: cfg.max_running.max(1) as usize,
+        max_queued: cfg.max_queued as usize,
+        kv_budget: cfg.kv_budget_mib.saturating_mul(1 << 20),
+    };
+    let name = cfg.model_name();
+    let load = Arc::new(Load::default());
+    let (cmd_tx, cmd_rx) = mpsc::channel();
+    let (out_tx, mut out_rx) = tokio::sync::mpsc::unbounded_channel::<Outbox>();
+    let model_path = PathBuf::from(&cfg.model);
+    let info = if args.simulated {
+        let pace = Duration::from_millis(args.sim_step_ms);
+        spawn_engine(
+            move || Ok(sim::SimEngine::new(name, pace)),
+            limits,
+            cmd_rx,
+            out_tx,
+            load.clone(),
+        )?
+    } else {
+        match backend {
+            BackendKind::Cpu => spawn_engine(
+                move || {
+                    let engine = Engine::<CpuBackend>::load(&model_path, weights, &Default::default())?;
+                    Ok(real::RealEngine::new(engine, name))
+                },
+                limits,
+                cmd_rx,
+                out_tx,
+                load.clone(),
+            )?,
+            BackendKind::Cuda => {
+                crate::backend::cuda_available()?;
+                #[cfg(feature = "cuda")]
+                {
+                    spawn_engine(
+                        move || {
+                            let engine = Engine::<crate::backend::CudaBackend>::load(
+                                &model_path,
+                                weights,
+                                &Default::default(),
+                            )?;
+                            Ok(real::RealEngine::new(engine, name))
+                        },
+                        limits,
+                        cmd_rx,
+                        out_tx,
+                        load.clone(),
+                    )?
+                }
+                #[cfg(not(feature = "cuda"))]
+                unreachable!("cuda_available fails without the cuda feature")
+            }
+        }
+    };
+
+    let system = actix_rt::System::new();
+    system.block_on(async move {
+        let client = async_nats::connect(&nats_url)
+            .await
+            .with_context(|| format!("connecting to NATS at {nats_url}"))?;
+        let id = WorkerId::random();
+        let sequencer = Arc::new(Sequencer::new(id.0));
+        let mut submits = client.subscribe(subjects.submit(id)).await?;
+        let mut cancels = client.subscribe(subjects.cancel(id)).await?;
+        let worker = Worker {
+            id,
+            client: client.clone(),
+            subjects: subjects.clone(),
+            sequencer: sequencer.clone(),
+            commands: cmd_tx,
+            load,
+            model: info,
+            limits,
+            heartbeat_interval: Duration::from_millis(cfg.heartbeat_interval_ms.max(50)),
+            draining: false,
+        }
+        .start();
+
+        let malformed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let addr = worker.clone();
+        let bad = malformed.clone();
+        actix::spawn(async move {
+            while let Some(msg) = submits.next().await {
+                match decode(&msg.payload) {
+                    Ok(w) => match w.body {
+                        Body::Submit(submit) => addr.do_send(SubmitMsg {
+                            submit,
+                            reply: msg.reply,
+                        }),
+                        _ => {
+                            bad.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            tracing::warn!("unexpected message kind on the submit subject");
+                        }
+                    },
+                    Err(e) => {
+                        bad.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tracing::warn!(error = %e, "malformed message on the submit subject dropped");
+                    }
+                }
+            }
+        });
+        let addr = worker.clone();
+        let bad = malformed.clone();
+        actix::spawn(async move {
+            while let Some(msg) = cancels.next().await {
+                match decode(&msg.payload).map(|w| w.body) {
+                    Ok(Body::Cancel(c)) => addr.do_send(CancelMsg { streams: c.streams }),
+                    _ => {
+                        bad.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tracing::warn!("malformed message on the cancel subject dropped");
+                    }
+                }
+            }
+        });
+        // Token batches: one NATS message per coordinator per step. Ends when the engine
+        // thread does (after a drain), once everything it produced is published.
+        let publisher = {
+            let client = client.clone();
+            let subjects = subjects.clone();
+            actix::spawn(async move {
+                while let Some(outbox) = out_rx.recv().await {
+                    for (coordinator, events) in outbox {
+                        let payload =
+                            sequencer.encode(Body::Tokens(TokenBatch { worker: id, events }));
+                        if let Err(e) = client.publish(subjects.tokens(coordinator), payload.into()).await {
+                            tracing::warn!(error = %e, "token batch not published");
+                        }
+                    }
+                }
+            })
+        };
+
+        shutdown_signal().await;
+        worker.do_send(Drain);
+        let _ = publisher.await;
+        client.flush().await.ok();
+        tracing::info!(worker = %id, "drained; leaving");
+        actix_rt::System::current().stop();
+        anyhow::Ok(())
+    })
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

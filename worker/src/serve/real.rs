@@ -1,0 +1,136 @@
+//! [`SeqEngine`] over the burn engine: the real model.
+
+use baton_common::protocol::{
+    ErrorKind, EventKind, Finished, FinishReason as WireFinish, GenParams, ModelInfo, PromptSpec,
+    SeqRequest, TokenEvent, WireError,
+};
+use burn_tensor::backend::Backend;
+
+use super::scheduler::SeqEngine;
+use crate::engine::{
+    chat::ChatMessage, sampler::SamplingParams, Engine, EngineError, FinishReason,
+    GenerateParams, Prompt, Sequence,
+};
+
+/// The burn engine serving one model under a public name.
+pub struct RealEngine<B: Backend> {
+    engine: Engine<B>,
+    name: String,
+}
+
+impl<B: Backend> RealEngine<B> {
+    /// Serves `engine` as `name`.
+    pub fn new(engine: Engine<B>, name: String) -> Self {
+        Self { engine, name }
+    }
+}
+
+fn wire_error(e: EngineError) -> WireError {
+    let kind = match &e {
+        EngineError::PromptTooLong { .. } => ErrorKind::PromptTooLong,
+        EngineError::Sampling(_)
+        | EngineError::ZeroMaxTokens
+        | EngineError::EmptyPrompt
+        | EngineError::NoChatTemplate
+        | EngineError::Chat(_)
+        | EngineError::Tokenizer(_)
+        | EngineError::Forward(_) => ErrorKind::InvalidRequest,
+        EngineError::Gguf(_) | EngineError::Load(_) => ErrorKind::Internal,
+    };
+    WireError {
+        kind,
+        message: e.to_string(),
+    }
+}
+
+/// Request parameters in the engine's terms.
+pub fn generate_params(p: &GenParams) -> GenerateParams {
+    GenerateParams {
+        max_tokens: p.max_tokens as usize,
+        sampling: SamplingParams {
+            temperature: p.temperature,
+            top_k: p.top_k as usize,
+            top_p: p.top_p,
+            repetition_penalty: p.repetition_penalty,
+            seed: p.seed,
+        },
+        stop: p.stop.clone(),
+        ignore_eos: p.ignore_eos,
+    }
+}
+
+impl<B: Backend> SeqEngine for RealEngine<B> {
+    type Seq = Sequence<B>;
+
+    fn model_info(&self) -> ModelInfo {
+        ModelInfo {
+            name: self.name.clone(),
+            context_length: self.engine.context_length() as u32,
+            fingerprint: self.engine.fingerprint(),
+        }
+    }
+
+    fn start(&self, req: &SeqRequest) -> Result<(Self::Seq, u32), WireError> {
+        if req.model != self.name {
+            return Err(WireError {
+                kind: ErrorKind::UnknownModel,
+                message: format!("this worker serves {:?}, not {:?}", self.name, req.model),
+            });
+        }
+        let ids = match &req.prompt {
+            PromptSpec::Text(t) => self.engine.encode_prompt(&Prompt::Text(t.clone())),
+            PromptSpec::Chat(turns) => self.engine.encode_prompt(&Prompt::Chat(
+                turns
+                    .iter()
+                    .map(|t| ChatMessage {
+                        role: t.role.clone(),
+                        content: t.content.clone(),
+                    })
+                    .collect(),
+            )),
+            PromptSpec::Tokens(ids) => Ok(ids.clone()),
+        }
+        .map_err(wire_error)?;
+        let n = ids.len() as u32;
+        let seq = self
+            .engine
+            .start(ids, generate_params(&req.params))
+            .map_err(wire_error)?;
+        Ok((seq, n))
+    }
+
+    fn step(&self, seqs: &mut [&mut Self::Seq]) -> Result<Vec<Vec<EventKind>>, WireError> {
+        let events = self.engine.step(seqs).map_err(wire_error)?;
+        Ok(events
+            .into_iter()
+            .zip(seqs.iter())
+            .map(|(ev, seq)| {
+                let mut out = Vec::with_capacity(2);
+                if let Some(ev) = ev {
+                    out.push(EventKind::Token(TokenEvent {
+                        index: ev.index as u32,
+                        id: ev.id,
+                        text: ev.text,
+                    }));
+                }
+                if let Some(reason) = seq.finish_reason() {
+                    out.push(EventKind::Finished(Finished {
+                        reason: match reason {
+                            FinishReason::Eos | FinishReason::StopString => WireFinish::Stop,
+                            FinishReason::MaxTokens | FinishReason::ContextFull => {
+                                WireFinish::Length
+                            }
+                        },
+                        prompt_tokens: seq.prompt_len() as u32,
+                        completion_tokens: seq.generated().len() as u32,
+                    }));
+                }
+                out
+            })
+            .collect())
+    }
+
+    fn kv_bytes(&self, seq: &Self::Seq) -> u64 {
+        seq.cache().bytes() as u64
+    }
+}
