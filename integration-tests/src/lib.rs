@@ -1,9 +1,30 @@
 //! End-to-end tests of Baton: real processes driven as users drive them.
 //!
+//! A test starts a private `nats-server` on a free port, a coordinator on another free
+//! port and a few workers (the real default model, or the simulated engine where only
+//! routing matters), then speaks HTTP and Server-Sent Events to the coordinator.
+//! Every process is killed when its owner is dropped, so a failing test leaves nothing
+//! running; a failing test prints every process's log.
+//!
+//! Tests skip, with a printed note, when `nats-server` or the model file is missing;
+//! `scripts/setup` installs both. The binaries are found beside the test executable
+//! (see [`process::bin_dir`]).
+//!
 //! # Layout
-//! - [`workspace_root`]: where the repository lives, to find binaries and models.
+//! - [`process`]: child processes killed on drop, the `nats-server`, free ports, binaries.
+//! - [`cluster`]: a whole cluster (NATS, coordinator, workers) from [`ClusterOptions`].
+//! - [`http`]: a blocking client for the API, an SSE reader, OpenAI error checks.
+//! - [`generate`]: `baton-worker generate`, the reference a cluster's greedy text must match.
+
+pub mod cluster;
+pub mod http;
+pub mod process;
 
 use std::path::PathBuf;
+
+pub use cluster::{Cluster, ClusterOptions, Engine, DEFAULT_MODEL_NAME};
+pub use http::{assert_error, summarize, Api, Reply, SseEvent, SseReader, StreamSummary};
+pub use process::{Nats, Process};
 
 /// The repository root.
 pub fn workspace_root() -> PathBuf {
@@ -11,4 +32,31 @@ pub fn workspace_root() -> PathBuf {
         .parent()
         .map(PathBuf::from)
         .unwrap_or_default()
+}
+
+/// The text `baton-worker generate` prints for `prompt` with the default model, greedy
+/// (temperature 0), with the weights kept as the serving workers keep them (`native`).
+/// With `chat`, the prompt is one user message through the chat template.
+pub fn generate(prompt: &str, chat: bool, max_tokens: u32) -> String {
+    let mut cmd = std::process::Command::new(process::bin("baton-worker"));
+    cmd.current_dir(workspace_root())
+        .arg("generate")
+        .arg("--model")
+        .arg(cluster::default_model_path())
+        .args(["--prompt", prompt])
+        .args(["--max-tokens", &max_tokens.to_string()])
+        .args(["--temperature", "0", "--dtype", "native"]);
+    if chat {
+        cmd.arg("--chat");
+    }
+    let out = cmd.output().expect("running baton-worker generate");
+    assert!(
+        out.status.success(),
+        "baton-worker generate failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("generate prints UTF-8");
+    // It prints the completion and then one newline.
+    text.strip_suffix('\n').unwrap_or(&text).to_string()
 }

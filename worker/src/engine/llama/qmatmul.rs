@@ -324,11 +324,14 @@ impl QMatrix {
                         let xr = &x[j * self.cols..(j + 1) * self.cols];
                         *y = match self.kind {
                             QKind::Byte => simd::dot_byte(avx2, qs, scales, xr),
-                            QKind::Nibble => {
-                                let mins = &self.mins[r * bpr..(r + 1) * bpr];
-                                let xs = &xsum[j * bpr..(j + 1) * bpr];
-                                simd::dot_nibble(avx2, qs, scales, xr) + dot(mins, xs)
-                            }
+                            QKind::Nibble => simd::dot_nibble(
+                                avx2,
+                                qs,
+                                scales,
+                                &self.mins[r * bpr..(r + 1) * bpr],
+                                xr,
+                                &xsum[j * bpr..(j + 1) * bpr],
+                            ),
                         };
                     }
                 }
@@ -344,10 +347,6 @@ impl QMatrix {
         }
         y
     }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 mod simd {
@@ -367,8 +366,10 @@ mod simd {
 
     /// `Σ_b d_b · Σ_i q_bi · x_bi` over 8-bit blocks.
     pub fn dot_byte(avx2: bool, qs: &[u8], scales: &[f32], x: &[f32]) -> f32 {
-        debug_assert_eq!(qs.len(), x.len());
-        debug_assert_eq!(scales.len() * 32, x.len());
+        assert!(
+            qs.len() == x.len() && scales.len() * 32 == x.len(),
+            "block slices disagree"
+        );
         #[cfg(target_arch = "x86_64")]
         if avx2 {
             // SAFETY: AVX2 and FMA were detected at run time; lengths are checked above
@@ -384,25 +385,38 @@ mod simd {
         total
     }
 
-    /// `Σ_b d_b · Σ_i q_bi · x_bi` over 4-bit blocks (minimums are added by the caller).
-    pub fn dot_nibble(avx2: bool, qs: &[u8], scales: &[f32], x: &[f32]) -> f32 {
-        debug_assert_eq!(qs.len() * 2, x.len());
-        debug_assert_eq!(scales.len() * 32, x.len());
+    /// `Σ_b (d_b · Σ_i q_bi · x_bi + m_b · Σ_i x_bi)` over 4-bit blocks, given the
+    /// per-block sums of `x`.
+    pub fn dot_nibble(
+        avx2: bool,
+        qs: &[u8],
+        scales: &[f32],
+        mins: &[f32],
+        x: &[f32],
+        xsum: &[f32],
+    ) -> f32 {
+        assert!(
+            qs.len() * 2 == x.len()
+                && scales.len() * 32 == x.len()
+                && mins.len() == scales.len()
+                && xsum.len() == scales.len(),
+            "block slices disagree"
+        );
         #[cfg(target_arch = "x86_64")]
         if avx2 {
             // SAFETY: AVX2 and FMA were detected at run time; every block reads 16
             // bytes of `qs` and 32 floats of `x`, which the lengths above guarantee.
-            return unsafe { x86::dot_nibble(qs, scales, x) };
+            return unsafe { x86::dot_nibble(qs, scales, mins, x, xsum) };
         }
         let _ = avx2;
         let mut total = 0.0f32;
-        for ((q, x), d) in qs.chunks_exact(16).zip(x.chunks_exact(32)).zip(scales) {
+        for (b, (q, x)) in qs.chunks_exact(16).zip(x.chunks_exact(32)).enumerate() {
             let (lo, hi) = x.split_at(16);
             let mut s = 0.0f32;
             for j in 0..16 {
                 s += f32::from(q[j] & 0x0F) * lo[j] + f32::from(q[j] >> 4) * hi[j];
             }
-            total += d * s;
+            total += scales[b] * s + mins[b] * xsum[b];
         }
         total
     }
@@ -449,10 +463,34 @@ mod simd {
         }
 
         /// # Safety
-        /// Needs AVX2 and FMA; `2 · qs.len() == x.len() == 32 · scales.len()`.
+        /// Needs AVX2 and FMA; `2 · qs.len() == x.len() == 32 · scales.len()`, and
+        /// `mins`, `xsum` as long as `scales`.
         #[target_feature(enable = "avx2,fma")]
-        pub unsafe fn dot_nibble(qs: &[u8], scales: &[f32], x: &[f32]) -> f32 {
+        pub unsafe fn dot_nibble(
+            qs: &[u8],
+            scales: &[f32],
+            mins: &[f32],
+            x: &[f32],
+            xsum: &[f32],
+        ) -> f32 {
             let mut acc = _mm256_setzero_ps();
+            // Minimum terms, eight blocks at a time.
+            let mut macc = _mm256_setzero_ps();
+            let full = scales.len() / 8 * 8;
+            for b in (0..full).step_by(8) {
+                // SAFETY: b + 8 <= len of mins and xsum.
+                unsafe {
+                    macc = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(mins.as_ptr().add(b)),
+                        _mm256_loadu_ps(xsum.as_ptr().add(b)),
+                        macc,
+                    );
+                }
+            }
+            let mut tail = 0.0f32;
+            for b in full..scales.len() {
+                tail += mins[b] * xsum[b];
+            }
             let mask = _mm_set1_epi8(0x0F);
             for (b, &d) in scales.iter().enumerate() {
                 // SAFETY: block `b` spans qs[16b..16b+16] and x[32b..32b+32], in bounds
@@ -473,7 +511,7 @@ mod simd {
                     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc);
                 }
             }
-            hsum(acc)
+            hsum(_mm256_add_ps(acc, macc)) + tail
         }
     }
 }
@@ -537,8 +575,8 @@ mod tests {
                     QKind::Byte => simd::dot_byte(false, qs, sc, xs),
                     QKind::Nibble => {
                         let xsum: Vec<f32> = xs.chunks(32).map(|c| c.iter().sum()).collect();
-                        simd::dot_nibble(false, qs, sc, xs)
-                            + dot(&q.mins[r * bpr..(r + 1) * bpr], &xsum)
+                        let mins = &q.mins[r * bpr..(r + 1) * bpr];
+                        simd::dot_nibble(false, qs, sc, mins, xs, &xsum)
                     }
                 };
                 assert!((portable - want[r]).abs() < 1e-4);

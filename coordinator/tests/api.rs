@@ -1,0 +1,337 @@
+//! The HTTP API end to end: a real `nats-server` on a free port, the coordinator, and
+//! fake workers speaking the wire protocol. Skipped (with a note) without `nats-server`.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use baton_common::config::ClusterConfig;
+use baton_common::subjects::Subjects;
+use baton_coordinator::Running;
+use serde_json::{json, Value};
+use support::{eventually, open_stream, request, sse_events, FakeWorker, NatsServer, MODEL};
+
+const MAX_BODY: usize = 4096;
+
+async fn coordinator(nats: &NatsServer, prefix: &str) -> (Running, SocketAddr) {
+    let mut cluster = ClusterConfig::default();
+    cluster.nats.url = nats.url.clone();
+    cluster.nats.subject_prefix = prefix.into();
+    cluster.coordinator.listen = "127.0.0.1:0".into();
+    cluster.coordinator.max_body_bytes = MAX_BODY;
+    cluster.coordinator.worker_timeout_ms = 600;
+    let running = baton_coordinator::start(cluster)
+        .await
+        .expect("coordinator starts");
+    let addr = running.addrs[0];
+    (running, addr)
+}
+
+async fn post(addr: SocketAddr, path: &str, body: Value) -> support::Response {
+    request(addr, "POST", path, Some(&body.to_string())).await
+}
+
+async fn wait_healthy(addr: SocketAddr) {
+    for _ in 0..250 {
+        if request(addr, "GET", "/health", None).await.status == 200 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the coordinator never saw the worker");
+}
+
+fn chat(content: &str, extra: Value) -> Value {
+    let mut v = json!({"model": MODEL, "messages": [{"role": "user", "content": content}]});
+    for (k, x) in extra.as_object().expect("object") {
+        v[k] = x.clone();
+    }
+    v
+}
+
+#[actix_web::test]
+async fn the_openai_api_end_to_end() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (running, addr) = coordinator(&nats, "e2e").await;
+
+    // Nobody has spoken yet: not synced.
+    let r = request(addr, "GET", "/health", None).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.json()["status"], "not synced");
+    let r = post(addr, "/v1/chat/completions", chat("hi", json!({}))).await;
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].clone()),
+        (503, json!("not_synced"))
+    );
+
+    let _worker = FakeWorker::start(&nats.url, Subjects::new("e2e")).await;
+    wait_healthy(addr).await;
+    let r = request(addr, "GET", "/v1/models", None).await;
+    assert_eq!(r.status, 200);
+    let models = r.json();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], MODEL);
+    assert_eq!(models["data"][0]["object"], "model");
+    assert_eq!(models["data"][0]["owned_by"], "baton");
+
+    // A whole chat answer.
+    let r = post(
+        addr,
+        "/v1/chat/completions",
+        chat("hi", json!({"max_tokens": 3})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["id"].as_str().expect("id").starts_with("chatcmpl-"));
+    assert_eq!(v["model"], MODEL);
+    assert_eq!(
+        v["choices"][0]["message"],
+        json!({"role": "assistant", "content": "Hello world!"})
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6})
+    );
+
+    // A streamed chat answer with usage.
+    let body = chat(
+        "hi",
+        json!({"max_tokens": 2, "stream": true, "stream_options": {"include_usage": true}}),
+    );
+    let r = post(addr, "/v1/chat/completions", body).await;
+    assert_eq!(r.status, 200);
+    assert!(r
+        .header("content-type")
+        .expect("content type")
+        .starts_with("text/event-stream"));
+    let events = sse_events(&r.body);
+    assert_eq!(events.len(), 5, "{}", r.body);
+    let chunks: Vec<Value> = events[..4]
+        .iter()
+        .map(|(_, _, d)| serde_json::from_str(d).expect("json"))
+        .collect();
+    let stream_id = events[0]
+        .1
+        .as_deref()
+        .expect("id")
+        .split(':')
+        .next()
+        .expect("stream")
+        .to_string();
+    assert_eq!(
+        events[0].1.as_deref(),
+        Some(format!("{stream_id}:0").as_str())
+    );
+    assert_eq!(
+        events[1].1.as_deref(),
+        Some(format!("{stream_id}:1").as_str())
+    );
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    assert_eq!(
+        chunks[0]["choices"][0]["delta"],
+        json!({"role": "assistant", "content": "Hello"})
+    );
+    assert_eq!(
+        chunks[1]["choices"][0]["delta"],
+        json!({"content": " world"})
+    );
+    assert_eq!(chunks[2]["choices"][0]["finish_reason"], "length");
+    assert_eq!(chunks[3]["choices"], json!([]));
+    assert_eq!(chunks[3]["usage"]["total_tokens"], 5);
+    assert!(chunks.iter().all(|c| c["id"] == chunks[0]["id"]));
+    assert_eq!(events[4].2, "[DONE]");
+
+    // Completions, whole and streamed (token id prompt).
+    let r = post(
+        addr,
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": "x", "max_tokens": 1}),
+    )
+    .await;
+    let v = r.json();
+    assert_eq!(
+        (v["object"].clone(), v["choices"][0]["text"].clone()),
+        (json!("text_completion"), json!("Hello"))
+    );
+    assert_eq!(v["usage"]["completion_tokens"], 1);
+    let r = post(
+        addr,
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": [1, 2], "max_tokens": 2, "stream": true}),
+    )
+    .await;
+    let events = sse_events(&r.body);
+    let texts: Vec<Value> = events[..2]
+        .iter()
+        .map(|(_, _, d)| {
+            serde_json::from_str::<Value>(d).expect("json")["choices"][0]["text"].clone()
+        })
+        .collect();
+    assert_eq!(texts, vec![json!("Hello"), json!(" world")]);
+    assert_eq!(events.last().expect("done").2, "[DONE]");
+
+    // Errors, before and after the headers.
+    let err = |r: &support::Response| {
+        (
+            r.status,
+            r.json()["error"]["code"].as_str().unwrap_or("").to_string(),
+        )
+    };
+    let r = post(
+        addr,
+        "/v1/chat/completions",
+        json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]}),
+    )
+    .await;
+    assert_eq!(err(&r), (404, "model_not_found".into()));
+    assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    let r = post(addr, "/v1/chat/completions", chat("TOO_LONG", json!({}))).await;
+    assert_eq!(err(&r), (400, "context_length_exceeded".into()));
+    let r = post(addr, "/v1/chat/completions", chat("BUSY", json!({}))).await;
+    assert_eq!(err(&r), (429, "overloaded".into()));
+    assert_eq!(r.header("retry-after"), Some("1"));
+    let r = request(addr, "POST", "/v1/chat/completions", Some("{\"model\": ")).await;
+    assert_eq!(err(&r), (400, "invalid_json".into()));
+    let r = post(addr, "/v1/completions", json!({"prompt": "x"})).await;
+    assert_eq!(err(&r), (400, "missing_required_parameter".into()));
+    assert_eq!(r.json()["error"]["param"], "model");
+    let r = post(addr, "/v1/chat/completions", chat("hi", json!({"n": 2}))).await;
+    assert_eq!(err(&r), (400, "invalid_value".into()));
+    let r = post(
+        addr,
+        "/v1/chat/completions",
+        chat("hi", json!({"max_tokens": 100_000})),
+    )
+    .await;
+    assert_eq!(err(&r), (400, "invalid_value".into()));
+    let r = post(
+        addr,
+        "/v1/chat/completions",
+        chat(&"x".repeat(MAX_BODY), json!({})),
+    )
+    .await;
+    assert_eq!(err(&r), (413, "request_too_large".into()));
+    let r = request(addr, "GET", "/v2/nothing", None).await;
+    assert_eq!(err(&r), (404, "unknown_url".into()));
+    let r = post(
+        addr,
+        "/v1/chat/completions",
+        chat("BROKEN", json!({"stream": true})),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let events = sse_events(&r.body);
+    let (event, _, data) = events.last().expect("an error frame");
+    assert_eq!(event.as_deref(), Some("error"), "{}", r.body);
+    assert_eq!(
+        serde_json::from_str::<Value>(data).expect("json")["error"]["code"],
+        "worker_error"
+    );
+    assert!(!r.body.contains("[DONE]"));
+    let r = post(addr, "/v1/chat/completions", chat("BROKEN", json!({}))).await;
+    assert_eq!(err(&r), (502, "worker_error".into()));
+
+    // Garbage on the wire is counted and dropped; the coordinator keeps serving.
+    let client = async_nats::connect(&nats.url).await.expect("connect");
+    let subjects = Subjects::new("e2e");
+    client
+        .publish(subjects.heartbeat(), "garbage".into())
+        .await
+        .expect("publish");
+    client
+        .publish(subjects.tokens(running.id), vec![0u8; 3].into())
+        .await
+        .expect("publish");
+    client.flush().await.expect("flush");
+    assert!(eventually(5, || running.counters.garbage() >= 2).await);
+    let r = post(
+        addr,
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": "x", "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+
+    running.server.handle().stop(false).await;
+}
+
+#[actix_web::test]
+async fn requests_spread_over_workers_and_disconnects_cancel() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (running, addr) = coordinator(&nats, "spread").await;
+    let a = FakeWorker::start(&nats.url, Subjects::new("spread")).await;
+    let b = FakeWorker::start(&nats.url, Subjects::new("spread")).await;
+    // Both workers must be known before routing is judged.
+    let mut workers = 0;
+    for _ in 0..250 {
+        workers = request(addr, "GET", "/health", None).await.json()["workers"]
+            .as_u64()
+            .unwrap_or(0);
+        if workers == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(workers, 2);
+    let body = chat("SLOW", json!({"stream": true})).to_string();
+    let (first, seen) = open_stream(addr, "/v1/chat/completions", &body, "data: ").await;
+    assert!(seen.contains("\"role\":\"assistant\""));
+    let (second, _) = open_stream(addr, "/v1/chat/completions", &body, "data: ").await;
+    // Heartbeats say both are idle: only the in-flight count can tell them apart.
+    assert_eq!(a.log.submits.load(Ordering::SeqCst), 1);
+    assert_eq!(b.log.submits.load(Ordering::SeqCst), 1);
+
+    // The clients go away: each worker is told to stop its stream.
+    drop(first);
+    drop(second);
+    let cancelled = |w: &FakeWorker| w.log.cancelled.lock().expect("lock").len();
+    assert!(
+        eventually(5, || cancelled(&a) == 1 && cancelled(&b) == 1).await,
+        "cancels sent"
+    );
+
+    running.server.handle().stop(false).await;
+}
+
+#[actix_web::test]
+async fn silent_workers_leave_the_registry() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (running, addr) = coordinator(&nats, "silent").await;
+    let worker = FakeWorker::start(&nats.url, Subjects::new("silent")).await;
+    wait_healthy(addr).await;
+    worker.silent.store(true, Ordering::SeqCst);
+    let mut status = Value::Null;
+    for _ in 0..100 {
+        let r = request(addr, "GET", "/health", None).await;
+        if r.status == 503 {
+            status = r.json()["status"].clone();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status, "no live workers");
+    let r = request(addr, "GET", "/v1/models", None).await;
+    assert_eq!(r.json()["data"], json!([]));
+    let r = post(
+        addr,
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": "x"}),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].clone()),
+        (503, json!("no_live_workers"))
+    );
+    running.server.handle().stop(false).await;
+}

@@ -1,0 +1,390 @@
+//! Test support: a real `nats-server` on a free port, a fake worker speaking the wire
+//! protocol, and a minimal HTTP/1.1 client (enough for JSON bodies and SSE).
+
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_common::ids::{StreamId, WorkerId};
+use baton_common::protocol::{
+    decode, Accepted, Body, ErrorKind, EventKind, FinishReason, Finished, Heartbeat, ModelInfo,
+    PromptSpec, Refused, Sequencer, StreamEvent, SubmitOutcome, SubmitReply, TokenBatch,
+    TokenEvent, WireError,
+};
+use baton_common::subjects::Subjects;
+use futures::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A `nats-server` process, killed on drop.
+pub struct NatsServer {
+    child: Child,
+    pub url: String,
+}
+
+impl NatsServer {
+    /// Starts one on a free port, or `None` when `nats-server` is not installed.
+    pub fn start() -> Option<Self> {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let child = Command::new("nats-server")
+            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(c) => c,
+            Err(_) => {
+                eprintln!("nats-server is not on PATH: skipping this test");
+                return None;
+            }
+        };
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(Self {
+            child,
+            url: format!("nats://127.0.0.1:{port}"),
+        })
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What a fake worker saw.
+#[derive(Default)]
+pub struct FakeLog {
+    pub submits: AtomicU32,
+    pub cancelled: Mutex<Vec<StreamId>>,
+}
+
+/// A worker that serves model `fake`. Its answer to any prompt is the words "Hello",
+/// " world", "!" repeated up to `max_tokens`. Prompts containing `TOO_LONG`, `BUSY` or
+/// `BROKEN` are refused (context length) or overloaded, or fail after one token; `SLOW`
+/// prompts produce a token every 20 ms until cancelled.
+pub struct FakeWorker {
+    pub id: WorkerId,
+    pub log: Arc<FakeLog>,
+    /// Stops the heartbeats (the worker goes silent).
+    pub silent: Arc<AtomicBool>,
+}
+
+pub const MODEL: &str = "fake";
+pub const PROMPT_TOKENS: u32 = 3;
+const WORDS: [&str; 3] = ["Hello", " world", "!"];
+
+impl FakeWorker {
+    pub async fn start(url: &str, subjects: Subjects) -> Self {
+        let id = WorkerId::random();
+        let client = async_nats::connect(url)
+            .await
+            .expect("fake worker connects");
+        let log = Arc::new(FakeLog::default());
+        let silent = Arc::new(AtomicBool::new(false));
+        let seq = Arc::new(Sequencer::new(id.0));
+        let mut submits = client
+            .subscribe(subjects.submit(id))
+            .await
+            .expect("subscribe");
+        let mut cancels = client
+            .subscribe(subjects.cancel(id))
+            .await
+            .expect("subscribe");
+        client.flush().await.expect("flush");
+
+        let (c, s, q, quiet) = (
+            client.clone(),
+            subjects.clone(),
+            seq.clone(),
+            silent.clone(),
+        );
+        tokio::spawn(async move {
+            while !quiet.load(Ordering::SeqCst) {
+                let hb = Heartbeat {
+                    worker: id,
+                    models: vec![ModelInfo {
+                        name: MODEL.into(),
+                        context_length: 2048,
+                        fingerprint: 1,
+                    }],
+                    capacity: 8,
+                    running: 0,
+                    queued: 0,
+                    kv_used_bytes: 0,
+                    kv_budget_bytes: 1 << 20,
+                    draining: false,
+                    version: "fake".into(),
+                };
+                let _ = c
+                    .publish(s.heartbeat(), q.encode(Body::Heartbeat(hb)).into())
+                    .await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+
+        let l = log.clone();
+        tokio::spawn(async move {
+            while let Some(msg) = cancels.next().await {
+                if let Ok(wire) = decode(&msg.payload) {
+                    if let Body::Cancel(c) = wire.body {
+                        l.cancelled.lock().expect("lock").extend(c.streams);
+                    }
+                }
+            }
+        });
+
+        let (c, l) = (client.clone(), log.clone());
+        tokio::spawn(async move {
+            while let Some(msg) = submits.next().await {
+                let Ok(wire) = decode(&msg.payload) else {
+                    continue;
+                };
+                let Body::Submit(submit) = wire.body else {
+                    continue;
+                };
+                l.submits.fetch_add(1, Ordering::SeqCst);
+                let mut outcomes = Vec::new();
+                let mut runs = Vec::new();
+                for sr in submit.sequences {
+                    let text = match &sr.prompt {
+                        PromptSpec::Text(t) => t.clone(),
+                        PromptSpec::Chat(turns) => {
+                            turns.iter().map(|t| t.content.clone()).collect()
+                        }
+                        PromptSpec::Tokens(_) => String::new(),
+                    };
+                    let refuse = |kind| {
+                        SubmitOutcome::Refused(Refused {
+                            stream: sr.stream,
+                            error: WireError {
+                                kind,
+                                message: format!("fake refusal {kind:?}"),
+                            },
+                        })
+                    };
+                    if text.contains("TOO_LONG") {
+                        outcomes.push(refuse(ErrorKind::PromptTooLong));
+                    } else if text.contains("BUSY") {
+                        outcomes.push(refuse(ErrorKind::Overloaded));
+                    } else {
+                        outcomes.push(SubmitOutcome::Accepted(Accepted {
+                            stream: sr.stream,
+                            prompt_tokens: PROMPT_TOKENS,
+                        }));
+                        runs.push((sr.stream, sr.params.max_tokens, text));
+                    }
+                }
+                let reply = seq.encode(Body::SubmitReply(SubmitReply { outcomes }));
+                // Tokens first, reply second: the coordinator must cope with either order.
+                for (stream, max_tokens, text) in runs {
+                    let (c, s, q, l) = (c.clone(), subjects.clone(), seq.clone(), l.clone());
+                    let coordinator = submit.coordinator;
+                    tokio::spawn(async move {
+                        let send = |kind| {
+                            let batch = TokenBatch {
+                                worker: id,
+                                events: vec![StreamEvent { stream, kind }],
+                            };
+                            let bytes = q.encode(Body::Tokens(batch));
+                            let c = c.clone();
+                            let subject = s.tokens(coordinator);
+                            async move { c.publish(subject, bytes.into()).await.expect("publish") }
+                        };
+                        let slow = text.contains("SLOW");
+                        let limit = if slow { 10_000 } else { max_tokens };
+                        for i in 0..limit {
+                            if l.cancelled.lock().expect("lock").contains(&stream) {
+                                return;
+                            }
+                            let word = WORDS[i as usize % WORDS.len()].to_string();
+                            send(EventKind::Token(TokenEvent {
+                                index: i,
+                                id: i,
+                                text: word,
+                            }))
+                            .await;
+                            if text.contains("BROKEN") {
+                                let e = WireError {
+                                    kind: ErrorKind::Internal,
+                                    message: "fake crash".into(),
+                                };
+                                send(EventKind::Failed(e)).await;
+                                return;
+                            }
+                            if slow {
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                        }
+                        let finished = Finished {
+                            reason: FinishReason::Length,
+                            prompt_tokens: PROMPT_TOKENS,
+                            completion_tokens: limit,
+                        };
+                        send(EventKind::Finished(finished)).await;
+                    });
+                }
+                if let Some(reply_to) = msg.reply {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    let _ = c.publish(reply_to, reply.into()).await;
+                }
+            }
+        });
+        Self { id, log, silent }
+    }
+}
+
+/// An HTTP response.
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+/// Sends one request (`Connection: close`) and reads the whole response.
+pub async fn request(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> Response {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let body = body.unwrap_or("");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.expect("write");
+    stream.write_all(body.as_bytes()).await.expect("write");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.expect("read");
+    parse_response(&raw)
+}
+
+fn parse_response(raw: &[u8]) -> Response {
+    let text = String::from_utf8_lossy(raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").expect("a response head");
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("status line");
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    Response {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, tail)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).expect("chunk size");
+        if n == 0 {
+            break;
+        }
+        out.push_str(&tail[..n]);
+        rest = &tail[n + 2..];
+    }
+    out
+}
+
+/// Opens a streaming request and returns the connection once `until` appears in what
+/// was read (the caller may then drop it, as a client that goes away).
+pub async fn open_stream(
+    addr: SocketAddr,
+    path: &str,
+    body: &str,
+    until: &str,
+) -> (TcpStream, String) {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.expect("write");
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains(until) {
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
+            .await
+            .expect("data in time")
+            .expect("read");
+        assert!(
+            n > 0,
+            "connection closed early: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    (stream, String::from_utf8_lossy(&seen).into_owned())
+}
+
+/// The `data:` payloads and ids of an SSE body, in order: `(event, id, data)`.
+pub fn sse_events(body: &str) -> Vec<(Option<String>, Option<String>, String)> {
+    body.split("\n\n")
+        .filter(|f| !f.trim().is_empty())
+        .map(|frame| {
+            let (mut event, mut id, mut data) = (None, None, String::new());
+            for line in frame.lines() {
+                if let Some(v) = line.strip_prefix("event: ") {
+                    event = Some(v.to_string());
+                } else if let Some(v) = line.strip_prefix("id: ") {
+                    id = Some(v.to_string());
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data.push_str(v);
+                }
+            }
+            (event, id, data)
+        })
+        .collect()
+}
+
+/// Polls `f` every 20 ms for up to `secs` seconds.
+pub async fn eventually<F: FnMut() -> bool>(secs: u64, mut f: F) -> bool {
+    for _ in 0..secs * 50 {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    f()
+}

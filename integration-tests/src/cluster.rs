@@ -1,0 +1,338 @@
+//! A whole cluster on one machine: NATS, a coordinator and workers as real processes.
+
+use std::{
+    path::PathBuf,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use tempfile::TempDir;
+
+use crate::{
+    http::Api,
+    process::{bin, free_port, Nats, Process},
+    workspace_root,
+};
+
+/// The default model, relative to the repository root (installed by `scripts/setup`).
+pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Its name on the API: the file name without `.gguf`.
+pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct.Q4_1";
+
+/// How long a cluster may take to come up.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The absolute path of the default model.
+pub fn default_model_path() -> PathBuf {
+    workspace_root().join(DEFAULT_MODEL)
+}
+
+/// The engine behind every worker of a cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// The real default model.
+    Real,
+    /// The simulated engine (no model), one token per `step_ms` milliseconds.
+    Simulated {
+        /// Milliseconds per decode step.
+        step_ms: u64,
+    },
+}
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// How many workers (0: a coordinator alone).
+    pub workers: usize,
+    /// Their engine.
+    pub engine: Engine,
+    /// Extra `cluster.toml` text appended to the generated file's sections, as
+    /// `(section, lines)`, e.g. `("coordinator", "max_body_bytes = 4096")`.
+    pub extra: Vec<(&'static str, String)>,
+}
+
+impl ClusterOptions {
+    /// `workers` simulated workers, 20 ms a token.
+    pub fn simulated(workers: usize) -> ClusterOptions {
+        ClusterOptions {
+            workers,
+            engine: Engine::Simulated { step_ms: 20 },
+            extra: Vec::new(),
+        }
+    }
+
+    /// `workers` workers running the default model.
+    pub fn real(workers: usize) -> ClusterOptions {
+        ClusterOptions {
+            workers,
+            engine: Engine::Real,
+            extra: Vec::new(),
+        }
+    }
+
+    /// Sets the simulated engine's pace.
+    pub fn step_ms(mut self, step_ms: u64) -> ClusterOptions {
+        self.engine = Engine::Simulated { step_ms };
+        self
+    }
+}
+
+/// A running cluster; everything stops when it is dropped.
+///
+/// Field order is drop order: workers and coordinator go before NATS, the directory
+/// holding configuration and logs last.
+pub struct Cluster {
+    /// The workers, `worker-0` …
+    pub workers: Vec<Process>,
+    /// The coordinator.
+    pub coordinator: Process,
+    /// The NATS server.
+    pub nats: Nats,
+    /// The coordinator's API.
+    pub api: Api,
+    /// The model name requests use.
+    pub model: String,
+    /// The generated `cluster.toml`.
+    pub config: PathBuf,
+    options: ClusterOptions,
+    dir: TempDir,
+}
+
+impl Cluster {
+    /// Starts a cluster and waits until it serves: `/health` is 200 with every worker
+    /// counted and `/v1/models` lists the model (with no workers: until `/health`
+    /// answers at all). `None`, after a printed note, when `nats-server` or (for real
+    /// workers) the model file is missing.
+    pub fn start(options: ClusterOptions) -> Option<Cluster> {
+        if options.engine == Engine::Real && !model_available() {
+            return None;
+        }
+        let nats = Nats::start()?;
+        let dir = tempfile::tempdir().expect("creating a temporary directory");
+        let mut last = String::new();
+        // The coordinator's port is picked free but may be taken before it binds: retry.
+        for attempt in 0..3 {
+            let port = free_port();
+            let config = dir.path().join(format!("cluster-{attempt}.toml"));
+            std::fs::write(&config, config_text(&options, &nats.url, port))
+                .expect("writing cluster.toml");
+            let mut coordinator = Process::spawn(
+                &format!("coordinator-{attempt}"),
+                command("baton-coordinator", None, &config),
+                dir.path(),
+            );
+            let api = Api::new(&format!("http://127.0.0.1:{port}"));
+            if !wait_listening(&mut coordinator, &api) {
+                // Exited early (a taken port, most likely).
+                last = coordinator.log();
+                continue;
+            }
+            let mut cluster = Cluster {
+                workers: Vec::new(),
+                coordinator,
+                nats,
+                api,
+                model: DEFAULT_MODEL_NAME.to_string(),
+                config,
+                options,
+                dir,
+            };
+            for _ in 0..cluster.options.workers {
+                cluster.add_worker();
+            }
+            cluster.wait_ready(cluster.options.workers);
+            return Some(cluster);
+        }
+        panic!("the coordinator did not start after 3 attempts; its last log:\n{last}");
+    }
+
+    /// Starts one more worker (not waiting for it to join); returns its index.
+    pub fn add_worker(&mut self) -> usize {
+        let index = self.workers.len();
+        let mut cmd = command("baton-worker", Some("serve"), &self.config);
+        if let Engine::Simulated { step_ms } = self.options.engine {
+            cmd.args(["--simulated", "--sim-step-ms", &step_ms.to_string()]);
+        }
+        let worker = Process::spawn(&format!("worker-{index}"), cmd, self.dir.path());
+        self.workers.push(worker);
+        index
+    }
+
+    /// Waits until `/health` reports at least `workers` live workers and `/v1/models`
+    /// lists the model; panics with every log after a minute.
+    pub fn wait_ready(&mut self, workers: usize) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            self.assert_alive();
+            if workers == 0 {
+                return;
+            }
+            let health = self.api.get("/health").ok();
+            let counted = health
+                .as_ref()
+                .filter(|r| r.status == 200)
+                .and_then(|r| r.body["workers"].as_u64())
+                .unwrap_or(0);
+            if counted >= workers as u64 && self.lists_model() {
+                return;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "the cluster was not ready after {START_TIMEOUT:?} (last /health: {:?})\n{}",
+                    health.map(|r| (r.status, r.body)),
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Whether `/v1/models` lists the model.
+    fn lists_model(&self) -> bool {
+        self.api.get("/v1/models").ok().is_some_and(|r| {
+            r.status == 200
+                && r.body["data"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|m| m["id"] == self.model.as_str())
+        })
+    }
+
+    /// Panics (with the logs) if the coordinator or a worker has exited.
+    pub fn assert_alive(&mut self) {
+        let mut dead = Vec::new();
+        if let Some(status) = self.coordinator.try_status() {
+            dead.push(format!("coordinator exited ({status})"));
+        }
+        for w in &mut self.workers {
+            if let Some(status) = w.try_status() {
+                dead.push(format!("{} exited ({status})", w.name));
+            }
+        }
+        assert!(dead.is_empty(), "{}\n{}", dead.join("; "), self.logs());
+    }
+
+    /// The worker id `baton-worker` logged at start ("worker ready worker=<id>").
+    pub fn worker_id(&self, index: usize) -> Option<String> {
+        self.workers[index]
+            .log()
+            .lines()
+            .find(|l| l.contains("worker ready"))
+            .and_then(|l| field(l, "worker"))
+    }
+
+    /// The tails of every process's log, for panic messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for p in std::iter::once(&self.coordinator)
+            .chain(&self.workers)
+            .chain(std::iter::once(&self.nats.process))
+        {
+            out.push_str(&format!(
+                "----- {} (pid {}) -----\n{}\n",
+                p.name,
+                p.pid(),
+                p.log_tail(6000)
+            ));
+        }
+        out
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("{}", self.logs());
+        }
+    }
+}
+
+/// The value of `key=value` in a plain (no colour) tracing line.
+pub fn field(line: &str, key: &str) -> Option<String> {
+    let pattern = format!("{key}=");
+    line.split_whitespace()
+        .find_map(|word| word.strip_prefix(pattern.as_str()))
+        .map(|v| v.trim_matches('"').to_string())
+}
+
+/// Whether the default model is installed; prints a note when it is not.
+pub fn model_available() -> bool {
+    let path = default_model_path();
+    if path.is_file() {
+        return true;
+    }
+    eprintln!(
+        "note: skipped: {} is missing (scripts/setup installs it)",
+        path.display()
+    );
+    false
+}
+
+/// Waits until the coordinator answers HTTP; false if it exited first.
+fn wait_listening(coordinator: &mut Process, api: &Api) -> bool {
+    let deadline = Instant::now() + START_TIMEOUT;
+    while Instant::now() < deadline {
+        if coordinator.try_status().is_some() {
+            return false;
+        }
+        if api.get("/health").is_ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!(
+        "the coordinator did not answer HTTP within {START_TIMEOUT:?}; its log:\n{}",
+        coordinator.log()
+    );
+}
+
+/// A binary's command (with its subcommand) and `--config`, plain logs at info level
+/// and none of the caller's `BATON_*` settings.
+fn command(binary: &str, subcommand: Option<&str>, config: &std::path::Path) -> Command {
+    let mut cmd = Command::new(bin(binary));
+    cmd.args(subcommand);
+    cmd.arg("--config").arg(config);
+    cmd.current_dir(workspace_root());
+    set_env(&mut cmd);
+    cmd
+}
+
+fn set_env(cmd: &mut Command) {
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("BATON_") && key != "BATON_BIN_DIR" {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.env("RUST_LOG", "info").env("NO_COLOR", "1");
+}
+
+/// The `cluster.toml` of a test cluster.
+fn config_text(options: &ClusterOptions, nats_url: &str, port: u16) -> String {
+    let mut sections = vec![
+        ("nats", format!("url = \"{nats_url}\"")),
+        ("coordinator", format!("listen = \"127.0.0.1:{port}\"")),
+        (
+            "worker",
+            format!(
+                "model = {:?}\nheartbeat_interval_ms = 200",
+                default_model_path().display().to_string()
+            ),
+        ),
+    ];
+    for (section, lines) in &options.extra {
+        match sections.iter_mut().find(|(s, _)| s == section) {
+            Some((_, text)) => {
+                text.push('\n');
+                text.push_str(lines);
+            }
+            None => sections.push((section, lines.clone())),
+        }
+    }
+    sections
+        .into_iter()
+        .map(|(s, t)| format!("[{s}]\n{t}\n"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}

@@ -1,0 +1,200 @@
+//! Child processes that die with their owner, and the `nats-server` they talk through.
+
+use std::{
+    fs::File,
+    net::{TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+
+use tempfile::TempDir;
+
+/// Where the workspace's binaries (`baton-worker`, `baton-coordinator`) are.
+///
+/// `BATON_BIN_DIR` wins when set. Otherwise they sit beside this test's own executable:
+/// cargo puts a test at `<target>/<profile>/deps/<test>-<hash>` and binaries at
+/// `<target>/<profile>/<name>`, so the parent of `deps` is the place, whatever
+/// `CARGO_TARGET_DIR` says. `cargo test --workspace` builds them with the tests; when
+/// only this package is selected (`-p baton-integration-tests`), build them first with
+/// `cargo build --release --workspace --bins`.
+pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("BATON_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    let exe = std::env::current_exe().expect("the test knows its own path");
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.pop();
+    }
+    dir
+}
+
+/// The path of one of the workspace's binaries; panics with a hint when it is missing.
+pub fn bin(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --release --workspace --bins` (or set BATON_BIN_DIR)",
+        path.display()
+    );
+    path
+}
+
+/// The `nats-server` executable: on `PATH`, or where Debian installs it.
+pub fn nats_server_path() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    on_path
+        .into_iter()
+        .chain(["/usr/sbin", "/usr/bin", "/usr/local/bin"].map(PathBuf::from))
+        .map(|dir| dir.join("nats-server"))
+        .find(|p| p.is_file())
+}
+
+/// A TCP port that was free a moment ago (bound on 127.0.0.1:0, then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("binding 127.0.0.1:0")
+}
+
+/// A child process, killed (`SIGKILL`) and reaped when dropped. Its stdout and stderr go
+/// to one log file, read back for assertions and diagnostics.
+pub struct Process {
+    /// Short name for messages ("worker-0").
+    pub name: String,
+    child: Child,
+    log: PathBuf,
+    /// Set once the process has been reaped.
+    status: Option<ExitStatus>,
+}
+
+impl Process {
+    /// Starts `cmd` with its output captured in `<log_dir>/<name>.log`.
+    pub fn spawn(name: &str, mut cmd: Command, log_dir: &Path) -> Process {
+        let log = log_dir.join(format!("{name}.log"));
+        let out = File::create(&log).expect("creating a log file");
+        let err = out.try_clone().expect("cloning a log file handle");
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}"));
+        Process {
+            name: name.to_string(),
+            child,
+            log,
+            status: None,
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything the process wrote so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The log's last `max` bytes (roughly), for panic messages.
+    pub fn log_tail(&self, max: usize) -> String {
+        let log = self.log();
+        let mut start = log.len().saturating_sub(max);
+        while !log.is_char_boundary(start) {
+            start += 1;
+        }
+        log[start..].to_string()
+    }
+
+    /// The exit status if the process has ended.
+    pub fn try_status(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().ok().flatten();
+        }
+        self.status
+    }
+
+    /// Sends `SIGTERM` (through `kill`, which every Unix has).
+    pub fn terminate(&self) {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -TERM {} ({}) failed", self.pid(), self.name);
+    }
+
+    /// Waits up to `timeout` for the process to end.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.try_status() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the process (`SIGKILL`) and reaps it.
+    pub fn kill(&mut self) {
+        if self.try_status().is_none() {
+            let _ = self.child.kill();
+            self.status = self.child.wait().ok();
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A private `nats-server` on a free port of 127.0.0.1, killed when dropped.
+pub struct Nats {
+    /// `nats://127.0.0.1:<port>`.
+    pub url: String,
+    /// The server process.
+    pub process: Process,
+    /// Holds the log (and nothing else): removed after the process is gone.
+    _dir: TempDir,
+}
+
+impl Nats {
+    /// Starts a server, or `None` (after printing why) when `nats-server` is not installed.
+    pub fn start() -> Option<Nats> {
+        let Some(exe) = nats_server_path() else {
+            eprintln!("note: skipped: nats-server is not installed (scripts/setup installs it)");
+            return None;
+        };
+        let dir = tempfile::tempdir().expect("creating a temporary directory");
+        let mut last_log = String::new();
+        // The free port may be taken between our check and the server's bind: retry.
+        for attempt in 0..5 {
+            let port = free_port();
+            let mut cmd = Command::new(&exe);
+            cmd.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
+            let mut process = Process::spawn(&format!("nats-{attempt}"), cmd, dir.path());
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline && process.try_status().is_none() {
+                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return Some(Nats {
+                        url: format!("nats://127.0.0.1:{port}"),
+                        process,
+                        _dir: dir,
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            process.kill();
+            last_log = process.log();
+        }
+        panic!("nats-server did not start after 5 attempts; its last log:\n{last_log}");
+    }
+}

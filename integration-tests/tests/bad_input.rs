@@ -1,0 +1,165 @@
+//! Bad requests get a clear 4xx (or 503) in OpenAI's error shape:
+//! `{"error": {"message", "type", "param", "code"}}`.
+
+use baton_integration_tests::{assert_error, Cluster, ClusterOptions, Reply};
+use serde_json::{json, Value};
+
+const CHAT: &str = "/v1/chat/completions";
+const COMPLETIONS: &str = "/v1/completions";
+
+/// A cluster with one simulated worker.
+fn cluster() -> Option<Cluster> {
+    Cluster::start(ClusterOptions::simulated(1))
+}
+
+fn chat(cluster: &Cluster, extra: Value) -> Reply {
+    let mut body = json!({
+        "model": cluster.model,
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 4,
+    });
+    merge(&mut body, extra);
+    cluster.api.post_json(CHAT, &body).expect("POST")
+}
+
+fn merge(body: &mut Value, extra: Value) {
+    if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
+        body.extend(extra);
+    }
+}
+
+#[test]
+fn a_good_request_is_answered() {
+    let Some(cluster) = cluster() else { return };
+    let reply = chat(&cluster, json!({}));
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.body["usage"]["completion_tokens"], 4);
+}
+
+#[test]
+fn malformed_json_is_400() {
+    let Some(cluster) = cluster() else { return };
+    let reply = cluster
+        .api
+        .post_raw(CHAT, "{\"model\": \"x\", \"messages\": [")
+        .expect("POST");
+    assert_error(&reply, 400);
+}
+
+#[test]
+fn missing_messages_is_400() {
+    let Some(cluster) = cluster() else { return };
+    let body = json!({"model": cluster.model, "max_tokens": 4});
+    assert_error(&cluster.api.post_json(CHAT, &body).expect("POST"), 400);
+}
+
+#[test]
+fn missing_prompt_is_400() {
+    let Some(cluster) = cluster() else { return };
+    let body = json!({"model": cluster.model, "max_tokens": 4});
+    assert_error(
+        &cluster.api.post_json(COMPLETIONS, &body).expect("POST"),
+        400,
+    );
+}
+
+#[test]
+fn missing_model_is_400() {
+    let Some(cluster) = cluster() else { return };
+    let body = json!({"prompt": "hello", "max_tokens": 4});
+    assert_error(
+        &cluster.api.post_json(COMPLETIONS, &body).expect("POST"),
+        400,
+    );
+}
+
+#[test]
+fn unknown_model_is_404() {
+    let Some(cluster) = cluster() else { return };
+    let error = assert_error(&chat(&cluster, json!({"model": "no-such-model"})), 404);
+    assert_eq!(error["code"], "model_not_found", "{error}");
+}
+
+#[test]
+fn max_tokens_of_zero_or_less_is_400() {
+    let Some(cluster) = cluster() else { return };
+    for n in [0, -1] {
+        assert_error(&chat(&cluster, json!({ "max_tokens": n })), 400);
+    }
+}
+
+#[test]
+fn max_tokens_over_the_limit_is_400() {
+    let Some(cluster) = cluster() else { return };
+    // cluster.toml's coordinator.max_tokens_limit defaults to 4096.
+    assert_error(&chat(&cluster, json!({"max_tokens": 4097})), 400);
+}
+
+#[test]
+fn negative_temperature_is_400() {
+    let Some(cluster) = cluster() else { return };
+    assert_error(&chat(&cluster, json!({"temperature": -0.5})), 400);
+}
+
+#[test]
+fn prompt_over_the_context_is_400() {
+    let Some(cluster) = cluster() else { return };
+    // The simulated engine counts a word as a token and holds 8192.
+    let prompt = "word ".repeat(9000);
+    let body = json!({"model": cluster.model, "prompt": prompt, "max_tokens": 4});
+    let reply = cluster.api.post_json(COMPLETIONS, &body).expect("POST");
+    let error = assert_error(&reply, 400);
+    assert_eq!(error["code"], "context_length_exceeded", "{error}");
+}
+
+#[test]
+fn a_body_over_the_limit_is_413() {
+    let mut options = ClusterOptions::simulated(1);
+    options
+        .extra
+        .push(("coordinator", "max_body_bytes = 4096".to_string()));
+    let Some(cluster) = Cluster::start(options) else {
+        return;
+    };
+    let body = json!({"model": cluster.model, "prompt": "x".repeat(8192), "max_tokens": 4});
+    assert_error(
+        &cluster.api.post_json(COMPLETIONS, &body).expect("POST"),
+        413,
+    );
+}
+
+#[test]
+fn no_live_worker_is_503() {
+    let Some(cluster) = Cluster::start(ClusterOptions::simulated(0)) else {
+        return;
+    };
+    assert_eq!(cluster.api.get("/health").expect("GET").status, 503);
+    assert_error(&chat(&cluster, json!({})), 503);
+    let body = json!({"model": cluster.model, "prompt": "hi", "max_tokens": 4, "stream": true});
+    assert_error(
+        &cluster.api.post_json(COMPLETIONS, &body).expect("POST"),
+        503,
+    );
+}
+
+#[test]
+fn a_dead_worker_leaves_503() {
+    let mut options = ClusterOptions::simulated(1);
+    options
+        .extra
+        .push(("coordinator", "worker_timeout_ms = 600".to_string()));
+    let Some(mut cluster) = Cluster::start(options) else {
+        return;
+    };
+    cluster.workers[0].kill();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while cluster.api.get("/health").expect("GET").status != 503 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/health still 200 after the only worker was killed\n{}",
+            cluster.logs()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_error(&chat(&cluster, json!({})), 503);
+}

@@ -1,0 +1,101 @@
+//! The official `openai` Python client against a cluster running the real model: chat
+//! and text completions, streamed and not, must give the same greedy text as
+//! `baton-worker generate` for the same request.
+
+use std::process::Command;
+
+use baton_integration_tests::{generate, workspace_root, Cluster, ClusterOptions};
+use serde_json::Value;
+
+const PROMPT: &str = "Tell me a short story about a robot.";
+const MAX_TOKENS: u32 = 24;
+
+/// Whether `python3` can import `openai`; prints a note when it cannot.
+fn openai_available() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("note: skipped: python3 cannot import openai (scripts/setup installs it)");
+    }
+    ok
+}
+
+#[test]
+fn openai_client_gets_the_reference_greedy_text() {
+    if !openai_available() {
+        return;
+    }
+    let Some(cluster) = Cluster::start(ClusterOptions::real(1)) else {
+        return;
+    };
+    let script = workspace_root().join("integration-tests/python/openai_client.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .args([&cluster.api.base, &cluster.model, PROMPT])
+        .arg(MAX_TOKENS.to_string())
+        .output()
+        .expect("running python3");
+    assert!(
+        out.status.success(),
+        "{} failed ({}):\n{}",
+        script.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let results: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "the script printed no JSON ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+
+    let chat_reference = generate(PROMPT, true, MAX_TOKENS);
+    let text_reference = generate(PROMPT, false, MAX_TOKENS);
+    assert!(!chat_reference.is_empty() && !text_reference.is_empty());
+
+    for (key, reference) in [
+        ("chat", &chat_reference),
+        ("chat_stream", &chat_reference),
+        ("completion", &text_reference),
+        ("completion_stream", &text_reference),
+    ] {
+        let r = &results[key];
+        assert_eq!(
+            r["text"].as_str(),
+            Some(reference.as_str()),
+            "{key}: the cluster's greedy text differs from baton-worker generate"
+        );
+        let reason = r["finish_reason"].as_str().unwrap_or_default();
+        assert!(
+            ["length", "stop"].contains(&reason),
+            "{key}: finish_reason {reason:?}"
+        );
+    }
+    assert_eq!(results["chat"]["object"], "chat.completion");
+    assert_eq!(results["chat"]["role"], "assistant");
+    assert_eq!(results["completion"]["object"], "text_completion");
+    for key in ["chat", "completion"] {
+        let usage = &results[key]["usage"];
+        let prompt = usage["prompt_tokens"].as_u64().unwrap_or(0);
+        let completion = usage["completion_tokens"].as_u64().unwrap_or(0);
+        assert!(prompt > 0, "{key}: usage {usage}");
+        assert!(
+            (1..=u64::from(MAX_TOKENS)).contains(&completion),
+            "{key}: usage {usage}"
+        );
+        assert_eq!(usage["total_tokens"].as_u64(), Some(prompt + completion));
+    }
+    assert!(
+        results["models"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|id| id == cluster.model.as_str())),
+        "models: {}",
+        results["models"]
+    );
+    assert_eq!(
+        results["unknown_model"],
+        serde_json::json!({"status": 404, "code": "model_not_found"})
+    );
+}
