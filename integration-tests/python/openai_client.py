@@ -1,10 +1,11 @@
 """Drives a Baton coordinator with the official `openai` client.
 
-Usage: openai_client.py BASE_URL MODEL PROMPT MAX_TOKENS
+Usage: openai_client.py BASE_URL MODEL CHAT_PROMPT TEXT_PROMPT MAX_TOKENS
 
-Makes four greedy requests (chat and text completions, each streamed and not) and
-prints one JSON object: for each, the text, the finish reason and, when not streamed,
-the usage.
+Makes four greedy requests (chat completions for CHAT_PROMPT as one user message, text
+completions for TEXT_PROMPT; each streamed and not), lists the models, asks for an
+unknown model, and prints one JSON object: for each request the text, the finish reason
+and, when not streamed, the usage.
 """
 
 import json
@@ -14,10 +15,10 @@ import openai
 
 
 def main() -> None:
-    base_url, model, prompt, max_tokens = sys.argv[1:]
+    base_url, model, chat_prompt, prompt, max_tokens = sys.argv[1:]
     client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
     max_tokens = int(max_tokens)
-    messages = [{"role": "user", "content": prompt}]
+    messages = [{"role": "user", "content": chat_prompt}]
     out = {}
 
     chat = client.chat.completions.create(

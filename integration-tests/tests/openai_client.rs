@@ -7,7 +7,10 @@ use std::process::Command;
 use baton_integration_tests::{generate, workspace_root, Cluster, ClusterOptions};
 use serde_json::Value;
 
-const PROMPT: &str = "Tell me a short story about a robot.";
+/// The user message of the chat requests.
+const CHAT_PROMPT: &str = "Tell me a short story about a robot.";
+/// The prompt of the text completions (one the model continues rather than ends).
+const TEXT_PROMPT: &str = "Once upon a time, there was a little robot who";
 const MAX_TOKENS: u32 = 24;
 
 /// Whether `python3` can import `openai`; prints a note when it cannot.
@@ -33,7 +36,7 @@ fn openai_client_gets_the_reference_greedy_text() {
     let script = workspace_root().join("integration-tests/python/openai_client.py");
     let out = Command::new("python3")
         .arg(&script)
-        .args([&cluster.api.base, &cluster.model, PROMPT])
+        .args([&cluster.api.base, &cluster.model, CHAT_PROMPT, TEXT_PROMPT])
         .arg(MAX_TOKENS.to_string())
         .output()
         .expect("running python3");
@@ -51,8 +54,8 @@ fn openai_client_gets_the_reference_greedy_text() {
         )
     });
 
-    let chat_reference = generate(PROMPT, true, MAX_TOKENS);
-    let text_reference = generate(PROMPT, false, MAX_TOKENS);
+    let chat_reference = generate(CHAT_PROMPT, true, MAX_TOKENS);
+    let text_reference = generate(TEXT_PROMPT, false, MAX_TOKENS);
     assert!(!chat_reference.is_empty() && !text_reference.is_empty());
 
     for (key, reference) in [

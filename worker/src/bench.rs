@@ -112,3 +112,150 @@ pub fn run<B: Backend>(args: &BenchArgs, device: &B::Device) -> anyhow::Result<(
     }
     Ok(())
 }
+
+/// Arguments of `bench-serve`: the engine thread driven in-process, as the cluster
+/// drives it, for comparison with the same load sent through the coordinator.
+#[derive(Debug, Args)]
+pub struct ServeBenchArgs {
+    /// GGUF model file.
+    #[arg(long, env = baton_common::env::MODEL, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    pub model: PathBuf,
+    /// Weight format.
+    #[arg(long, default_value = "native")]
+    pub dtype: WeightDtype,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Requests in all.
+    #[arg(long, default_value_t = 16)]
+    pub requests: usize,
+    /// Tokens per request.
+    #[arg(long, default_value_t = 32)]
+    pub max_tokens: u32,
+    /// Most sequences the engine runs at once.
+    #[arg(long, default_value_t = 16)]
+    pub max_running: usize,
+}
+
+/// The prompt of request `i` of a serving benchmark (also used by
+/// `scripts/bench-serving`, which must send the same load).
+pub fn serving_prompt(i: usize) -> String {
+    format!("Request {i}: write a short story about a lighthouse keeper and the sea.")
+}
+
+/// Percentile (0–100) of sorted values.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p / 100.0 * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// Runs `bench-serve` and prints `inproc …` lines.
+pub fn run_serve(args: &ServeBenchArgs) -> anyhow::Result<()> {
+    use crate::serve::{
+        real::RealEngine,
+        scheduler::{self, Command, Limits, Load},
+    };
+    use baton_common::{
+        ids::{CoordinatorId, StreamId},
+        protocol::{EventKind, GenParams, PromptSpec, SeqRequest},
+    };
+    use std::{collections::HashMap, sync::Arc};
+
+    let engine =
+        Engine::<crate::backend::CpuBackend>::load(&args.model, args.dtype, &Default::default())?;
+    let name = "bench".to_string();
+    let (cmd_tx, cmd_rx) = std::sync::mpsc::channel();
+    let (out_tx, mut out_rx) = tokio::sync::mpsc::unbounded_channel();
+    let limits = Limits {
+        max_running: args.max_running,
+        max_queued: args.requests,
+        kv_budget: u64::MAX,
+    };
+    let load = Arc::new(Load::default());
+    let real = RealEngine::new(engine, name.clone());
+    let thread = std::thread::spawn(move || scheduler::run(real, limits, cmd_rx, out_tx, load));
+    let coordinator = CoordinatorId::random();
+    let submit = |i: usize| -> anyhow::Result<StreamId> {
+        let stream = StreamId::random();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        cmd_tx.send(Command::Submit {
+            coordinator,
+            sequences: vec![SeqRequest {
+                stream,
+                model: name.clone(),
+                prompt: PromptSpec::Chat(vec![baton_common::protocol::ChatTurn {
+                    role: "user".into(),
+                    content: serving_prompt(i),
+                }]),
+                params: GenParams {
+                    max_tokens: args.max_tokens,
+                    temperature: 0.0,
+                    top_p: 1.0,
+                    top_k: 0,
+                    repetition_penalty: 1.0,
+                    seed: 0,
+                    stop: vec![],
+                    ignore_eos: true,
+                },
+            }],
+            reply: tx,
+        })?;
+        let _ = rx.blocking_recv()?;
+        Ok(stream)
+    };
+    let start = Instant::now();
+    let mut sent_at: HashMap<StreamId, Instant> = HashMap::new();
+    let mut ttft = Vec::new();
+    let mut tokens = 0usize;
+    let mut next = 0;
+    let mut done = 0;
+    while next < args.concurrency.min(args.requests) {
+        let t = Instant::now();
+        sent_at.insert(submit(next)?, t);
+        next += 1;
+    }
+    while done < args.requests {
+        let Some(outbox) = out_rx.blocking_recv() else {
+            anyhow::bail!("engine thread ended early");
+        };
+        for (_, events) in outbox {
+            for ev in events {
+                match ev.kind {
+                    EventKind::Token(t) => {
+                        tokens += 1;
+                        if t.index == 0 {
+                            if let Some(at) = sent_at.get(&ev.stream) {
+                                ttft.push(at.elapsed().as_secs_f64() * 1e3);
+                            }
+                        }
+                    }
+                    EventKind::Finished(_) | EventKind::Failed(_) => {
+                        done += 1;
+                        if next < args.requests {
+                            let t = Instant::now();
+                            sent_at.insert(submit(next)?, t);
+                            next += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let wall = start.elapsed().as_secs_f64();
+    drop(cmd_tx);
+    let _ = thread.join();
+    ttft.sort_by(f64::total_cmp);
+    println!(
+        "inproc concurrency={} requests={} tokens={} tok_s={:.1} ttft_p50_ms={:.1} ttft_p99_ms={:.1}",
+        args.concurrency,
+        args.requests,
+        tokens,
+        tokens as f64 / wall,
+        percentile(&ttft, 50.0),
+        percentile(&ttft, 99.0)
+    );
+    Ok(())
+}

@@ -28,6 +28,8 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Measure prefill and decode speed and peak memory.
     Bench(crate::bench::BenchArgs),
+    /// Drive the engine thread in-process at a given load (serving benchmark).
+    BenchServe(crate::bench::ServeBenchArgs),
     /// Join a cluster over NATS and serve the model.
     Serve(crate::serve::ServeArgs),
 }
@@ -98,6 +100,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         },
         Command::Bench(args) => crate::bench::run::<CpuBackend>(&args, &Default::default()),
         Command::Serve(args) => crate::serve::run(args),
+        Command::BenchServe(args) => crate::bench::run_serve(&args),
     }
 }
 

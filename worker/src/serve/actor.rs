@@ -151,6 +151,7 @@ impl Handler<IsIdle> for Worker {
     type Result = bool;
 
     fn handle(&mut self, _: IsIdle, _: &mut Self::Context) -> bool {
-        self.load.running.load(Ordering::Relaxed) == 0 && self.load.queued.load(Ordering::Relaxed) == 0
+        self.load.running.load(Ordering::Relaxed) == 0
+            && self.load.queued.load(Ordering::Relaxed) == 0
     }
 }

@@ -151,7 +151,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         match backend {
             BackendKind::Cpu => spawn_engine(
                 move || {
-                    let engine = Engine::<CpuBackend>::load(&model_path, weights, &Default::default())?;
+                    let engine =
+                        Engine::<CpuBackend>::load(&model_path, weights, &Default::default())?;
                     Ok(real::RealEngine::new(engine, name))
                 },
                 limits,

@@ -1,15 +1,15 @@
 //! [`SeqEngine`] over the burn engine: the real model.
 
 use baton_common::protocol::{
-    ErrorKind, EventKind, Finished, FinishReason as WireFinish, GenParams, ModelInfo, PromptSpec,
+    ErrorKind, EventKind, FinishReason as WireFinish, Finished, GenParams, ModelInfo, PromptSpec,
     SeqRequest, TokenEvent, WireError,
 };
 use burn_tensor::backend::Backend;
 
 use super::scheduler::SeqEngine;
 use crate::engine::{
-    chat::ChatMessage, sampler::SamplingParams, Engine, EngineError, FinishReason,
-    GenerateParams, Prompt, Sequence,
+    chat::ChatMessage, sampler::SamplingParams, Engine, EngineError, FinishReason, GenerateParams,
+    Prompt, Sequence,
 };
 
 /// The burn engine serving one model under a public name.

@@ -16,8 +16,8 @@ use std::{
 use baton_common::{
     ids::{CoordinatorId, StreamId},
     protocol::{
-        Accepted, ErrorKind, EventKind, ModelInfo, Refused, SeqRequest, StreamEvent,
-        SubmitOutcome, WireError,
+        Accepted, ErrorKind, EventKind, ModelInfo, Refused, SeqRequest, StreamEvent, SubmitOutcome,
+        WireError,
     },
 };
 
@@ -115,7 +115,10 @@ pub fn run<E: SeqEngine>(
             None
         };
         let mut cancelled: Vec<(CoordinatorId, StreamId)> = Vec::new();
-        for cmd in first.into_iter().chain(std::iter::from_fn(|| commands.try_recv().ok())) {
+        for cmd in first
+            .into_iter()
+            .chain(std::iter::from_fn(|| commands.try_recv().ok()))
+        {
             match cmd {
                 Command::Submit {
                     coordinator,
@@ -135,7 +138,10 @@ pub fn run<E: SeqEngine>(
                                 return refuse(ErrorKind::Draining, "worker is draining".into());
                             }
                             if queue.len() >= limits.max_queued {
-                                return refuse(ErrorKind::Overloaded, "worker queue is full".into());
+                                return refuse(
+                                    ErrorKind::Overloaded,
+                                    "worker queue is full".into(),
+                                );
                             }
                             match engine.start(req) {
                                 Ok((seq, prompt_tokens)) => {
@@ -179,8 +185,7 @@ pub fn run<E: SeqEngine>(
         }
         // Admit waiting sequences while there is room.
         let mut kv: u64 = running.iter().map(|s| engine.kv_bytes(&s.seq)).sum();
-        while running.len() < limits.max_running && (kv < limits.kv_budget || running.is_empty())
-        {
+        while running.len() < limits.max_running && (kv < limits.kv_budget || running.is_empty()) {
             match queue.pop_front() {
                 Some(slot) => {
                     kv += engine.kv_bytes(&slot.seq);
@@ -214,10 +219,13 @@ pub fn run<E: SeqEngine>(
                                 }
                                 EventKind::Finished(_) | EventKind::Failed(_) => done.push(i),
                             }
-                            outbox.entry(slot.coordinator).or_default().push(StreamEvent {
-                                stream: slot.stream,
-                                kind,
-                            });
+                            outbox
+                                .entry(slot.coordinator)
+                                .or_default()
+                                .push(StreamEvent {
+                                    stream: slot.stream,
+                                    kind,
+                                });
                         }
                     }
                     done.sort_unstable();
@@ -229,10 +237,13 @@ pub fn run<E: SeqEngine>(
                 Err(error) => {
                     tracing::error!(%error.message, "engine step failed; failing the batch");
                     for slot in running.drain(..) {
-                        outbox.entry(slot.coordinator).or_default().push(StreamEvent {
-                            stream: slot.stream,
-                            kind: EventKind::Failed(error.clone()),
-                        });
+                        outbox
+                            .entry(slot.coordinator)
+                            .or_default()
+                            .push(StreamEvent {
+                                stream: slot.stream,
+                                kind: EventKind::Failed(error.clone()),
+                            });
                     }
                 }
             }

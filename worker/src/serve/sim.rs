@@ -4,14 +4,16 @@
 use std::time::Duration;
 
 use baton_common::protocol::{
-    ErrorKind, EventKind, Finished, FinishReason, ModelInfo, PromptSpec, SeqRequest, TokenEvent,
+    ErrorKind, EventKind, FinishReason, Finished, ModelInfo, PromptSpec, SeqRequest, TokenEvent,
     WireError,
 };
 
 use super::scheduler::SeqEngine;
 
 /// Words the simulated tokens spell.
-const WORDS: [&str; 8] = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"];
+const WORDS: [&str; 8] = [
+    "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
+];
 
 /// Deterministic fake generation.
 pub struct SimEngine {
@@ -43,7 +45,10 @@ impl SimEngine {
 fn prompt_seed(p: &PromptSpec) -> (u64, u32) {
     let text = match p {
         PromptSpec::Text(t) => t.clone(),
-        PromptSpec::Chat(turns) => turns.iter().map(|t| format!("{}:{}", t.role, t.content)).collect(),
+        PromptSpec::Chat(turns) => turns
+            .iter()
+            .map(|t| format!("{}:{}", t.role, t.content))
+            .collect(),
         PromptSpec::Tokens(ids) => format!("{ids:?}"),
     };
     let words = text.split_whitespace().count().max(1) as u32;
@@ -95,7 +100,8 @@ impl SeqEngine for SimEngine {
             .iter_mut()
             .map(|s| {
                 let index = s.generated;
-                let id = (xxhash_rust::xxh3::xxh3_64_with_seed(&index.to_le_bytes(), s.seed) % 8) as u32;
+                let id =
+                    (xxhash_rust::xxh3::xxh3_64_with_seed(&index.to_le_bytes(), s.seed) % 8) as u32;
                 s.generated += 1;
                 let mut out = vec![EventKind::Token(TokenEvent {
                     index,

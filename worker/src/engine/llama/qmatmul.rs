@@ -233,7 +233,7 @@ impl QMatrix {
 
     /// Rows of input from which [`QMatrix::matmul`] dequantizes tiles of weights and
     /// runs a dense product instead of block dot products per pair of rows.
-    const DENSE_FROM: usize = 4;
+    const DENSE_FROM: usize = 16;
 
     /// Weight rows dequantized per dense tile.
     const TILE: usize = 64;
