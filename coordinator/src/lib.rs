@@ -66,7 +66,9 @@ pub struct Running {
     pub addrs: Vec<SocketAddr>,
     /// Wire error counters.
     pub counters: Arc<Counters>,
-    /// The HTTP server; await it to run until shutdown.
+    /// Stops the HTTP server.
+    pub handle: actix_web::dev::ServerHandle,
+    /// The HTTP server: it serves only while awaited (or spawned), until shutdown.
     pub server: actix_web::dev::Server,
 }
 
@@ -109,11 +111,13 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
     })?;
     let addrs = server.addrs();
     let server = server.run();
+    let handle = server.handle();
     info!(coordinator = %id, ?addrs, "coordinator listening");
     Ok(Running {
         id,
         addrs,
         counters: nats.counters().clone(),
+        handle,
         server,
     })
 }

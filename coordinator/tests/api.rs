@@ -5,17 +5,27 @@ mod support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use baton_common::config::ClusterConfig;
+use baton_common::ids::CoordinatorId;
 use baton_common::subjects::Subjects;
+use baton_coordinator::nats::Counters;
 use baton_coordinator::Running;
 use serde_json::{json, Value};
 use support::{eventually, open_stream, request, sse_events, FakeWorker, NatsServer, MODEL};
 
 const MAX_BODY: usize = 4096;
 
-async fn coordinator(nats: &NatsServer, prefix: &str) -> (Running, SocketAddr) {
+struct Started {
+    id: CoordinatorId,
+    counters: Arc<Counters>,
+    handle: actix_web::dev::ServerHandle,
+}
+
+/// A coordinator (its server spawned on this test's system) and its address.
+async fn coordinator(nats: &NatsServer, prefix: &str) -> (Started, SocketAddr) {
     let mut cluster = ClusterConfig::default();
     cluster.nats.url = nats.url.clone();
     cluster.nats.subject_prefix = prefix.into();
@@ -26,7 +36,22 @@ async fn coordinator(nats: &NatsServer, prefix: &str) -> (Running, SocketAddr) {
         .await
         .expect("coordinator starts");
     let addr = running.addrs[0];
-    (running, addr)
+    let Running {
+        id,
+        counters,
+        handle,
+        server,
+        ..
+    } = running;
+    actix_rt::spawn(server);
+    (
+        Started {
+            id,
+            counters,
+            handle,
+        },
+        addr,
+    )
 }
 
 async fn post(addr: SocketAddr, path: &str, body: Value) -> support::Response {
@@ -259,7 +284,7 @@ async fn the_openai_api_end_to_end() {
     .await;
     assert_eq!(r.status, 200);
 
-    running.server.handle().stop(false).await;
+    running.handle.stop(false).await;
 }
 
 #[actix_web::test]
@@ -299,7 +324,7 @@ async fn requests_spread_over_workers_and_disconnects_cancel() {
         "cancels sent"
     );
 
-    running.server.handle().stop(false).await;
+    running.handle.stop(false).await;
 }
 
 #[actix_web::test]
@@ -333,5 +358,5 @@ async fn silent_workers_leave_the_registry() {
         (r.status, r.json()["error"]["code"].clone()),
         (503, json!("no_live_workers"))
     );
-    running.server.handle().stop(false).await;
+    running.handle.stop(false).await;
 }

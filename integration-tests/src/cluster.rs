@@ -214,7 +214,7 @@ impl Cluster {
         assert!(dead.is_empty(), "{}\n{}", dead.join("; "), self.logs());
     }
 
-    /// The worker id `baton-worker` logged at start ("worker ready worker=<id>").
+    /// The worker id `baton-worker` logged at start (`worker ready worker=<id>`).
     pub fn worker_id(&self, index: usize) -> Option<String> {
         self.workers[index]
             .log()

@@ -5,7 +5,7 @@ use std::{
     net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use tempfile::TempDir;
@@ -30,15 +30,65 @@ pub fn bin_dir() -> PathBuf {
     dir
 }
 
-/// The path of one of the workspace's binaries; panics with a hint when it is missing.
+/// The path of one of the workspace's binaries; panics with a hint when it is missing,
+/// or older than a source file of the crates it is built from (cargo builds a package's
+/// binaries for `cargo test` only when that package has integration tests of its own,
+/// and never for `-p baton-integration-tests` alone). With `BATON_BIN_DIR` set, the
+/// binaries there are taken as they are.
 pub fn bin(name: &str) -> PathBuf {
     let path = bin_dir().join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo build --release --workspace --bins` (or set BATON_BIN_DIR)",
-        path.display()
-    );
+    let hint = "run `cargo build --release --workspace --bins` (or set BATON_BIN_DIR)";
+    let built = std::fs::metadata(&path)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| panic!("{} is missing: {hint}", path.display()));
+    if std::env::var_os("BATON_BIN_DIR").is_none() {
+        let root = crate::workspace_root();
+        // The workspace crates each binary is built from.
+        let crates: &[&str] = match name {
+            "baton-worker" => &["common", "worker"],
+            "baton-coordinator" => &["common", "coordinator"],
+            _ => &["common", "worker", "coordinator"],
+        };
+        let newest = crates
+            .iter()
+            .filter_map(|krate| newest_file(&root.join(krate)))
+            .max();
+        if let Some((changed, file)) = newest {
+            assert!(
+                changed <= built,
+                "{} is older than {}: {hint}",
+                path.display(),
+                file.display()
+            );
+        }
+    }
     path
+}
+
+/// The most recently modified file among a crate's `Cargo.toml`, `build.rs` and `src/`.
+fn newest_file(krate: &Path) -> Option<(SystemTime, PathBuf)> {
+    let mut newest: Option<(SystemTime, PathBuf)> = None;
+    let mut pending = vec![krate.join("src")];
+    let mut consider = |path: PathBuf| {
+        if let Ok(modified) = std::fs::metadata(&path).and_then(|m| m.modified()) {
+            if newest.as_ref().is_none_or(|(t, _)| modified > *t) {
+                newest = Some((modified, path));
+            }
+        }
+    };
+    consider(krate.join("Cargo.toml"));
+    consider(krate.join("build.rs"));
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                consider(path);
+            }
+        }
+    }
+    newest
 }
 
 /// The `nats-server` executable: on `PATH`, or where Debian installs it.

@@ -72,6 +72,7 @@ fn concurrent_streams_are_spread_over_two_workers() {
             .unwrap_or_else(|| panic!("stream {stream} went to unknown worker {worker}"));
         counts[index] += 1;
     }
+    eprintln!("streams per worker: {counts:?}");
     assert_eq!(counts.iter().sum::<usize>(), STREAMS);
     assert!(
         counts.iter().all(|&c| c > 0),

@@ -21,8 +21,8 @@ pub struct BenchArgs {
     /// GGUF model file.
     #[arg(long, env = baton_common::env::MODEL, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
     pub model: PathBuf,
-    /// Weight dtype kept in memory: f32 or f16.
-    #[arg(long, default_value = "f32")]
+    /// Weight format kept in memory: native, f16 or f32.
+    #[arg(long, default_value = "native")]
     pub dtype: WeightDtype,
     /// Prompt length of the prefill test.
     #[arg(long, default_value_t = 128)]

@@ -70,8 +70,8 @@ pub struct GenerateArgs {
     /// Stop strings (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
-    /// Weight dtype kept in memory: f32 or f16.
-    #[arg(long, default_value = "f32")]
+    /// Weight format kept in memory: native (the file's blocks, CPU), f16 or f32.
+    #[arg(long, default_value = "native")]
     pub dtype: WeightDtype,
     /// Backend: cpu or cuda.
     #[arg(long, env = baton_common::env::BACKEND, default_value = "cpu")]

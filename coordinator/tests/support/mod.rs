@@ -20,6 +20,16 @@ use futures::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// Logs to the test output when `RUST_LOG` is set.
+pub fn init_logs() {
+    if std::env::var("RUST_LOG").is_ok() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+}
+
 /// A `nats-server` process, killed on drop.
 pub struct NatsServer {
     child: Child,
@@ -29,6 +39,7 @@ pub struct NatsServer {
 impl NatsServer {
     /// Starts one on a free port, or `None` when `nats-server` is not installed.
     pub fn start() -> Option<Self> {
+        init_logs();
         let port = TcpListener::bind("127.0.0.1:0")
             .ok()?
             .local_addr()

@@ -71,6 +71,9 @@ pub struct ServeArgs {
     pub sim_step_ms: u64,
 }
 
+/// Longest a draining worker waits for its accepted work to finish.
+const DRAIN_LIMIT: Duration = Duration::from_secs(300);
+
 /// Starts the engine thread; returns the model it serves once it is loaded.
 fn spawn_engine<E, F>(
     make: F,
@@ -264,8 +267,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 
         shutdown_signal().await;
         worker.do_send(Drain);
-        let _ = publisher.await;
-        client.flush().await.ok();
+        // Finish what was accepted; bounded, so a worker whose NATS is gone still leaves.
+        if tokio::time::timeout(DRAIN_LIMIT, publisher).await.is_err() {
+            tracing::warn!(worker = %id, "drain did not finish in time; leaving anyway");
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(2), client.flush()).await;
         tracing::info!(worker = %id, "drained; leaving");
         actix_rt::System::current().stop();
         anyhow::Ok(())

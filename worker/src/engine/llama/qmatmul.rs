@@ -320,7 +320,29 @@ impl QMatrix {
                     let r = first + i;
                     let scales = &self.scales[r * bpr..(r + 1) * bpr];
                     let qs = &self.qs[r * bpr * qpb..(r + 1) * bpr * qpb];
-                    for (j, y) in o.iter_mut().enumerate() {
+                    let mins = if self.kind == QKind::Nibble {
+                        &self.mins[r * bpr..(r + 1) * bpr]
+                    } else {
+                        &[][..]
+                    };
+                    // Four input rows at a time: each block is expanded once for all four.
+                    let mut j0 = 0;
+                    while avx2 && j0 + 4 <= n {
+                        let xs: [&[f32]; 4] = std::array::from_fn(|k| {
+                            &x[(j0 + k) * self.cols..(j0 + k + 1) * self.cols]
+                        });
+                        let sums: [&[f32]; 4] = std::array::from_fn(|k| {
+                            if xsum.is_empty() {
+                                &[][..]
+                            } else {
+                                &xsum[(j0 + k) * bpr..(j0 + k + 1) * bpr]
+                            }
+                        });
+                        o[j0..j0 + 4]
+                            .copy_from_slice(&simd::dot4(self.kind, qs, scales, mins, xs, sums));
+                        j0 += 4;
+                    }
+                    for (j, y) in o.iter_mut().enumerate().skip(j0) {
                         let xr = &x[j * self.cols..(j + 1) * self.cols];
                         *y = match self.kind {
                             QKind::Byte => simd::dot_byte(avx2, qs, scales, xr),
@@ -361,6 +383,38 @@ mod simd {
         #[cfg(not(target_arch = "x86_64"))]
         {
             false
+        }
+    }
+
+    /// Four rows of input against one weight row at once (AVX2 only: the caller checks
+    /// [`available`]). `mins` and `sums` are empty for 8-bit blocks.
+    pub fn dot4(
+        kind: super::QKind,
+        qs: &[u8],
+        scales: &[f32],
+        mins: &[f32],
+        xs: [&[f32]; 4],
+        sums: [&[f32]; 4],
+    ) -> [f32; 4] {
+        let n = scales.len();
+        let nibble = kind == super::QKind::Nibble;
+        let q_ok = qs.len() == if nibble { 16 * n } else { 32 * n };
+        let side_ok = !nibble || (mins.len() == n && sums.iter().all(|s| s.len() == n));
+        assert!(
+            q_ok && side_ok && xs.iter().all(|x| x.len() == 32 * n),
+            "block slices disagree"
+        );
+        #[cfg(target_arch = "x86_64")]
+        {
+            assert!(available(), "dot4 needs AVX2 and FMA");
+            // SAFETY: AVX2/FMA checked just above; every slice length matches the block
+            // count, so each block's reads stay in bounds.
+            unsafe { x86::dot4(nibble, qs, scales, mins, xs, sums) }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (mins, sums, nibble);
+            unreachable!("dot4 is only called when AVX2 is available")
         }
     }
 
@@ -433,6 +487,93 @@ mod simd {
             let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
             let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
             _mm_cvtss_f32(s)
+        }
+
+        /// Expands block `b` to four vectors of eight values, already scaled by `d`.
+        ///
+        /// # Safety
+        /// Needs AVX2 and FMA; block `b` must be inside `qs`.
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn expand(nibble: bool, qs: &[u8], b: usize, d: f32) -> [__m256; 4] {
+            let d = _mm256_set1_ps(d);
+            // SAFETY: the caller guarantees block `b` is in bounds.
+            unsafe {
+                if nibble {
+                    let q = _mm_loadu_si128(qs.as_ptr().add(b * 16) as *const __m128i);
+                    let mask = _mm_set1_epi8(0x0F);
+                    let lo = _mm_and_si128(q, mask);
+                    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+                    [
+                        _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo))),
+                        _mm256_mul_ps(
+                            d,
+                            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))),
+                        ),
+                        _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi))),
+                        _mm256_mul_ps(
+                            d,
+                            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))),
+                        ),
+                    ]
+                } else {
+                    let q = qs.as_ptr().add(b * 32);
+                    let q01 = _mm_loadu_si128(q as *const __m128i);
+                    let q23 = _mm_loadu_si128(q.add(16) as *const __m128i);
+                    [
+                        _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q01))),
+                        _mm256_mul_ps(
+                            d,
+                            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q01, 8))),
+                        ),
+                        _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q23))),
+                        _mm256_mul_ps(
+                            d,
+                            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q23, 8))),
+                        ),
+                    ]
+                }
+            }
+        }
+
+        /// Four input rows against one weight row.
+        ///
+        /// # Safety
+        /// Needs AVX2 and FMA; every `xs[k]` is `32 · scales.len()` long, `qs` holds
+        /// `scales.len()` blocks, and for nibbles `mins` and `sums[k]` are as long as
+        /// `scales`.
+        #[target_feature(enable = "avx2,fma")]
+        pub unsafe fn dot4(
+            nibble: bool,
+            qs: &[u8],
+            scales: &[f32],
+            mins: &[f32],
+            xs: [&[f32]; 4],
+            sums: [&[f32]; 4],
+        ) -> [f32; 4] {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for (b, &d) in scales.iter().enumerate() {
+                // SAFETY: block `b` is in bounds of `qs` and of every `xs[k]`.
+                unsafe {
+                    let w = expand(nibble, qs, b, d);
+                    for k in 0..4 {
+                        let xp = xs[k].as_ptr().add(b * 32);
+                        let mut a = acc[k];
+                        a = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xp), a);
+                        a = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xp.add(8)), a);
+                        a = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xp.add(16)), a);
+                        a = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xp.add(24)), a);
+                        acc[k] = a;
+                    }
+                }
+            }
+            std::array::from_fn(|k| {
+                let m: f32 = if nibble {
+                    mins.iter().zip(sums[k]).map(|(m, s)| m * s).sum()
+                } else {
+                    0.0
+                };
+                hsum(acc[k]) + m
+            })
         }
 
         /// # Safety
@@ -557,7 +698,7 @@ mod tests {
                     assert!((row[c] - deq[r * cols + c]).abs() < 1e-6, "{ty:?} row {r}");
                 }
             }
-            for n in [1, 3, 17] {
+            for n in [1, 3, 4, 6, 9, 17] {
                 let x = values(n * cols, 7 + n as u32);
                 let want = reference(&deq, rows, cols, &x, n);
                 // Both the vector kernel and the portable loop.
