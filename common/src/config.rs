@@ -173,7 +173,10 @@ mod tests {
 
     #[test]
     fn empty_file_gives_defaults_and_fields_override() {
-        assert_eq!(ClusterConfig::parse("").expect("empty"), ClusterConfig::default());
+        assert_eq!(
+            ClusterConfig::parse("").expect("empty"),
+            ClusterConfig::default()
+        );
         let c = ClusterConfig::parse(
             "[coordinator]\nlisten = \"0.0.0.0:9000\"\n[worker]\nmax_running = 4\n",
         )
