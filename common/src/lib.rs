@@ -6,7 +6,7 @@
 //! - [`subjects`]: NATS subject names, built in one place.
 //! - [`protocol`]: coordinator ⇄ worker messages (rkyv), checked decoding.
 //! - [`config`]: `cluster.toml` types.
-//! - [`env`]: the names of every environment variable Baton reads.
+//! - [`env`](mod@env): the names of every environment variable Baton reads.
 
 #![deny(missing_docs)]
 

@@ -5,7 +5,7 @@
 //!   chat template, Llama forward pass, KV cache, sampler, stop conditions.
 //! - [`backend`]: the burn backends a worker can run on (`flex` on CPU, `cuda` behind the
 //!   `cuda` feature) and how one is chosen.
-//! - [`bench`]: `baton-worker bench`, the engine's speed and memory benchmark.
+//! - [`bench`](mod@bench): `baton-worker bench`, the engine's speed and memory benchmark.
 //! - [`cli`]: the `baton-worker` command line.
 //! - [`serve`]: `baton-worker serve`, the worker that joins a cluster over NATS.
 

@@ -106,7 +106,10 @@ where
 
 /// Runs a worker until SIGTERM or Ctrl-C, then drains and leaves.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let file = ClusterConfig::load(&args.config, args.config != PathBuf::from("cluster.toml"))?;
+    let file = ClusterConfig::load(
+        &args.config,
+        args.config.as_path() != std::path::Path::new("cluster.toml"),
+    )?;
     let mut cfg = file.worker.clone();
     if let Some(m) = &args.model {
         cfg.model = m.clone();
