@@ -114,7 +114,8 @@ pub fn run<B: Backend>(args: &BenchArgs, device: &B::Device) -> anyhow::Result<(
 }
 
 /// Arguments of `bench-serve`: the engine thread driven in-process, as the cluster
-/// drives it, for comparison with the same load sent through the coordinator.
+/// drives it, for comparison with the same load sent through the coordinator
+/// (`scripts/bench-serving`).
 #[derive(Debug, Args)]
 pub struct ServeBenchArgs {
     /// GGUF model file.
@@ -123,9 +124,10 @@ pub struct ServeBenchArgs {
     /// Weight format.
     #[arg(long, default_value = "native")]
     pub dtype: WeightDtype,
-    /// Requests in flight at once.
-    #[arg(long, default_value_t = 4)]
-    pub concurrency: usize,
+    /// Requests per second, sent at fixed times (open loop: arrivals do not wait for
+    /// completions, so neither side's timing shapes its own load).
+    #[arg(long, default_value_t = 4.0)]
+    pub rate: f64,
     /// Requests in all.
     #[arg(long, default_value_t = 16)]
     pub requests: usize,
@@ -135,15 +137,21 @@ pub struct ServeBenchArgs {
     /// Most sequences the engine runs at once.
     #[arg(long, default_value_t = 16)]
     pub max_running: usize,
+    /// Use the simulated engine (fixed step time, no model): isolates the serving path.
+    #[arg(long)]
+    pub simulated: bool,
+    /// Milliseconds per step of the simulated engine.
+    #[arg(long, default_value_t = 20)]
+    pub sim_step_ms: u64,
 }
 
-/// The prompt of request `i` of a serving benchmark (also used by
-/// `scripts/bench-serving`, which must send the same load).
+/// The prompt of request `i` of a serving benchmark (`scripts/bench-serving` sends the
+/// same text).
 pub fn serving_prompt(i: usize) -> String {
     format!("Request {i}: write a short story about a lighthouse keeper and the sea.")
 }
 
-/// Percentile (0–100) of sorted values.
+/// Percentile (0–100) of sorted values, nearest rank.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -152,20 +160,23 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.min(sorted.len() - 1)]
 }
 
-/// Runs `bench-serve` and prints `inproc …` lines.
+/// Runs `bench-serve` and prints an `inproc …` line.
 pub fn run_serve(args: &ServeBenchArgs) -> anyhow::Result<()> {
     use crate::serve::{
         real::RealEngine,
         scheduler::{self, Command, Limits, Load},
+        sim::SimEngine,
     };
     use baton_common::{
         ids::{CoordinatorId, StreamId},
-        protocol::{EventKind, GenParams, PromptSpec, SeqRequest},
+        protocol::{ChatTurn, EventKind, GenParams, PromptSpec, SeqRequest},
     };
-    use std::{collections::HashMap, sync::Arc};
+    use std::{
+        collections::HashMap,
+        sync::{Arc, Mutex},
+        time::Duration,
+    };
 
-    let engine =
-        Engine::<crate::backend::CpuBackend>::load(&args.model, args.dtype, &Default::default())?;
     let name = "bench".to_string();
     let (cmd_tx, cmd_rx) = std::sync::mpsc::channel();
     let (out_tx, mut out_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -175,82 +186,96 @@ pub fn run_serve(args: &ServeBenchArgs) -> anyhow::Result<()> {
         kv_budget: u64::MAX,
     };
     let load = Arc::new(Load::default());
-    let real = RealEngine::new(engine, name.clone());
-    let thread = std::thread::spawn(move || scheduler::run(real, limits, cmd_rx, out_tx, load));
-    let coordinator = CoordinatorId::random();
-    let submit = |i: usize| -> anyhow::Result<StreamId> {
-        let stream = StreamId::random();
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        cmd_tx.send(Command::Submit {
-            coordinator,
-            sequences: vec![SeqRequest {
-                stream,
-                model: name.clone(),
-                prompt: PromptSpec::Chat(vec![baton_common::protocol::ChatTurn {
-                    role: "user".into(),
-                    content: serving_prompt(i),
-                }]),
-                params: GenParams {
-                    max_tokens: args.max_tokens,
-                    temperature: 0.0,
-                    top_p: 1.0,
-                    top_k: 0,
-                    repetition_penalty: 1.0,
-                    seed: 0,
-                    stop: vec![],
-                    ignore_eos: true,
-                },
-            }],
-            reply: tx,
-        })?;
-        let _ = rx.blocking_recv()?;
-        Ok(stream)
+    let engine_thread = if args.simulated {
+        let sim = SimEngine::new(name.clone(), Duration::from_millis(args.sim_step_ms));
+        std::thread::spawn(move || scheduler::run(sim, limits, cmd_rx, out_tx, load))
+    } else {
+        let engine = Engine::<crate::backend::CpuBackend>::load(
+            &args.model,
+            args.dtype,
+            &Default::default(),
+        )?;
+        let real = RealEngine::new(engine, name.clone());
+        std::thread::spawn(move || scheduler::run(real, limits, cmd_rx, out_tx, load))
     };
+
+    // Arrivals: request i is sent at i / rate seconds, by its own thread.
+    let sent_at: Arc<Mutex<HashMap<StreamId, Instant>>> = Arc::default();
     let start = Instant::now();
-    let mut sent_at: HashMap<StreamId, Instant> = HashMap::new();
+    let interval = Duration::from_secs_f64(1.0 / args.rate.max(1e-3));
+    let sender = {
+        let sent_at = sent_at.clone();
+        let (requests, max_tokens) = (args.requests, args.max_tokens);
+        std::thread::spawn(move || -> anyhow::Result<()> {
+            let coordinator = CoordinatorId::random();
+            for i in 0..requests {
+                let due = start + interval * i as u32;
+                std::thread::sleep(due.saturating_duration_since(Instant::now()));
+                let stream = StreamId::random();
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let at = Instant::now();
+                sent_at.lock().expect("not poisoned").insert(stream, at);
+                cmd_tx.send(Command::Submit {
+                    coordinator,
+                    sequences: vec![SeqRequest {
+                        stream,
+                        model: name.clone(),
+                        prompt: PromptSpec::Chat(vec![ChatTurn {
+                            role: "user".into(),
+                            content: serving_prompt(i),
+                        }]),
+                        params: GenParams {
+                            max_tokens,
+                            temperature: 0.0,
+                            top_p: 1.0,
+                            top_k: 0,
+                            repetition_penalty: 1.0,
+                            seed: 0,
+                            stop: vec![],
+                            ignore_eos: true,
+                        },
+                    }],
+                    reply: tx,
+                })?;
+                rx.blocking_recv()?;
+            }
+            Ok(())
+        })
+    };
     let mut ttft = Vec::new();
     let mut tokens = 0usize;
-    let mut next = 0;
     let mut done = 0;
-    while next < args.concurrency.min(args.requests) {
-        let t = Instant::now();
-        sent_at.insert(submit(next)?, t);
-        next += 1;
-    }
     while done < args.requests {
         let Some(outbox) = out_rx.blocking_recv() else {
             anyhow::bail!("engine thread ended early");
         };
+        let now = Instant::now();
         for (_, events) in outbox {
             for ev in events {
                 match ev.kind {
                     EventKind::Token(t) => {
                         tokens += 1;
                         if t.index == 0 {
-                            if let Some(at) = sent_at.get(&ev.stream) {
-                                ttft.push(at.elapsed().as_secs_f64() * 1e3);
+                            if let Some(at) = sent_at.lock().expect("not poisoned").get(&ev.stream)
+                            {
+                                ttft.push((now - *at).as_secs_f64() * 1e3);
                             }
                         }
                     }
-                    EventKind::Finished(_) | EventKind::Failed(_) => {
-                        done += 1;
-                        if next < args.requests {
-                            let t = Instant::now();
-                            sent_at.insert(submit(next)?, t);
-                            next += 1;
-                        }
-                    }
+                    EventKind::Finished(_) | EventKind::Failed(_) => done += 1,
                 }
             }
         }
     }
     let wall = start.elapsed().as_secs_f64();
-    drop(cmd_tx);
-    let _ = thread.join();
+    sender
+        .join()
+        .map_err(|_| anyhow::anyhow!("sender thread panicked"))??;
+    let _ = engine_thread.join();
     ttft.sort_by(f64::total_cmp);
     println!(
-        "inproc concurrency={} requests={} tokens={} tok_s={:.1} ttft_p50_ms={:.1} ttft_p99_ms={:.1}",
-        args.concurrency,
+        "inproc rate={} requests={} tokens={} tok_s={:.1} ttft_p50_ms={:.1} ttft_p99_ms={:.1}",
+        args.rate,
         args.requests,
         tokens,
         tokens as f64 / wall,
