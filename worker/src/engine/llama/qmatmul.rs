@@ -489,49 +489,62 @@ mod simd {
             _mm_cvtss_f32(s)
         }
 
-        /// Expands block `b` to four vectors of eight values, already scaled by `d`.
+        /// Expands block `b` to four vectors of eight values (unscaled).
         ///
         /// # Safety
         /// Needs AVX2 and FMA; block `b` must be inside `qs`.
+        #[inline]
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn expand(nibble: bool, qs: &[u8], b: usize, d: f32) -> [__m256; 4] {
-            let d = _mm256_set1_ps(d);
+        unsafe fn expand(nibble: bool, qs: &[u8], b: usize) -> [__m256; 4] {
             // SAFETY: the caller guarantees block `b` is in bounds.
             unsafe {
-                if nibble {
+                let (a, c) = if nibble {
                     let q = _mm_loadu_si128(qs.as_ptr().add(b * 16) as *const __m128i);
                     let mask = _mm_set1_epi8(0x0F);
-                    let lo = _mm_and_si128(q, mask);
-                    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-                    [
-                        _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo))),
-                        _mm256_mul_ps(
-                            d,
-                            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))),
-                        ),
-                        _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi))),
-                        _mm256_mul_ps(
-                            d,
-                            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))),
-                        ),
-                    ]
+                    (
+                        _mm_and_si128(q, mask),
+                        _mm_and_si128(_mm_srli_epi16(q, 4), mask),
+                    )
                 } else {
                     let q = qs.as_ptr().add(b * 32);
-                    let q01 = _mm_loadu_si128(q as *const __m128i);
-                    let q23 = _mm_loadu_si128(q.add(16) as *const __m128i);
-                    [
-                        _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q01))),
-                        _mm256_mul_ps(
-                            d,
-                            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q01, 8))),
-                        ),
-                        _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q23))),
-                        _mm256_mul_ps(
-                            d,
-                            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q23, 8))),
-                        ),
-                    ]
-                }
+                    (
+                        _mm_loadu_si128(q as *const __m128i),
+                        _mm_loadu_si128(q.add(16) as *const __m128i),
+                    )
+                };
+                [
+                    widen(nibble, a),
+                    widen(nibble, _mm_srli_si128(a, 8)),
+                    widen(nibble, c),
+                    widen(nibble, _mm_srli_si128(c, 8)),
+                ]
+            }
+        }
+
+        /// The low eight bytes of `v` as floats: unsigned for nibbles, signed for bytes.
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        fn widen(nibble: bool, v: __m128i) -> __m256 {
+            if nibble {
+                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
+            } else {
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
+            }
+        }
+
+        /// `Σ w·x` over one block's 32 values, with `w` from [`expand`].
+        ///
+        /// # Safety
+        /// Needs AVX2 and FMA; `xp` must point at 32 readable floats.
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn block_dot(w: &[__m256; 4], xp: *const f32) -> __m256 {
+            // SAFETY: the caller guarantees 32 floats at `xp`.
+            unsafe {
+                let mut s = _mm256_mul_ps(w[0], _mm256_loadu_ps(xp));
+                s = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xp.add(8)), s);
+                s = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xp.add(16)), s);
+                _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xp.add(24)), s)
             }
         }
 
@@ -554,15 +567,11 @@ mod simd {
             for (b, &d) in scales.iter().enumerate() {
                 // SAFETY: block `b` is in bounds of `qs` and of every `xs[k]`.
                 unsafe {
-                    let w = expand(nibble, qs, b, d);
+                    let w = expand(nibble, qs, b);
+                    let d = _mm256_set1_ps(d);
                     for k in 0..4 {
-                        let xp = xs[k].as_ptr().add(b * 32);
-                        let mut a = acc[k];
-                        a = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xp), a);
-                        a = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xp.add(8)), a);
-                        a = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xp.add(16)), a);
-                        a = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xp.add(24)), a);
-                        acc[k] = a;
+                        let s = block_dot(&w, xs[k].as_ptr().add(b * 32));
+                        acc[k] = _mm256_fmadd_ps(d, s, acc[k]);
                     }
                 }
             }
@@ -585,18 +594,7 @@ mod simd {
                 // SAFETY: block `b` spans qs[32b..32b+32] and x[32b..32b+32], in bounds
                 // by the length contract.
                 unsafe {
-                    let q = qs.as_ptr().add(b * 32);
-                    let xp = x.as_ptr().add(b * 32);
-                    let q01 = _mm_loadu_si128(q as *const __m128i);
-                    let q23 = _mm_loadu_si128(q.add(16) as *const __m128i);
-                    let f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q01));
-                    let f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q01, 8)));
-                    let f2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q23));
-                    let f3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q23, 8)));
-                    let mut s = _mm256_mul_ps(f0, _mm256_loadu_ps(xp));
-                    s = _mm256_fmadd_ps(f1, _mm256_loadu_ps(xp.add(8)), s);
-                    s = _mm256_fmadd_ps(f2, _mm256_loadu_ps(xp.add(16)), s);
-                    s = _mm256_fmadd_ps(f3, _mm256_loadu_ps(xp.add(24)), s);
+                    let s = block_dot(&expand(false, qs, b), x.as_ptr().add(b * 32));
                     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc);
                 }
             }
@@ -632,23 +630,11 @@ mod simd {
             for b in full..scales.len() {
                 tail += mins[b] * xsum[b];
             }
-            let mask = _mm_set1_epi8(0x0F);
             for (b, &d) in scales.iter().enumerate() {
                 // SAFETY: block `b` spans qs[16b..16b+16] and x[32b..32b+32], in bounds
                 // by the length contract.
                 unsafe {
-                    let q = _mm_loadu_si128(qs.as_ptr().add(b * 16) as *const __m128i);
-                    let xp = x.as_ptr().add(b * 32);
-                    let lo = _mm_and_si128(q, mask);
-                    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-                    let f0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-                    let f1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-                    let f2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-                    let f3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
-                    let mut s = _mm256_mul_ps(f0, _mm256_loadu_ps(xp));
-                    s = _mm256_fmadd_ps(f1, _mm256_loadu_ps(xp.add(8)), s);
-                    s = _mm256_fmadd_ps(f2, _mm256_loadu_ps(xp.add(16)), s);
-                    s = _mm256_fmadd_ps(f3, _mm256_loadu_ps(xp.add(24)), s);
+                    let s = block_dot(&expand(true, qs, b), x.as_ptr().add(b * 32));
                     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc);
                 }
             }
