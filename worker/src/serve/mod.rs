@@ -198,8 +198,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("connecting to NATS at {nats_url}"))?;
         let id = WorkerId::random();
         let sequencer = Arc::new(Sequencer::new(id.0));
-        let mut submits = client.subscribe(subjects.submit(id)).await?;
-        let mut cancels = client.subscribe(subjects.cancel(id)).await?;
+        let submits = client.subscribe(subjects.submit(id)).await?;
+        let cancels = client.subscribe(subjects.cancel(id)).await?;
         let worker = Worker {
             id,
             client: client.clone(),
@@ -214,41 +214,21 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         .start();
 
-        let malformed = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let addr = worker.clone();
-        let bad = malformed.clone();
-        actix::spawn(async move {
-            while let Some(msg) = submits.next().await {
-                match decode(&msg.payload) {
-                    Ok(w) => match w.body {
-                        Body::Submit(submit) => addr.do_send(SubmitMsg {
-                            submit,
-                            reply: msg.reply,
-                        }),
-                        _ => {
-                            bad.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            tracing::warn!("unexpected message kind on the submit subject");
-                        }
-                    },
-                    Err(e) => {
-                        bad.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        tracing::warn!(error = %e, "malformed message on the submit subject dropped");
-                    }
-                }
+        listen(submits, "submit", move |body, reply| match body {
+            Body::Submit(submit) => {
+                addr.do_send(SubmitMsg { submit, reply });
+                true
             }
+            _ => false,
         });
         let addr = worker.clone();
-        let bad = malformed.clone();
-        actix::spawn(async move {
-            while let Some(msg) = cancels.next().await {
-                match decode(&msg.payload).map(|w| w.body) {
-                    Ok(Body::Cancel(c)) => addr.do_send(CancelMsg { streams: c.streams }),
-                    _ => {
-                        bad.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        tracing::warn!("malformed message on the cancel subject dropped");
-                    }
-                }
+        listen(cancels, "cancel", move |body, _| match body {
+            Body::Cancel(c) => {
+                addr.do_send(CancelMsg { streams: c.streams });
+                true
             }
+            _ => false,
         });
         // Token batches: one NATS message per coordinator per step. Ends when the engine
         // thread does (after a drain), once everything it produced is published.
@@ -260,7 +240,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     for (coordinator, events) in outbox {
                         let payload =
                             sequencer.encode(Body::Tokens(TokenBatch { worker: id, events }));
-                        if let Err(e) = client.publish(subjects.tokens(coordinator), payload.into()).await {
+                        if let Err(e) = client
+                            .publish(subjects.tokens(coordinator), payload.into())
+                            .await
+                        {
                             tracing::warn!(error = %e, "token batch not published");
                         }
                     }
@@ -279,6 +262,29 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         actix_rt::System::current().stop();
         anyhow::Ok(())
     })
+}
+
+/// Decodes every message of `sub` and hands it to `handle`, which says whether the kind
+/// belongs on this subject. Malformed or misplaced messages are logged and dropped.
+fn listen(
+    mut sub: async_nats::Subscriber,
+    what: &'static str,
+    mut handle: impl FnMut(Body, Option<async_nats::Subject>) -> bool + 'static,
+) {
+    actix::spawn(async move {
+        while let Some(msg) = sub.next().await {
+            match decode(&msg.payload) {
+                Ok(wire) => {
+                    if !handle(wire.body, msg.reply) {
+                        tracing::warn!("unexpected message kind on the {what} subject dropped");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "malformed message on the {what} subject dropped");
+                }
+            }
+        }
+    });
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

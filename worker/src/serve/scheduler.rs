@@ -167,11 +167,9 @@ pub fn run<E: SeqEngine>(
                 }
                 Command::Cancel(streams) => {
                     for s in streams {
-                        for list in [&mut running] {
-                            if let Some(i) = list.iter().position(|x| x.stream == s) {
-                                let slot = list.swap_remove(i);
-                                cancelled.push((slot.coordinator, slot.stream));
-                            }
+                        if let Some(i) = running.iter().position(|x| x.stream == s) {
+                            let slot = running.swap_remove(i);
+                            cancelled.push((slot.coordinator, slot.stream));
                         }
                         if let Some(i) = queue.iter().position(|x| x.stream == s) {
                             if let Some(slot) = queue.remove(i) {
