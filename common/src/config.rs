@@ -54,6 +54,50 @@ pub struct CoordinatorConfig {
     pub worker_timeout_ms: u64,
     /// A stream with no event for this long fails, in milliseconds.
     pub stream_timeout_ms: u64,
+    /// Directory of the checkpoint store (sled).
+    pub store_path: String,
+    /// When a step's tokens reach clients, relative to the checkpoint store.
+    pub checkpoint: CheckpointMode,
+    /// How long a finished stream stays in the store for reconnecting clients, in
+    /// seconds.
+    pub reconnect_window_s: u64,
+    /// A stream without a token for this long gets its worker probed, in milliseconds;
+    /// a worker that is gone is then replaced at once.
+    pub stall_probe_ms: u64,
+    /// A stream without a token for this long moves to another worker even when its
+    /// worker still answers probes, in milliseconds.
+    pub stall_timeout_ms: u64,
+    /// How long a stream that lost its worker waits for another one before it ends with
+    /// an error, in milliseconds.
+    pub resume_deadline_ms: u64,
+    /// Most times one stream is resumed before it fails.
+    pub max_resumes: u32,
+}
+
+/// When tokens reach clients, relative to the checkpoint store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckpointMode {
+    /// Each worker message's tokens are written and flushed (sled's flush: written to
+    /// the file and fsync'd) before any client sees them.
+    Sync,
+    /// Tokens are written to the store but reach clients without waiting for a flush;
+    /// sled flushes in the background every 500 ms.
+    Async,
+    /// No store: streams still survive a dead worker (resumed from the coordinator's
+    /// memory) but not a coordinator restart.
+    Off,
+}
+
+impl CheckpointMode {
+    /// The name used in `cluster.toml`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckpointMode::Sync => "sync",
+            CheckpointMode::Async => "async",
+            CheckpointMode::Off => "off",
+        }
+    }
 }
 
 impl Default for CoordinatorConfig {
@@ -66,6 +110,13 @@ impl Default for CoordinatorConfig {
             submit_timeout_ms: 5_000,
             worker_timeout_ms: 3_000,
             stream_timeout_ms: 60_000,
+            store_path: "baton-data/coordinator".into(),
+            checkpoint: CheckpointMode::Sync,
+            reconnect_window_s: 600,
+            stall_probe_ms: 250,
+            stall_timeout_ms: 30_000,
+            resume_deadline_ms: 30_000,
+            max_resumes: 10,
         }
     }
 }

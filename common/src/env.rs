@@ -8,6 +8,10 @@ pub const NATS_URL: &str = "BATON_NATS_URL";
 pub const SUBJECT_PREFIX: &str = "BATON_SUBJECT_PREFIX";
 /// Coordinator HTTP listen address (overrides `coordinator.listen`).
 pub const LISTEN: &str = "BATON_LISTEN";
+/// Directory of the coordinator's checkpoint store (overrides `coordinator.store_path`).
+pub const STORE: &str = "BATON_STORE";
+/// Checkpoint mode: `sync`, `async` or `off` (overrides `coordinator.checkpoint`).
+pub const CHECKPOINT: &str = "BATON_CHECKPOINT";
 /// Path of the GGUF model file a worker serves (overrides `worker.model`).
 pub const MODEL: &str = "BATON_MODEL";
 /// Public model name (overrides `worker.model_name`).

@@ -2,6 +2,7 @@
 //! types, subject names, configuration types.
 //!
 //! # Layout
+//! - [`chain`]: the token hash chain that names KV states.
 //! - [`ids`]: worker, coordinator and stream ids.
 //! - [`subjects`]: NATS subject names, built in one place.
 //! - [`protocol`]: coordinator ⇄ worker messages (rkyv), checked decoding.
@@ -10,6 +11,7 @@
 
 #![deny(missing_docs)]
 
+pub mod chain;
 pub mod config;
 pub mod env;
 pub mod ids;

@@ -10,7 +10,7 @@ use rkyv::{rancor, util::AlignedVec, Archive, Deserialize, Serialize};
 use crate::ids::{CoordinatorId, StreamId, WorkerId};
 
 /// Version of this protocol; receivers drop messages of another major version.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// Largest message a receiver accepts (bytes), whatever NATS allows.
 pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
@@ -48,6 +48,32 @@ pub enum Body {
     Cancel(Cancel),
     /// One decode step's events for one coordinator.
     Tokens(TokenBatch),
+    /// Are you there, and do you still run these streams? (request/reply on a
+    /// worker's submit subject).
+    Probe(Probe),
+    /// A worker's answer to a [`Body::Probe`].
+    ProbeReply(ProbeReply),
+}
+
+/// A coordinator's liveness probe.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Probe {
+    /// The streams the coordinator believes run on the worker.
+    pub streams: Vec<StreamAttempt>,
+}
+
+/// A worker's answer to a probe: it is alive, and this is what it holds.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ProbeReply {
+    /// The worker.
+    pub worker: WorkerId,
+    /// Sequences running now.
+    pub running: u32,
+    /// Sequences accepted but not yet running.
+    pub queued: u32,
+    /// Those of the probe's streams this worker does not hold (finished, lost, never
+    /// arrived): their coordinator resumes them.
+    pub missing: Vec<StreamAttempt>,
 }
 
 /// A worker's state, published every heartbeat interval.
@@ -104,6 +130,23 @@ pub struct SeqRequest {
     pub prompt: PromptSpec,
     /// How to generate.
     pub params: GenParams,
+    /// Which dispatch of the stream this is: 0 first, one more at each resume. The
+    /// worker echoes it in every event, so that events of an abandoned attempt are told
+    /// apart from the live one.
+    pub attempt: u32,
+    /// Continue a stream from a checkpoint instead of starting it.
+    pub resume: Option<Resume>,
+}
+
+/// Where a resumed stream continues from.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Resume {
+    /// Every token generated so far, in order (positions 0..n).
+    pub tokens: Vec<u32>,
+    /// The chain hash after the last of them ([`crate::chain`]); the worker refuses with
+    /// [`ErrorKind::ChainMismatch`] when its own chain over the prompt and `tokens`
+    /// ends elsewhere.
+    pub hash: u64,
 }
 
 /// A prompt as the client gave it; the worker tokenizes.
@@ -184,8 +227,18 @@ pub struct Refused {
 /// Sequences to stop.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct Cancel {
-    /// The streams.
-    pub streams: Vec<StreamId>,
+    /// The streams, each with the latest attempt to stop: a newer attempt of the same
+    /// stream (a resume sent after the cancel) keeps running.
+    pub streams: Vec<StreamAttempt>,
+}
+
+/// One attempt of one stream.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamAttempt {
+    /// The stream.
+    pub stream: StreamId,
+    /// The attempt ([`SeqRequest::attempt`]).
+    pub attempt: u32,
 }
 
 /// Events of one decode step, for one coordinator.
@@ -202,6 +255,8 @@ pub struct TokenBatch {
 pub struct StreamEvent {
     /// The stream.
     pub stream: StreamId,
+    /// The attempt of [`SeqRequest::attempt`] this event belongs to.
+    pub attempt: u32,
     /// The event.
     pub kind: EventKind,
 }
@@ -224,6 +279,8 @@ pub struct TokenEvent {
     pub index: u32,
     /// Token id.
     pub id: u32,
+    /// The chain hash after this token ([`crate::chain`]).
+    pub hash: u64,
     /// Text that became final with it (may be empty).
     pub text: String,
 }
@@ -284,6 +341,8 @@ pub enum ErrorKind {
     Draining,
     /// Something broke inside the worker.
     Internal,
+    /// A resume whose chain hash this worker cannot reproduce (another model).
+    ChainMismatch,
 }
 
 impl ErrorKind {
@@ -296,6 +355,7 @@ impl ErrorKind {
             ErrorKind::Overloaded => "overloaded",
             ErrorKind::Draining => "draining",
             ErrorKind::Internal => "internal",
+            ErrorKind::ChainMismatch => "chain_mismatch",
         }
     }
 }
@@ -394,14 +454,17 @@ mod tests {
                 events: vec![
                     StreamEvent {
                         stream: StreamId(1),
+                        attempt: 0,
                         kind: EventKind::Token(TokenEvent {
                             index: 0,
                             id: 42,
+                            hash: 0xfeed,
                             text: "héllo".into(),
                         }),
                     },
                     StreamEvent {
                         stream: StreamId(2),
+                        attempt: 3,
                         kind: EventKind::Failed(WireError {
                             kind: ErrorKind::Internal,
                             message: "boom".into(),

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use baton_common::config::{ClusterConfig, ConfigError};
+use baton_common::config::{CheckpointMode, ClusterConfig, ConfigError};
 use baton_common::env;
 use clap::Parser;
 
@@ -32,6 +32,21 @@ pub struct Config {
     /// Prefix of every NATS subject (overrides `nats.subject_prefix`).
     #[arg(long, env = env::SUBJECT_PREFIX)]
     pub subject_prefix: Option<String>,
+    /// Directory of the checkpoint store (overrides `coordinator.store_path`).
+    #[arg(long, env = env::STORE)]
+    pub store: Option<String>,
+    /// Checkpoint mode: sync, async or off (overrides `coordinator.checkpoint`).
+    #[arg(long, env = env::CHECKPOINT, value_parser = parse_checkpoint)]
+    pub checkpoint: Option<CheckpointMode>,
+}
+
+fn parse_checkpoint(s: &str) -> Result<CheckpointMode, String> {
+    match s {
+        "sync" => Ok(CheckpointMode::Sync),
+        "async" => Ok(CheckpointMode::Async),
+        "off" => Ok(CheckpointMode::Off),
+        other => Err(format!("{other:?} is not sync, async or off")),
+    }
 }
 
 impl Config {
@@ -57,6 +72,12 @@ impl Config {
         if let Some(prefix) = &self.subject_prefix {
             cluster.nats.subject_prefix = prefix.clone();
         }
+        if let Some(store) = &self.store {
+            cluster.coordinator.store_path = store.clone();
+        }
+        if let Some(mode) = self.checkpoint {
+            cluster.coordinator.checkpoint = mode;
+        }
         cluster
     }
 }
@@ -75,12 +96,19 @@ mod tests {
             "0.0.0.0:9000",
             "--subject-prefix",
             "acme",
+            "--store",
+            "/srv/baton/store",
+            "--checkpoint",
+            "async",
         ])
         .expect("parse");
         let cluster = config.apply(ClusterConfig::default());
         assert_eq!(cluster.nats.url, "nats://10.0.0.1:4222");
         assert_eq!(cluster.coordinator.listen, "0.0.0.0:9000");
         assert_eq!(cluster.nats.subject_prefix, "acme");
+        assert_eq!(cluster.coordinator.store_path, "/srv/baton/store");
+        assert_eq!(cluster.coordinator.checkpoint, CheckpointMode::Async);
+        assert!(Config::try_parse_from(["baton-coordinator", "--checkpoint", "maybe"]).is_err());
     }
 
     #[test]

@@ -7,7 +7,10 @@
 //! # Layout
 //! - [`config`]: the command line, merged with `cluster.toml`.
 //! - [`nats`]: the NATS connection: listeners (heartbeats, tokens), submit, cancel.
-//! - [`actors`]: the worker registry with the router's choice, and the stream sessions.
+//! - [`actors`]: the worker registry with the router's choice, and the stream sessions
+//!   (checkpoints, failover, reconnects).
+//! - [`dispatch`]: routing and submitting a sequence, with retries on other workers.
+//! - [`store`]: the sled checkpoint store.
 //! - [`http`]: routes, OpenAI bodies, validation, SSE, and the error → status mapping.
 //!
 //! [`start`] wires them together inside an actix system; [`run`] also waits for the
@@ -15,14 +18,16 @@
 
 pub mod actors;
 pub mod config;
+pub mod dispatch;
 pub mod http;
 pub mod nats;
+pub mod store;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::Actor;
+use actix::{Actor, AsyncContext};
 use actix_web::{web, App, HttpServer};
 use baton_common::config::ClusterConfig;
 use baton_common::ids::CoordinatorId;
@@ -30,9 +35,12 @@ use baton_common::subjects::Subjects;
 use tracing::info;
 
 use crate::actors::registry::Registry;
-use crate::actors::sessions::Sessions;
+use crate::actors::sessions::{SessionSettings, Sessions};
+use crate::dispatch::Dispatcher;
 use crate::http::AppState;
 use crate::nats::{Counters, NatsHandle};
+use crate::store::Store;
+use baton_common::config::CheckpointMode;
 
 /// Why the coordinator could not start.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +56,14 @@ pub enum StartError {
     /// A subscription failed.
     #[error("cannot subscribe: {0}")]
     Subscribe(#[from] async_nats::SubscribeError),
+    /// The checkpoint store cannot be opened (held by another coordinator, damaged).
+    #[error("cannot open the checkpoint store at {path}: {source}")]
+    Store {
+        /// Its directory.
+        path: String,
+        /// Why.
+        source: store::StoreError,
+    },
     /// The listen address cannot be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -75,7 +91,30 @@ pub struct Running {
 /// Connects to NATS, starts the actors and binds the HTTP server. Must be called
 /// inside an actix system (`#[actix_web::main]`, `actix_rt::System`).
 pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
-    let id = CoordinatorId::random();
+    let settings = &cluster.coordinator;
+    let store = match settings.checkpoint {
+        CheckpointMode::Off => None,
+        CheckpointMode::Sync | CheckpointMode::Async => {
+            let path = settings.store_path.clone();
+            let opened =
+                Store::open(std::path::Path::new(&path)).map_err(|source| StartError::Store {
+                    path: path.clone(),
+                    source,
+                })?;
+            info!(%path, checkpoint = settings.checkpoint.as_str(), streams = opened.len(), "checkpoint store open");
+            Some(opened)
+        }
+    };
+    // A restarted coordinator keeps its id, so that its workers' tokens still reach it.
+    let id = match &store {
+        Some(store) => CoordinatorId(store.coordinator_id(CoordinatorId::random().0).map_err(
+            |source| StartError::Store {
+                path: settings.store_path.clone(),
+                source,
+            },
+        )?),
+        None => CoordinatorId::random(),
+    };
     let subjects = Subjects::new(cluster.nats.subject_prefix.clone());
     let nats = NatsHandle::connect(&cluster.nats.url, subjects, id)
         .await
@@ -84,12 +123,39 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
             source,
         })?;
     let config = Arc::new(cluster.coordinator);
-    let sessions = Sessions::new(nats.clone()).start();
+    // The registry tells the sessions of lost workers and the sessions route through
+    // the registry: the sessions' context (and address) exists before either starts.
+    let sessions_ctx = actix::Context::<Sessions>::new();
     let registry = Registry::new(
         Duration::from_millis(config.worker_timeout_ms),
-        Some(sessions.clone().recipient()),
+        Some(sessions_ctx.address().recipient()),
     )
     .start();
+    let dispatcher = Dispatcher {
+        registry: registry.clone(),
+        nats: nats.clone(),
+        submit_timeout: Duration::from_millis(config.submit_timeout_ms),
+    };
+    let mut sessions = Sessions::new(
+        SessionSettings {
+            checkpoint: config.checkpoint,
+            reconnect_window: Duration::from_secs(config.reconnect_window_s),
+            stall_probe: Duration::from_millis(config.stall_probe_ms.max(10)),
+            stall_timeout: Duration::from_millis(config.stall_timeout_ms.max(100)),
+            resume_deadline: Duration::from_millis(config.resume_deadline_ms),
+            max_resumes: config.max_resumes,
+        },
+        dispatcher,
+        store,
+    );
+    let recovered = sessions.recover();
+    if recovered > 0 {
+        info!(
+            streams = recovered,
+            "unfinished streams found in the store; dispatching them again"
+        );
+    }
+    let sessions = sessions_ctx.run(sessions);
     nats.listen(registry.clone(), sessions.clone()).await?;
     let state = AppState {
         config: config.clone(),

@@ -13,10 +13,11 @@ use actix::Addr;
 use async_nats::{Client, RequestErrorKind};
 use baton_common::ids::{CoordinatorId, StreamId, WorkerId};
 use baton_common::protocol::{
-    decode, Body, Cancel, DecodeError, SeqRequest, Sequencer, Submit, SubmitReply, Wire,
+    decode, Body, Cancel, DecodeError, SeqRequest, Sequencer, StreamAttempt, Submit, SubmitReply,
+    Wire,
 };
 use baton_common::subjects::Subjects;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tracing::{info, warn};
 
 use crate::actors::messages::{DispatchTokens, WorkerHeartbeat};
@@ -28,12 +29,51 @@ use crate::actors::sessions::Sessions;
 pub struct Counters {
     /// Payloads that did not decode, or decoded to the wrong kind of message.
     pub garbage: AtomicU64,
+    /// Token messages that never arrived (gaps in a worker's envelope sequence).
+    pub missed: AtomicU64,
 }
 
 impl Counters {
     /// Payloads dropped so far.
     pub fn garbage(&self) -> u64 {
         self.garbage.load(Ordering::Relaxed)
+    }
+
+    /// Token messages lost so far.
+    pub fn missed(&self) -> u64 {
+        self.missed.load(Ordering::Relaxed)
+    }
+}
+
+/// What a probe learned about a worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probe {
+    /// It answered; these of the probed streams it does not hold.
+    Alive(Vec<(StreamId, u32)>),
+    /// Nobody listens on its subject: the process is gone.
+    Gone,
+    /// No answer in time (it may be busy, or NATS may be down): nothing learned.
+    Unknown,
+}
+
+/// Most token messages handed to the sessions at once.
+const MAX_TOKEN_MESSAGES: usize = 256;
+
+/// Counts the token messages each publisher's envelope sequence says were lost.
+#[derive(Debug, Default)]
+struct GapCounter {
+    next: HashMap<u128, u64>,
+}
+
+impl GapCounter {
+    /// Records message `seq` of `publisher`; returns how many were skipped before it.
+    fn observe(&mut self, publisher: u128, seq: u64) -> u64 {
+        let expected = self.next.entry(publisher).or_insert(seq);
+        let missed = seq.saturating_sub(*expected);
+        if seq >= *expected {
+            *expected = seq + 1;
+        }
+        missed
     }
 }
 
@@ -164,11 +204,34 @@ impl NatsHandle {
         });
         let counters = self.counters.clone();
         actix::spawn(async move {
-            while let Some(msg) = tokens.next().await {
-                match decode_counted(&msg.payload, &counters) {
-                    Some(Body::Tokens(batch)) => sessions.do_send(DispatchTokens { batch }),
-                    Some(other) => unexpected(&counters, "tokens", &other),
-                    None => {}
+            let mut gaps = GapCounter::default();
+            // Every message that has arrived goes to the sessions in one batch: one
+            // checkpoint flush for all of them (group commit).
+            while let Some(first) = tokens.next().await {
+                let mut batches = Vec::new();
+                let mut next = Some(first);
+                while let Some(msg) = next.take() {
+                    match decode_wire_counted(&msg.payload, &counters) {
+                        Some(Wire {
+                            envelope,
+                            body: Body::Tokens(batch),
+                        }) => {
+                            let missed = gaps.observe(envelope.publisher, envelope.seq);
+                            if missed > 0 {
+                                counters.missed.fetch_add(missed, Ordering::Relaxed);
+                                warn!(worker = %batch.worker, missed, "token messages lost");
+                            }
+                            batches.push(batch);
+                        }
+                        Some(other) => unexpected(&counters, "tokens", &other.body),
+                        None => {}
+                    }
+                    if batches.len() < MAX_TOKEN_MESSAGES {
+                        next = tokens.next().now_or_never().flatten();
+                    }
+                }
+                if !batches.is_empty() {
+                    sessions.do_send(DispatchTokens { batches });
                 }
             }
             warn!("token subscription ended");
@@ -211,13 +274,50 @@ impl NatsHandle {
         }
     }
 
-    /// Tells `worker` to stop `streams`.
+    /// Asks `worker` whether it is alive and still holds `streams`, waiting up to
+    /// `timeout`.
+    pub async fn probe(
+        &self,
+        worker: WorkerId,
+        streams: Vec<(StreamId, u32)>,
+        timeout: Duration,
+    ) -> Probe {
+        let subject = self.subjects.submit(worker);
+        let streams = streams
+            .into_iter()
+            .map(|(stream, attempt)| StreamAttempt { stream, attempt })
+            .collect();
+        let payload = self.sequencers.encode(
+            &subject,
+            Body::Probe(baton_common::protocol::Probe { streams }),
+        );
+        let request = async_nats::Request::new()
+            .payload(payload.into())
+            .timeout(Some(timeout));
+        match self.client.send_request(subject, request).await {
+            Ok(reply) => match decode(&reply.payload) {
+                Ok(Wire {
+                    body: Body::ProbeReply(r),
+                    ..
+                }) => Probe::Alive(r.missing.iter().map(|s| (s.stream, s.attempt)).collect()),
+                _ => Probe::Unknown,
+            },
+            Err(e) if e.kind() == RequestErrorKind::NoResponders => Probe::Gone,
+            Err(_) => Probe::Unknown,
+        }
+    }
+
+    /// Tells `worker` to stop `streams` (each up to the attempt given).
     pub async fn cancel(
         &self,
         worker: WorkerId,
-        streams: Vec<StreamId>,
+        streams: Vec<(StreamId, u32)>,
     ) -> Result<(), PublishError> {
         let subject = self.subjects.cancel(worker);
+        let streams = streams
+            .into_iter()
+            .map(|(stream, attempt)| StreamAttempt { stream, attempt })
+            .collect();
         let payload = self
             .sequencers
             .encode(&subject, Body::Cancel(Cancel { streams }));
@@ -230,8 +330,13 @@ impl NatsHandle {
 
 /// Decodes a payload; garbage is counted, logged and dropped.
 fn decode_counted(payload: &[u8], counters: &Counters) -> Option<Body> {
+    decode_wire_counted(payload, counters).map(|w| w.body)
+}
+
+/// Decodes a payload with its envelope; garbage is counted, logged and dropped.
+fn decode_wire_counted(payload: &[u8], counters: &Counters) -> Option<Wire> {
     match decode(payload) {
-        Ok(Wire { body, .. }) => Some(body),
+        Ok(wire) => Some(wire),
         Err(e) => {
             counters.garbage.fetch_add(1, Ordering::Relaxed);
             warn!(kind = e.kind(), error = %e, bytes = payload.len(), "dropping a malformed message");
@@ -248,6 +353,8 @@ fn unexpected(counters: &Counters, subject: &str, body: &Body) {
         Body::SubmitReply(_) => "submit reply",
         Body::Cancel(_) => "cancel",
         Body::Tokens(_) => "tokens",
+        Body::Probe(_) => "probe",
+        Body::ProbeReply(_) => "probe reply",
     };
     warn!(subject, kind, "dropping a message of the wrong kind");
 }
@@ -272,6 +379,17 @@ mod tests {
             Some(Body::Cancel(_))
         ));
         assert_eq!(counters.garbage(), 2);
+    }
+
+    #[test]
+    fn gaps_are_counted_per_publisher() {
+        let mut g = GapCounter::default();
+        assert_eq!(g.observe(1, 5), 0, "the first message sets the start");
+        assert_eq!(g.observe(1, 6), 0);
+        assert_eq!(g.observe(2, 0), 0);
+        assert_eq!(g.observe(1, 9), 2);
+        assert_eq!(g.observe(1, 9), 0, "a duplicate is no gap");
+        assert_eq!(g.observe(1, 10), 0);
     }
 
     #[test]

@@ -19,6 +19,8 @@ use support::{eventually, open_stream, request, sse_events, FakeWorker, NatsServ
 const MAX_BODY: usize = 4096;
 
 struct Started {
+    /// The checkpoint store's directory, removed on drop.
+    _store: tempfile::TempDir,
     id: CoordinatorId,
     counters: Arc<Counters>,
     handle: actix_web::dev::ServerHandle,
@@ -32,6 +34,10 @@ async fn coordinator(nats: &NatsServer, prefix: &str) -> (Started, SocketAddr) {
     cluster.coordinator.listen = "127.0.0.1:0".into();
     cluster.coordinator.max_body_bytes = MAX_BODY;
     cluster.coordinator.worker_timeout_ms = 600;
+    // A stream whose only worker fails it has nowhere to go: fail fast.
+    cluster.coordinator.resume_deadline_ms = 300;
+    let store = tempfile::tempdir().expect("tempdir");
+    cluster.coordinator.store_path = store.path().display().to_string();
     let running = baton_coordinator::start(cluster)
         .await
         .expect("coordinator starts");
@@ -46,6 +52,7 @@ async fn coordinator(nats: &NatsServer, prefix: &str) -> (Started, SocketAddr) {
     actix_rt::spawn(server);
     (
         Started {
+            _store: store,
             id,
             counters,
             handle,

@@ -96,6 +96,8 @@ pub struct Cluster {
     /// The generated `cluster.toml`.
     pub config: PathBuf,
     options: ClusterOptions,
+    /// Coordinator restarts so far (names their logs).
+    restarts: usize,
     dir: TempDir,
 }
 
@@ -115,7 +117,8 @@ impl Cluster {
         for attempt in 0..3 {
             let port = free_port();
             let config = dir.path().join(format!("cluster-{attempt}.toml"));
-            std::fs::write(&config, config_text(&options, &nats.url, port))
+            let store = dir.path().join("store");
+            std::fs::write(&config, config_text(&options, &nats.url, port, &store))
                 .expect("writing cluster.toml");
             let mut coordinator = Process::spawn(
                 &format!("coordinator-{attempt}"),
@@ -136,6 +139,7 @@ impl Cluster {
                 model: DEFAULT_MODEL_NAME.to_string(),
                 config,
                 options,
+                restarts: 0,
                 dir,
             };
             for _ in 0..cluster.options.workers {
@@ -145,6 +149,44 @@ impl Cluster {
             return Some(cluster);
         }
         panic!("the coordinator did not start after 3 attempts; its last log:\n{last}");
+    }
+
+    /// Kills the coordinator (`SIGKILL`) and starts it again with the same
+    /// configuration, port and checkpoint store; waits until it answers HTTP.
+    pub fn restart_coordinator(&mut self) {
+        self.coordinator.kill();
+        self.restarts += 1;
+        let name = format!("coordinator-restart-{}", self.restarts);
+        self.coordinator = Process::spawn(
+            &name,
+            command("baton-coordinator", None, &self.config),
+            self.dir.path(),
+        );
+        if !wait_listening(&mut self.coordinator, &self.api) {
+            panic!(
+                "the coordinator did not come back:
+{}",
+                self.coordinator.log()
+            );
+        }
+    }
+
+    /// Kills `nats-server`, waits `down`, and starts it again on the same port.
+    pub fn restart_nats(&mut self, down: Duration) {
+        self.nats.restart(down);
+    }
+
+    /// The index of the worker running `stream` now, from the coordinator's log.
+    pub fn worker_of(&self, stream: &str) -> Option<usize> {
+        let log = self.coordinator.log();
+        let worker = log
+            .lines()
+            .filter(|l| {
+                l.contains("stream accepted") && field(l, "stream").as_deref() == Some(stream)
+            })
+            .filter_map(|l| field(l, "worker"))
+            .next_back()?;
+        (0..self.workers.len()).find(|&i| self.worker_id(i).as_deref() == Some(worker.as_str()))
     }
 
     /// Starts one more worker (not waiting for it to join); returns its index.
@@ -309,10 +351,21 @@ fn set_env(cmd: &mut Command) {
 }
 
 /// The `cluster.toml` of a test cluster.
-fn config_text(options: &ClusterOptions, nats_url: &str, port: u16) -> String {
+fn config_text(
+    options: &ClusterOptions,
+    nats_url: &str,
+    port: u16,
+    store: &std::path::Path,
+) -> String {
     let mut sections = vec![
         ("nats", format!("url = \"{nats_url}\"")),
-        ("coordinator", format!("listen = \"127.0.0.1:{port}\"")),
+        (
+            "coordinator",
+            format!(
+                "listen = \"127.0.0.1:{port}\"\nstore_path = {:?}",
+                store.display().to_string()
+            ),
+        ),
         (
             "worker",
             format!(

@@ -61,14 +61,22 @@ impl Api {
 
     /// `POST <path>` expecting an event stream; panics unless the answer is 200.
     pub fn stream(&self, path: &str, body: &Value) -> SseReader {
-        let resp = self
+        self.stream_from(path, body, None)
+    }
+
+    /// `POST <path>` expecting an event stream, with a `Last-Event-ID` when reconnecting;
+    /// panics unless the answer is 200.
+    pub fn stream_from(&self, path: &str, body: &Value, last_event_id: Option<&str>) -> SseReader {
+        let mut req = self
             .client
             .post(self.url(path))
             .header("content-type", "application/json")
             .header("accept", "text/event-stream")
-            .body(body.to_string())
-            .send()
-            .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+            .body(body.to_string());
+        if let Some(id) = last_event_id {
+            req = req.header("last-event-id", id);
+        }
+        let resp = req.send().unwrap_or_else(|e| panic!("POST {path}: {e}"));
         let status = resp.status().as_u16();
         if status != 200 {
             let text = resp.text().unwrap_or_default();
@@ -158,10 +166,11 @@ impl SseReader {
         let mut data: Vec<String> = Vec::new();
         loop {
             let mut line = String::new();
-            let n = self
-                .lines
-                .read_line(&mut line)
-                .unwrap_or_else(|e| panic!("reading the event stream: {e}"));
+            // A broken connection ends the stream like a closed one; a partial event
+            // is dropped.
+            let Ok(n) = self.lines.read_line(&mut line) else {
+                return None;
+            };
             if n == 0 {
                 return seen.then(|| finish(event, data));
             }

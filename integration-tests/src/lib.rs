@@ -13,10 +13,13 @@
 //! # Layout
 //! - [`process`]: child processes killed on drop, the `nats-server`, free ports, binaries.
 //! - [`cluster`]: a whole cluster (NATS, coordinator, workers) from [`ClusterOptions`].
+//! - [`drill`]: failover drills (kill a worker, restart the coordinator or NATS
+//!   mid-stream) and their verdicts.
 //! - [`http`]: a blocking client for the API, an SSE reader, OpenAI error checks.
 //! - [`generate`]: `baton-worker generate`, the reference a cluster's greedy text must match.
 
 pub mod cluster;
+pub mod drill;
 pub mod http;
 pub mod process;
 

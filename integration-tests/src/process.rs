@@ -212,6 +212,10 @@ pub struct Nats {
     pub url: String,
     /// The server process.
     pub process: Process,
+    /// Its port.
+    port: u16,
+    /// Restarts so far (names their logs).
+    restarts: usize,
     /// Holds the log (and nothing else): removed after the process is gone.
     _dir: TempDir,
 }
@@ -237,6 +241,8 @@ impl Nats {
                     return Some(Nats {
                         url: format!("nats://127.0.0.1:{port}"),
                         process,
+                        port,
+                        restarts: 0,
                         _dir: dir,
                     });
                 }
@@ -246,5 +252,38 @@ impl Nats {
             last_log = process.log();
         }
         panic!("nats-server did not start after 5 attempts; its last log:\n{last_log}");
+    }
+}
+
+impl Nats {
+    /// Kills the server (`SIGKILL`), waits `down`, and starts it again on the same port.
+    pub fn restart(&mut self, down: Duration) {
+        self.process.kill();
+        std::thread::sleep(down);
+        let exe = nats_server_path().expect("nats-server was there a moment ago");
+        self.restarts += 1;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let mut cmd = Command::new(&exe);
+            cmd.args(["-a", "127.0.0.1", "-p", &self.port.to_string()]);
+            let name = format!("nats-restart-{}", self.restarts);
+            self.process = Process::spawn(&name, cmd, self._dir.path());
+            let up = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < up && self.process.try_status().is_none() {
+                if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // The port may still be held for a moment: try again.
+            self.process.kill();
+            assert!(
+                Instant::now() < deadline,
+                "nats-server did not come back on port {}:\n{}",
+                self.port,
+                self.process.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 }

@@ -234,6 +234,8 @@ pub fn run_serve(args: &ServeBenchArgs) -> anyhow::Result<()> {
                             stop: vec![],
                             ignore_eos: true,
                         },
+                        attempt: 0,
+                        resume: None,
                     }],
                     reply: tx,
                 })?;

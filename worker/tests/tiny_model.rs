@@ -12,7 +12,7 @@ use baton_worker::{
             synthetic::{write_synthetic_llama, SyntheticSpec},
             Llama, SeqInput, WeightDtype,
         },
-        Engine, EngineError, FinishReason, GenerateParams, Prompt,
+        Engine, EngineError, FinishReason, GenerateParams, Prompt, TokenEvent,
     },
 };
 use tempfile::TempDir;
@@ -381,4 +381,74 @@ fn bad_model_files_give_clear_errors() {
         None,
     ));
     assert!(e.to_string().contains("blk.1.ffn_up.weight"), "{e}");
+}
+
+/// Runs `ids` to completion and returns every token event.
+fn events(engine: &Engine<B>, ids: &[u32], params: &GenerateParams) -> Vec<TokenEvent> {
+    let mut out = Vec::new();
+    engine
+        .generate(ids.to_vec(), params.clone(), &mut |ev| out.push(ev.clone()))
+        .expect("generate");
+    out
+}
+
+#[test]
+fn a_stream_resumed_at_any_position_goes_on_exactly_as_the_original() {
+    let dir = TempDir::new().expect("tempdir");
+    let path = tiny(&dir, &SyntheticSpec::tiny(8));
+    let engine = Engine::<B>::load(&path, WeightDtype::F32, &Default::default()).expect("load");
+    let ids = engine
+        .encode_prompt(&Prompt::Text("once upon".into()))
+        .expect("encode");
+    let greedy = GenerateParams {
+        max_tokens: 24,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let mut sampled = greedy.clone();
+    sampled.sampling.temperature = 1.2;
+    sampled.sampling.top_p = 0.9;
+    sampled.sampling.seed = 1234;
+    sampled.sampling.repetition_penalty = 1.1;
+    // A stop string from the sampled text itself, so the stop matcher holds text back
+    // across the cut points.
+    let text: String = events(&engine, &ids, &sampled)
+        .iter()
+        .map(|e| e.text.as_str())
+        .collect();
+    let chars: Vec<char> = text.chars().collect();
+    assert!(chars.len() > 12, "tiny model produced too little text");
+    let mut stopped = sampled.clone();
+    stopped.stop = vec![chars[8..11].iter().collect()];
+
+    for params in [&greedy, &sampled, &stopped] {
+        let original = events(&engine, &ids, params);
+        for cut in 0..=original.len() {
+            let done: Vec<u32> = original[..cut].iter().map(|e| e.id).collect();
+            let mut seq = match engine.resume(ids.clone(), &done, params.clone()) {
+                Ok(seq) => seq,
+                Err(e) => panic!("resume at {cut}: {e}"),
+            };
+            let mut rest = Vec::new();
+            while seq.finish_reason().is_none() {
+                if let Some(ev) = engine.step(&mut [&mut seq]).expect("step").pop().flatten() {
+                    rest.push(ev);
+                }
+            }
+            assert_eq!(
+                rest,
+                original[cut..],
+                "resumed at {cut} of {}",
+                original.len()
+            );
+            assert_eq!(seq.generated().len(), original.len());
+        }
+        // Tokens past the end are refused.
+        let mut past: Vec<u32> = original.iter().map(|e| e.id).collect();
+        past.push(past[0]);
+        assert!(matches!(
+            engine.resume(ids.clone(), &past, params.clone()),
+            Err(EngineError::ResumePastEnd { .. })
+        ));
+    }
 }

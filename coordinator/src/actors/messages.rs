@@ -1,9 +1,8 @@
 //! Messages between the HTTP front, the NATS listeners and the actors.
 
 use actix::Message;
-use baton_common::ids::{StreamId, WorkerId};
-use baton_common::protocol::{EventKind, Heartbeat, TokenBatch};
-use tokio::sync::mpsc::UnboundedSender;
+use baton_common::ids::WorkerId;
+use baton_common::protocol::{Heartbeat, TokenBatch};
 
 use super::registry::{HealthStatus, ModelEntry};
 use super::router::RouteError;
@@ -46,38 +45,24 @@ pub struct ListModels;
 #[rtype(result = "HealthStatus")]
 pub struct CheckHealth;
 
-/// Open a stream session: its events go to `events` (sessions). Sent before the submit,
-/// since tokens may arrive before the worker's reply.
+/// Forget a worker at once (registry): a probe found it gone. Its streams are told
+/// through [`WorkerLost`].
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub struct OpenSession {
-    /// The stream.
-    pub stream: StreamId,
-    /// The worker it is submitted to (where a cancel goes).
+pub struct ForgetWorker {
+    /// The worker.
     pub worker: WorkerId,
-    /// Where its events go.
-    pub events: UnboundedSender<EventKind>,
 }
 
-/// Close a stream session (sessions).
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct CloseSession {
-    /// The stream.
-    pub stream: StreamId,
-    /// The stream did not end on the worker: tell the worker to stop it.
-    pub cancel: bool,
-}
-
-/// One decode step's events from a worker (sessions).
+/// One or more worker messages of decode steps (sessions), in arrival order.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub struct DispatchTokens {
-    /// The events.
-    pub batch: TokenBatch,
+    /// The batches.
+    pub batches: Vec<TokenBatch>,
 }
 
-/// A worker left the registry (silent too long): its streams fail (sessions).
+/// A worker left the registry (silent too long, or gone): its streams move (sessions).
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
 pub struct WorkerLost {

@@ -15,7 +15,7 @@ use baton_common::protocol::Heartbeat;
 use tracing::{info, warn};
 
 use super::messages::{
-    CheckHealth, ListModels, ReleaseWorker, RouteStream, WorkerHeartbeat, WorkerLost,
+    CheckHealth, ForgetWorker, ListModels, ReleaseWorker, RouteStream, WorkerHeartbeat, WorkerLost,
 };
 use super::router::{self, RouteError, WorkerLoad};
 
@@ -102,6 +102,11 @@ impl Membership {
 
     fn is_live(&self, w: &WorkerState, now: Instant) -> bool {
         now.saturating_duration_since(w.last_seen) < self.timeout
+    }
+
+    /// Drops `worker` now; returns whether it was known.
+    pub fn forget(&mut self, worker: WorkerId) -> bool {
+        self.workers.remove(&worker).is_some()
     }
 
     /// Drops the workers silent for too long at `now`; returns them.
@@ -258,6 +263,19 @@ impl Handler<ReleaseWorker> for Registry {
 
     fn handle(&mut self, msg: ReleaseWorker, _: &mut Context<Self>) {
         self.membership.release(msg.worker);
+    }
+}
+
+impl Handler<ForgetWorker> for Registry {
+    type Result = ();
+
+    fn handle(&mut self, msg: ForgetWorker, _: &mut Context<Self>) {
+        if self.membership.forget(msg.worker) {
+            warn!(worker = %msg.worker, "worker gone (no responders), dropped from the registry");
+        }
+        if let Some(r) = &self.on_lost {
+            r.do_send(WorkerLost { worker: msg.worker });
+        }
     }
 }
 

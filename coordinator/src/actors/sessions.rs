@@ -1,213 +1,826 @@
-//! Stream sessions: where each stream's events go.
+//! Stream sessions: every stream's state, checkpoints, failover and subscribers.
 //!
-//! The HTTP handler of a stream opens a session (a channel) before it submits, the
-//! token listener dispatches every worker event to its stream's channel, and the handler
-//! closes the session when it is done — with a cancel to the worker when the client went
-//! away first. [`SessionTable`] is the logic (tested without actors); [`Sessions`] is
-//! the actor around it, which also publishes the cancels.
+//! A session lives from the request until its stream ends. It holds the request, every
+//! token so far (id, text) and the chain hash after the last one, the worker running the
+//! current attempt, and the channels of the clients listening.
+//!
+//! - **Tokens** arrive in worker messages ([`DispatchTokens`]). Each event is checked
+//!   against the session (right attempt, next position) and appended to the checkpoint
+//!   store; in `sync` mode the store is flushed once for the whole batch of messages,
+//!   and only then do the tokens go to the clients. The actor waits for the flush
+//!   (`ctx.wait`), so a client that attaches always sees the store and its channel
+//!   agree.
+//! - **Failover**: a stream moves to another worker — a *resume* with every token so
+//!   far and the last chain hash — when its worker fails it, when the registry drops
+//!   the worker (heartbeats stopped), when a probe finds nobody on the worker's subject,
+//!   when its events skip a position (a lost message), or when it stalls past
+//!   `stall_timeout_ms` although the worker answers. Each dispatch of a stream is an
+//!   *attempt*; events of older attempts are dropped and their sequences cancelled.
+//! - **Clients** subscribe with [`StartStream`] (new) or [`Attach`] (reconnect with
+//!   `Last-Event-ID`: the tokens after the given position are replayed from memory or the
+//!   store, then the live rest follows). When the last client of a stream goes away, the
+//!   worker is told to stop at once; a client that comes back later resumes the stream
+//!   from its checkpoint.
+//! - **Restart**: streams the store holds unfinished are dispatched again when the
+//!   coordinator starts ([`Sessions::recover`]), and run to their end with or without a
+//!   client, so that a client reconnecting to the new process gets its whole text.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use actix::{Actor, Addr, Context, Handler};
+use actix::prelude::*;
+use baton_common::config::CheckpointMode;
 use baton_common::ids::{StreamId, WorkerId};
-use baton_common::protocol::{ErrorKind, EventKind, TokenBatch, WireError};
+use baton_common::protocol::{
+    ErrorKind, EventKind, FinishReason, Finished, Resume, SeqRequest, TokenBatch, TokenEvent,
+    WireError,
+};
 use tokio::sync::mpsc::UnboundedSender;
-use tracing::{debug, warn};
+use tokio::sync::oneshot;
+use tracing::{debug, info, warn};
 
-use super::messages::{CloseSession, DispatchTokens, OpenSession, ReleaseWorker, WorkerLost};
+use super::messages::{DispatchTokens, ForgetWorker, ReleaseWorker, WorkerLost};
 use super::registry::Registry;
-use crate::nats::NatsHandle;
+use crate::dispatch::{Bound, DispatchError, Dispatcher};
+use crate::nats::{NatsHandle, Probe};
+use crate::store::{Store, StoredToken, StreamEnd, StreamRecord};
 
-/// One open stream.
+/// What a stream's clients receive.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Update {
+    /// A token's text at its position.
+    Token {
+        /// Position in the output.
+        index: u32,
+        /// Text that became final with it (may be empty).
+        text: String,
+    },
+    /// The stream ended normally.
+    Finished(Finished),
+    /// The stream failed.
+    Failed(WireError),
+}
+
+/// Failover and retention settings.
+#[derive(Debug, Clone)]
+pub struct SessionSettings {
+    /// When tokens reach clients relative to the store.
+    pub checkpoint: CheckpointMode,
+    /// How long ended streams stay in the store.
+    pub reconnect_window: Duration,
+    /// Silence after which a stream's worker is probed.
+    pub stall_probe: Duration,
+    /// Silence after which a stream moves even though its worker answers.
+    pub stall_timeout: Duration,
+    /// How long a resumed stream waits for a worker.
+    pub resume_deadline: Duration,
+    /// Most resumes per stream.
+    pub max_resumes: u32,
+}
+
+/// Where a session stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Being offered to workers (new, or resumed).
+    Dispatching,
+    /// Running on a worker.
+    Running(WorkerId),
+    /// No client listens; the worker was told to stop. A client that attaches resumes it.
+    Detached,
+}
+
+/// One stream.
 #[derive(Debug)]
 struct Session {
-    /// The worker running it.
-    worker: WorkerId,
-    /// Its handler's channel.
-    events: UnboundedSender<EventKind>,
+    /// The request and its answer's shape, as stored.
+    record: StreamRecord,
+    /// Tokens so far: id and text.
+    tokens: Vec<(u32, String)>,
+    /// Chain hash after the last token (0 before the first).
+    last_hash: u64,
+    /// Prompt length, as a worker counted it.
+    prompt_tokens: u32,
+    phase: Phase,
+    /// Clients listening.
+    subscribers: Vec<UnboundedSender<Update>>,
+    /// Dispatched again after a restart: runs to its end even with no client.
+    orphan: bool,
+    /// Last time it moved (token, dispatch).
+    last_progress: Instant,
+    /// Resumes so far.
+    resumes: u32,
 }
 
-/// Open streams by id.
-#[derive(Debug, Default)]
-pub struct SessionTable {
-    sessions: HashMap<StreamId, Session>,
-}
-
-impl SessionTable {
-    /// Opens (or replaces) the session of `stream`.
-    pub fn open(&mut self, stream: StreamId, worker: WorkerId, events: UnboundedSender<EventKind>) {
-        self.sessions.insert(stream, Session { worker, events });
-    }
-
-    /// Closes the session of `stream`; returns its worker if it was still open.
-    pub fn close(&mut self, stream: StreamId) -> Option<WorkerId> {
-        self.sessions.remove(&stream).map(|s| s.worker)
-    }
-
-    /// Number of open sessions.
-    pub fn len(&self) -> usize {
-        self.sessions.len()
-    }
-
-    /// Whether no session is open.
-    pub fn is_empty(&self) -> bool {
-        self.sessions.is_empty()
-    }
-
-    /// Hands each event to its stream; a stream ends here at its terminal event. Returns
-    /// the streams the worker should stop: unknown here, or whose handler is gone.
-    pub fn dispatch(&mut self, batch: TokenBatch) -> Vec<StreamId> {
-        let mut stop = Vec::new();
-        for event in batch.events {
-            let terminal = !matches!(event.kind, EventKind::Token(_));
-            let Some(session) = self.sessions.get(&event.stream) else {
-                if !terminal && !stop.contains(&event.stream) {
-                    debug!(stream = %event.stream, "event for an unknown stream");
-                    stop.push(event.stream);
-                }
-                continue;
-            };
-            let delivered = session.events.send(event.kind).is_ok();
-            if terminal || !delivered {
-                self.sessions.remove(&event.stream);
-            }
-            if !delivered && !terminal {
-                stop.push(event.stream);
-            }
+impl Session {
+    fn new(record: StreamRecord, tokens: Vec<(u32, String)>, last_hash: u64) -> Self {
+        Self {
+            record,
+            tokens,
+            last_hash,
+            prompt_tokens: 0,
+            phase: Phase::Dispatching,
+            subscribers: Vec::new(),
+            orphan: false,
+            last_progress: Instant::now(),
+            resumes: 0,
         }
-        stop
     }
 
-    /// Fails every stream that ran on `worker`; returns how many.
-    pub fn worker_lost(&mut self, worker: WorkerId) -> usize {
-        let lost: Vec<StreamId> = self
-            .sessions
-            .iter()
-            .filter(|(_, s)| s.worker == worker)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in &lost {
-            if let Some(s) = self.sessions.remove(id) {
-                let _ = s.events.send(EventKind::Failed(WireError {
-                    kind: ErrorKind::Internal,
-                    message: format!("worker {worker} stopped responding"),
-                }));
-            }
-        }
-        lost.len()
+    /// Whether any client still listens (dropping closed channels).
+    fn listened(&mut self) -> bool {
+        self.subscribers.retain(|s| !s.is_closed());
+        self.orphan || !self.subscribers.is_empty()
+    }
+
+    fn send(&mut self, update: &Update) {
+        self.subscribers.retain(|s| s.send(update.clone()).is_ok());
+    }
+
+    fn attempt(&self) -> u32 {
+        self.record.attempt
+    }
+
+    /// The request of the next dispatch: a resume from the tokens so far.
+    fn request(&self) -> SeqRequest {
+        let mut req = self.record.request.clone();
+        req.attempt = self.record.attempt;
+        req.resume = (!self.tokens.is_empty()).then(|| Resume {
+            tokens: self.tokens.iter().map(|(id, _)| *id).collect(),
+            hash: self.last_hash,
+        });
+        req
     }
 }
 
-/// The sessions actor.
+/// Start a new stream (sessions): subscribe `subscriber`, dispatch once, and answer on
+/// the returned channel whether a worker took it.
+#[derive(Debug, Message)]
+#[rtype(result = "oneshot::Receiver<Result<u32, DispatchError>>")]
+pub struct StartStream {
+    /// The stream's id.
+    pub stream: StreamId,
+    /// Its request and shape.
+    pub record: StreamRecord,
+    /// Where its updates go.
+    pub subscriber: UnboundedSender<Update>,
+}
+
+/// What an attached client needs to render a stream.
+#[derive(Debug, Clone)]
+pub struct Attached {
+    /// The stream's record (shape, model, created).
+    pub record: StreamRecord,
+    /// Prompt tokens, when known.
+    pub prompt_tokens: u32,
+}
+
+/// Why a client cannot attach.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// No such stream here (never, or collected).
+    #[error("no stream {0} on this coordinator (unknown, or past the reconnect window)")]
+    Unknown(StreamId),
+    /// The store failed.
+    #[error("{0}")]
+    Store(String),
+}
+
+/// Attach a client to a stream (sessions): replay after `after`, then live updates.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<Attached, AttachError>")]
+pub struct Attach {
+    /// The stream.
+    pub stream: StreamId,
+    /// Last position the client has (`None`: from the start).
+    pub after: Option<u32>,
+    /// Where its updates go.
+    pub subscriber: UnboundedSender<Update>,
+}
+
+/// A client's channel closed (sessions): when no client is left, the worker stops.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Detach {
+    /// The stream.
+    pub stream: StreamId,
+}
+
+/// Sessions in memory, and which workers are being probed.
 pub struct Sessions {
-    /// Open streams.
-    table: SessionTable,
-    /// Where cancels are published.
+    sessions: HashMap<StreamId, Session>,
+    settings: SessionSettings,
+    dispatcher: Dispatcher,
     nats: NatsHandle,
+    registry: Addr<Registry>,
+    store: Option<Store>,
+    /// Workers with a probe in flight.
+    probing: HashSet<WorkerId>,
+    /// When each worker last answered a probe.
+    answered: HashMap<WorkerId, Instant>,
+    /// Streams to dispatch again once started (recovered from the store).
+    recovered: Vec<StreamId>,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 impl Sessions {
-    /// No open stream yet; cancels go out through `nats`.
-    pub fn new(nats: NatsHandle) -> Self {
+    /// No session yet. `store` is `None` when checkpoints are off.
+    pub fn new(settings: SessionSettings, dispatcher: Dispatcher, store: Option<Store>) -> Self {
         Self {
-            table: SessionTable::default(),
-            nats,
+            sessions: HashMap::new(),
+            nats: dispatcher.nats.clone(),
+            registry: dispatcher.registry.clone(),
+            settings,
+            dispatcher,
+            store,
+            probing: HashSet::new(),
+            answered: HashMap::new(),
+            recovered: Vec::new(),
         }
     }
 
-    fn cancel(&self, worker: WorkerId, streams: Vec<StreamId>) {
+    /// Loads the store's unfinished streams; they are dispatched again (resumed from
+    /// their last token) when the actor starts. Returns how many.
+    pub fn recover(&mut self) -> usize {
+        let Some(store) = &self.store else { return 0 };
+        let open = match store.unfinished() {
+            Ok(open) => open,
+            Err(e) => {
+                warn!(error = %e, "cannot read unfinished streams from the store");
+                return 0;
+            }
+        };
+        for (stream, mut record) in open {
+            let tokens = match store.tokens(stream, 0) {
+                Ok(t) => t,
+                Err(e) => {
+                    warn!(%stream, error = %e, "cannot read a stream's tokens; skipping it");
+                    continue;
+                }
+            };
+            // Keep the longest run of positions 0, 1, 2, … (a damaged tail is regenerated).
+            let mut run: Vec<StoredToken> = Vec::with_capacity(tokens.len());
+            for t in tokens {
+                if t.index as usize != run.len() {
+                    break;
+                }
+                run.push(t);
+            }
+            let last_hash = run.last().map_or(0, |t| t.hash);
+            let old = record.worker.take();
+            let attempt = record.attempt;
+            let mut session = Session::new(
+                record,
+                run.into_iter().map(|t| (t.id, t.text)).collect(),
+                last_hash,
+            );
+            session.orphan = true;
+            if let Some(worker) = old {
+                // The old attempt may still run there; it must stop.
+                self.cancel(worker, stream, attempt);
+            }
+            self.sessions.insert(stream, session);
+            self.recovered.push(stream);
+        }
+        self.recovered.len()
+    }
+
+    fn cancel(&self, worker: WorkerId, stream: StreamId, attempt: u32) {
         let nats = self.nats.clone();
         actix::spawn(async move {
-            if let Err(e) = nats.cancel(worker, streams).await {
+            if let Err(e) = nats.cancel(worker, vec![(stream, attempt)]).await {
                 warn!(%worker, error = %e, "cannot publish a cancel");
             }
         });
     }
-}
 
-/// Closes a stream's session when dropped, and releases its worker in the registry.
-/// Unless [`SessionGuard::finish`] was called (the stream ended on the worker), the
-/// worker is told to cancel: this is how a client that goes away stops its stream.
-#[derive(Debug)]
-pub struct SessionGuard {
-    /// The stream.
-    stream: StreamId,
-    /// Its worker.
-    worker: WorkerId,
-    /// Where the session is.
-    sessions: Addr<Sessions>,
-    /// Where the worker's in-flight count is.
-    registry: Addr<Registry>,
-    /// The stream ended on the worker: no cancel needed.
-    finished: bool,
-}
-
-impl SessionGuard {
-    /// Guards `stream`, routed to `worker`.
-    pub fn new(
-        stream: StreamId,
-        worker: WorkerId,
-        sessions: Addr<Sessions>,
-        registry: Addr<Registry>,
-    ) -> Self {
-        Self {
-            stream,
-            worker,
-            sessions,
-            registry,
-            finished: false,
+    fn persist(&self, stream: StreamId, record: &StreamRecord) {
+        if let Some(store) = &self.store {
+            if let Err(e) = store.put_stream(stream, record) {
+                warn!(%stream, error = %e, "cannot write a stream record");
+            }
         }
     }
 
-    /// The stream.
-    pub fn stream(&self) -> StreamId {
-        self.stream
+    /// Leaves the stream's worker (cancel it there, release it in the registry).
+    fn unbind(&mut self, stream: StreamId, cancel: bool) {
+        let Some(s) = self.sessions.get_mut(&stream) else {
+            return;
+        };
+        if let Phase::Running(worker) = s.phase {
+            let attempt = s.attempt();
+            s.phase = Phase::Detached;
+            s.record.worker = None;
+            self.registry.do_send(ReleaseWorker { worker });
+            if cancel {
+                self.cancel(worker, stream, attempt);
+            }
+        }
     }
 
-    /// The worker.
-    pub fn worker(&self) -> WorkerId {
-        self.worker
+    /// Ends a stream: its record says how, its clients get `update`, it leaves memory.
+    fn end(&mut self, stream: StreamId, end: StreamEnd) {
+        self.unbind(stream, false);
+        let Some(mut s) = self.sessions.remove(&stream) else {
+            return;
+        };
+        let update = match &end {
+            StreamEnd::Finished(f) => Update::Finished(f.clone()),
+            StreamEnd::Failed(e) => Update::Failed(e.clone()),
+        };
+        s.record.end = Some(end);
+        s.record.ended_at = unix_now();
+        self.persist(stream, &s.record);
+        s.send(&update);
     }
 
-    /// The stream ended on the worker (finished, failed, or refused).
-    pub fn finish(&mut self) {
-        self.finished = true;
+    fn fail(&mut self, stream: StreamId, kind: ErrorKind, message: String) {
+        warn!(%stream, kind = kind.as_str(), %message, "stream failed");
+        self.end(stream, StreamEnd::Failed(WireError { kind, message }));
     }
-}
 
-impl Drop for SessionGuard {
-    fn drop(&mut self) {
-        self.sessions.do_send(CloseSession {
-            stream: self.stream,
-            cancel: !self.finished,
-        });
-        self.registry.do_send(ReleaseWorker {
-            worker: self.worker,
-        });
+    /// Offers the session's request to workers; the answer comes back to
+    /// [`Sessions::dispatched`] (and to `reply`, for a new stream).
+    fn dispatch(
+        &mut self,
+        stream: StreamId,
+        avoid: Option<WorkerId>,
+        reply: Option<oneshot::Sender<Result<u32, DispatchError>>>,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(s) = self.sessions.get_mut(&stream) else {
+            return;
+        };
+        s.phase = Phase::Dispatching;
+        s.last_progress = Instant::now();
+        let req = s.request();
+        let attempt = req.attempt;
+        let dispatcher = self.dispatcher.clone();
+        let exclude: Vec<WorkerId> = avoid.into_iter().collect();
+        // A new stream gets one round; a resumed one waits for a worker.
+        let deadline = (reply.is_none()).then(|| Instant::now() + self.settings.resume_deadline);
+        let fut = async move {
+            match deadline {
+                Some(deadline) => dispatcher.dispatch_until(&req, exclude, deadline).await,
+                None => {
+                    let mut exclude = exclude;
+                    dispatcher.dispatch(&req, &mut exclude).await
+                }
+            }
+        };
+        ctx.spawn(fut.into_actor(self).map(move |result, this, _| {
+            this.dispatched(stream, attempt, result, reply);
+        }));
+    }
+
+    fn dispatched(
+        &mut self,
+        stream: StreamId,
+        attempt: u32,
+        result: Result<Bound, DispatchError>,
+        reply: Option<oneshot::Sender<Result<u32, DispatchError>>>,
+    ) {
+        let current = self
+            .sessions
+            .get(&stream)
+            .is_some_and(|s| s.attempt() == attempt && s.phase == Phase::Dispatching);
+        if !current {
+            // The stream ended (its events can come before the worker's reply) or moved
+            // on meanwhile: whatever still runs of this attempt must stop.
+            let answer = match result {
+                Ok(bound) => {
+                    self.registry.do_send(ReleaseWorker {
+                        worker: bound.worker,
+                    });
+                    self.cancel(bound.worker, stream, attempt);
+                    Ok(bound.prompt_tokens)
+                }
+                Err(e) => Err(e),
+            };
+            if let Some(reply) = reply {
+                let _ = reply.send(answer);
+            }
+            return;
+        }
+        match result {
+            Ok(bound) => {
+                let Some(s) = self.sessions.get_mut(&stream) else {
+                    return;
+                };
+                s.phase = Phase::Running(bound.worker);
+                s.prompt_tokens = bound.prompt_tokens;
+                s.record.worker = Some(bound.worker);
+                s.last_progress = Instant::now();
+                let listened = s.listened();
+                info!(%stream, worker = %bound.worker, attempt, position = s.tokens.len(), model = %s.record.request.model, prompt_tokens = bound.prompt_tokens, "stream accepted");
+                let record = s.record.clone();
+                self.persist(stream, &record);
+                if let Some(reply) = reply {
+                    let _ = reply.send(Ok(bound.prompt_tokens));
+                }
+                if !listened {
+                    debug!(%stream, "nobody listens any more; stopping it");
+                    self.unbind(stream, true);
+                }
+            }
+            Err(e) => match reply {
+                // A new stream: the client gets an HTTP error; nothing to keep.
+                Some(reply) => {
+                    self.sessions.remove(&stream);
+                    if let Some(store) = &self.store {
+                        let _ = store.remove_stream(stream);
+                    }
+                    let _ = reply.send(Err(e));
+                }
+                None => {
+                    let deadline = self.settings.resume_deadline;
+                    let model = self
+                        .sessions
+                        .get(&stream)
+                        .map(|s| s.record.request.model.clone())
+                        .unwrap_or_default();
+                    let wire = e.to_wire();
+                    self.fail(
+                        stream,
+                        wire.kind,
+                        format!("no worker for `{model}` could continue the stream within {deadline:?}: {e}"),
+                    );
+                }
+            },
+        }
+    }
+
+    /// Moves a stream to another worker, from its last checkpointed token.
+    fn resume(
+        &mut self,
+        stream: StreamId,
+        avoid: Option<WorkerId>,
+        why: &str,
+        ctx: &mut Context<Self>,
+    ) {
+        let max = self.settings.max_resumes;
+        let Some(s) = self.sessions.get_mut(&stream) else {
+            return;
+        };
+        if s.resumes >= max {
+            let message = format!("the stream was resumed {max} times; giving up ({why})");
+            return self.fail(stream, ErrorKind::Internal, message);
+        }
+        s.resumes += 1;
+        self.unbind(stream, true);
+        let Some(s) = self.sessions.get_mut(&stream) else {
+            return;
+        };
+        s.record.attempt += 1;
+        info!(%stream, attempt = s.record.attempt, position = s.tokens.len(), why, "resuming stream");
+        let record = s.record.clone();
+        self.persist(stream, &record);
+        self.dispatch(stream, avoid, None, ctx);
+    }
+
+    /// Resumes every stream running on `worker`, elsewhere.
+    fn worker_lost(&mut self, worker: WorkerId, why: &str, ctx: &mut Context<Self>) {
+        let streams: Vec<StreamId> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.phase == Phase::Running(worker))
+            .map(|(id, _)| *id)
+            .collect();
+        if !streams.is_empty() {
+            warn!(%worker, streams = streams.len(), why, "worker lost; resuming its streams");
+        }
+        for stream in streams {
+            self.resume(stream, Some(worker), why, ctx);
+        }
+    }
+
+    /// Checks the events of worker messages; returns the updates for clients, in order,
+    /// and appends the tokens to the store.
+    fn accept(
+        &mut self,
+        batches: Vec<TokenBatch>,
+        ctx: &mut Context<Self>,
+    ) -> Vec<(StreamId, Update)> {
+        let mut updates: Vec<(StreamId, Update)> = Vec::new();
+        let mut stored: Vec<(StreamId, TokenEvent)> = Vec::new();
+        let mut stop: HashMap<WorkerId, Vec<(StreamId, u32)>> = HashMap::new();
+        let mut resume: Vec<(StreamId, Option<WorkerId>, &'static str)> = Vec::new();
+        let mut ended: HashSet<StreamId> = HashSet::new();
+        for batch in batches {
+            let worker = batch.worker;
+            for event in batch.events {
+                let stream = event.stream;
+                let terminal = !matches!(event.kind, EventKind::Token(_));
+                let Some(s) = self.sessions.get_mut(&stream) else {
+                    if !terminal && !ended.contains(&stream) {
+                        debug!(%stream, %worker, "event for an unknown stream");
+                        stop.entry(worker)
+                            .or_default()
+                            .push((stream, event.attempt));
+                    }
+                    continue;
+                };
+                let live = event.attempt == s.attempt()
+                    && match s.phase {
+                        Phase::Running(w) => w == worker,
+                        Phase::Dispatching => true,
+                        Phase::Detached => false,
+                    };
+                if !live || resume.iter().any(|(id, _, _)| *id == stream) {
+                    if !terminal && event.attempt <= s.attempt() {
+                        stop.entry(worker)
+                            .or_default()
+                            .push((stream, event.attempt));
+                    }
+                    continue;
+                }
+                match event.kind {
+                    EventKind::Token(t) => {
+                        let next = s.tokens.len() as u32;
+                        if t.index < next {
+                            continue; // a duplicate
+                        }
+                        if t.index > next {
+                            warn!(%stream, %worker, expected = next, got = t.index, "tokens missing; resuming from the checkpoint");
+                            resume.push((stream, None, "tokens missing"));
+                            continue;
+                        }
+                        s.tokens.push((t.id, t.text.clone()));
+                        s.last_hash = t.hash;
+                        s.last_progress = Instant::now();
+                        updates.push((
+                            stream,
+                            Update::Token {
+                                index: t.index,
+                                text: t.text.clone(),
+                            },
+                        ));
+                        stored.push((stream, t));
+                    }
+                    EventKind::Finished(f) => {
+                        if f.reason == FinishReason::Cancelled
+                            || f.completion_tokens as usize != s.tokens.len()
+                        {
+                            resume.push((stream, None, "the stream ended early"));
+                            continue;
+                        }
+                        let f = Finished {
+                            prompt_tokens: if f.prompt_tokens > 0 {
+                                f.prompt_tokens
+                            } else {
+                                s.prompt_tokens
+                            },
+                            ..f
+                        };
+                        updates.push((stream, Update::Finished(f)));
+                        ended.insert(stream);
+                    }
+                    EventKind::Failed(e) => {
+                        if matches!(e.kind, ErrorKind::Internal) {
+                            warn!(%stream, %worker, error = %e.message, "worker failed the stream");
+                            resume.push((stream, Some(worker), "the worker failed it"));
+                        } else {
+                            updates.push((stream, Update::Failed(e)));
+                            ended.insert(stream);
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(store) = &self.store {
+            if let Err(e) = store.append(stored.iter().map(|(s, t)| (*s, t))) {
+                warn!(error = %e, "cannot checkpoint tokens");
+            }
+        }
+        for (worker, streams) in stop {
+            let nats = self.nats.clone();
+            actix::spawn(async move {
+                if let Err(e) = nats.cancel(worker, streams).await {
+                    warn!(%worker, error = %e, "cannot publish a cancel");
+                }
+            });
+        }
+        for (stream, avoid, why) in resume {
+            // Tokens accepted before the gap stay; the rest comes from the new attempt.
+            updates.retain(|(id, u)| *id != stream || matches!(u, Update::Token { .. }));
+            self.resume(stream, avoid, why, ctx);
+        }
+        updates
+    }
+
+    /// Sends updates to clients; terminal updates end their streams.
+    fn forward(&mut self, updates: Vec<(StreamId, Update)>) {
+        let mut lonely: Vec<StreamId> = Vec::new();
+        for (stream, update) in updates {
+            match update {
+                Update::Finished(f) => self.end(stream, StreamEnd::Finished(f)),
+                Update::Failed(e) => self.end(stream, StreamEnd::Failed(e)),
+                token => {
+                    if let Some(s) = self.sessions.get_mut(&stream) {
+                        s.send(&token);
+                        if !s.listened() && !lonely.contains(&stream) {
+                            lonely.push(stream);
+                        }
+                    }
+                }
+            }
+        }
+        for stream in lonely {
+            debug!(%stream, "the client went away; stopping the stream");
+            self.unbind(stream, true);
+        }
+    }
+
+    /// Probes stalled streams' workers; moves streams stalled too long.
+    fn check_stalls(&mut self, ctx: &mut Context<Self>) {
+        let now = Instant::now();
+        let mut probe: HashSet<WorkerId> = HashSet::new();
+        let mut stalled: Vec<(StreamId, WorkerId)> = Vec::new();
+        for (id, s) in &self.sessions {
+            let Phase::Running(worker) = s.phase else {
+                continue;
+            };
+            let quiet = now.saturating_duration_since(s.last_progress);
+            if quiet >= self.settings.stall_timeout {
+                stalled.push((*id, worker));
+            } else if quiet >= self.settings.stall_probe
+                && !self.probing.contains(&worker)
+                && self
+                    .answered
+                    .get(&worker)
+                    .is_none_or(|t| now.saturating_duration_since(*t) >= self.settings.stall_probe)
+            {
+                probe.insert(worker);
+            }
+        }
+        for (stream, worker) in stalled {
+            self.resume(stream, Some(worker), "stalled", ctx);
+        }
+        for worker in probe {
+            self.probing.insert(worker);
+            let streams: Vec<(StreamId, u32)> = self
+                .sessions
+                .iter()
+                .filter(|(_, s)| s.phase == Phase::Running(worker))
+                .map(|(id, s)| (*id, s.attempt()))
+                .collect();
+            let nats = self.nats.clone();
+            let timeout = self.settings.stall_probe.max(Duration::from_millis(500));
+            ctx.spawn(
+                async move { nats.probe(worker, streams, timeout).await }
+                    .into_actor(self)
+                    .map(move |result, this, ctx| {
+                        this.probing.remove(&worker);
+                        match result {
+                            Probe::Alive(missing) => {
+                                this.answered.insert(worker, Instant::now());
+                                for (stream, attempt) in missing {
+                                    let still = this.sessions.get(&stream).is_some_and(|s| {
+                                        s.phase == Phase::Running(worker) && s.attempt() == attempt
+                                    });
+                                    if still {
+                                        this.resume(stream, None, "the worker lost it", ctx);
+                                    }
+                                }
+                            }
+                            Probe::Gone => {
+                                this.answered.remove(&worker);
+                                this.registry.do_send(ForgetWorker { worker });
+                                this.worker_lost(worker, "no responders", ctx);
+                            }
+                            Probe::Unknown => debug!(%worker, "probe unanswered"),
+                        }
+                    }),
+            );
+        }
+    }
+
+    fn collect(&self) {
+        let Some(store) = &self.store else { return };
+        let before = unix_now().saturating_sub(self.settings.reconnect_window.as_secs());
+        match store.collect(before) {
+            Ok(0) => {}
+            Ok(n) => debug!(streams = n, "collected ended streams from the store"),
+            Err(e) => warn!(error = %e, "cannot collect the store"),
+        }
+    }
+
+    /// Replays a stream that ended and left memory, from the store.
+    fn replay_ended(
+        &self,
+        stream: StreamId,
+        after: Option<u32>,
+        subscriber: &UnboundedSender<Update>,
+    ) -> Result<Attached, AttachError> {
+        let store = self.store.as_ref().ok_or(AttachError::Unknown(stream))?;
+        let record = store
+            .stream(stream)
+            .map_err(|e| AttachError::Store(e.to_string()))?
+            .ok_or(AttachError::Unknown(stream))?;
+        let Some(end) = &record.end else {
+            return Err(AttachError::Unknown(stream));
+        };
+        let from = after.map_or(0, |a| a.saturating_add(1));
+        let tokens = store
+            .tokens(stream, from)
+            .map_err(|e| AttachError::Store(e.to_string()))?;
+        for t in tokens {
+            let _ = subscriber.send(Update::Token {
+                index: t.index,
+                text: t.text,
+            });
+        }
+        let (update, prompt_tokens) = match end {
+            StreamEnd::Finished(f) => (Update::Finished(f.clone()), f.prompt_tokens),
+            StreamEnd::Failed(e) => (Update::Failed(e.clone()), 0),
+        };
+        let _ = subscriber.send(update);
+        Ok(Attached {
+            record,
+            prompt_tokens,
+        })
     }
 }
 
 impl Actor for Sessions {
     type Context = Context<Self>;
-}
 
-impl Handler<OpenSession> for Sessions {
-    type Result = ();
-
-    fn handle(&mut self, msg: OpenSession, _: &mut Context<Self>) {
-        self.table.open(msg.stream, msg.worker, msg.events);
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let tick = (self.settings.stall_probe / 2)
+            .clamp(Duration::from_millis(20), Duration::from_millis(250));
+        ctx.run_interval(tick, |this, ctx| this.check_stalls(ctx));
+        ctx.run_interval(Duration::from_secs(30), |this, _| this.collect());
+        for stream in std::mem::take(&mut self.recovered) {
+            info!(%stream, "dispatching a stream recovered from the store");
+            if let Some(s) = self.sessions.get_mut(&stream) {
+                s.record.attempt += 1;
+                let record = s.record.clone();
+                self.persist(stream, &record);
+            }
+            self.dispatch(stream, None, None, ctx);
+        }
     }
 }
 
-impl Handler<CloseSession> for Sessions {
+impl Handler<StartStream> for Sessions {
+    type Result = MessageResult<StartStream>;
+
+    fn handle(&mut self, msg: StartStream, ctx: &mut Context<Self>) -> Self::Result {
+        let (tx, rx) = oneshot::channel();
+        let mut session = Session::new(msg.record, Vec::new(), 0);
+        session.subscribers.push(msg.subscriber);
+        self.persist(msg.stream, &session.record);
+        self.sessions.insert(msg.stream, session);
+        self.dispatch(msg.stream, None, Some(tx), ctx);
+        MessageResult(rx)
+    }
+}
+
+impl Handler<Attach> for Sessions {
+    type Result = Result<Attached, AttachError>;
+
+    fn handle(&mut self, msg: Attach, ctx: &mut Context<Self>) -> Self::Result {
+        let Some(s) = self.sessions.get_mut(&msg.stream) else {
+            return self.replay_ended(msg.stream, msg.after, &msg.subscriber);
+        };
+        let from = msg.after.map_or(0, |a| a as usize + 1);
+        for (i, (_, text)) in s.tokens.iter().enumerate().skip(from) {
+            let _ = msg.subscriber.send(Update::Token {
+                index: i as u32,
+                text: text.clone(),
+            });
+        }
+        s.subscribers.push(msg.subscriber);
+        s.orphan = false;
+        let attached = Attached {
+            record: s.record.clone(),
+            prompt_tokens: s.prompt_tokens,
+        };
+        if s.phase == Phase::Detached {
+            info!(stream = %msg.stream, position = s.tokens.len(), "a client is back; resuming the stream");
+            // Not counted as a failover: nothing failed.
+            s.resumes = s.resumes.saturating_sub(1);
+            self.resume(msg.stream, None, "a client reattached", ctx);
+        }
+        Ok(attached)
+    }
+}
+
+impl Handler<Detach> for Sessions {
     type Result = ();
 
-    fn handle(&mut self, msg: CloseSession, _: &mut Context<Self>) {
-        if let Some(worker) = self.table.close(msg.stream) {
-            if msg.cancel {
-                debug!(stream = %msg.stream, %worker, "client went away, cancelling");
-                self.cancel(worker, vec![msg.stream]);
-            }
+    fn handle(&mut self, msg: Detach, _: &mut Context<Self>) {
+        let Some(s) = self.sessions.get_mut(&msg.stream) else {
+            return;
+        };
+        if !s.listened() {
+            debug!(stream = %msg.stream, "the client went away; stopping the stream");
+            self.unbind(msg.stream, true);
         }
     }
 }
@@ -215,11 +828,26 @@ impl Handler<CloseSession> for Sessions {
 impl Handler<DispatchTokens> for Sessions {
     type Result = ();
 
-    fn handle(&mut self, msg: DispatchTokens, _: &mut Context<Self>) {
-        let worker = msg.batch.worker;
-        let stop = self.table.dispatch(msg.batch);
-        if !stop.is_empty() {
-            self.cancel(worker, stop);
+    fn handle(&mut self, msg: DispatchTokens, ctx: &mut Context<Self>) {
+        let updates = self.accept(msg.batches, ctx);
+        if updates.is_empty() {
+            return;
+        }
+        match (&self.store, self.settings.checkpoint) {
+            (Some(store), CheckpointMode::Sync) => {
+                // No client sees a token before it is on disk; nothing else happens in
+                // this actor meanwhile.
+                let store = store.clone();
+                ctx.wait(async move { store.flush().await }.into_actor(self).map(
+                    move |flushed, this, _| {
+                        if let Err(e) = flushed {
+                            warn!(error = %e, "checkpoint flush failed");
+                        }
+                        this.forward(updates);
+                    },
+                ));
+            }
+            _ => self.forward(updates),
         }
     }
 }
@@ -227,89 +855,7 @@ impl Handler<DispatchTokens> for Sessions {
 impl Handler<WorkerLost> for Sessions {
     type Result = ();
 
-    fn handle(&mut self, msg: WorkerLost, _: &mut Context<Self>) {
-        let n = self.table.worker_lost(msg.worker);
-        if n > 0 {
-            warn!(worker = %msg.worker, streams = n, "worker lost, its streams fail");
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use baton_common::protocol::{FinishReason, Finished, StreamEvent, TokenEvent};
-    use tokio::sync::mpsc::unbounded_channel;
-
-    fn token(stream: StreamId, index: u32) -> StreamEvent {
-        StreamEvent {
-            stream,
-            kind: EventKind::Token(TokenEvent {
-                index,
-                id: 7,
-                text: "x".into(),
-            }),
-        }
-    }
-
-    fn batch(events: Vec<StreamEvent>) -> TokenBatch {
-        TokenBatch {
-            worker: WorkerId(1),
-            events,
-        }
-    }
-
-    #[test]
-    fn events_reach_their_stream_and_terminal_events_close_it() {
-        let mut t = SessionTable::default();
-        let (a, b) = (StreamId(1), StreamId(2));
-        let (tx_a, mut rx_a) = unbounded_channel();
-        let (tx_b, mut rx_b) = unbounded_channel();
-        t.open(a, WorkerId(1), tx_a);
-        t.open(b, WorkerId(1), tx_b);
-        let finished = StreamEvent {
-            stream: a,
-            kind: EventKind::Finished(Finished {
-                reason: FinishReason::Stop,
-                prompt_tokens: 3,
-                completion_tokens: 1,
-            }),
-        };
-        assert!(t
-            .dispatch(batch(vec![token(a, 0), token(b, 0), finished]))
-            .is_empty());
-        assert!(matches!(rx_a.try_recv(), Ok(EventKind::Token(_))));
-        assert!(matches!(rx_a.try_recv(), Ok(EventKind::Finished(_))));
-        assert!(matches!(rx_b.try_recv(), Ok(EventKind::Token(_))));
-        assert_eq!(t.len(), 1);
-        assert_eq!(t.close(a), None);
-        assert_eq!(t.close(b), Some(WorkerId(1)));
-    }
-
-    #[test]
-    fn unknown_or_abandoned_streams_are_stopped() {
-        let mut t = SessionTable::default();
-        let (tx, rx) = unbounded_channel();
-        t.open(StreamId(1), WorkerId(1), tx);
-        drop(rx);
-        let stop = t.dispatch(batch(vec![
-            token(StreamId(1), 0),
-            token(StreamId(9), 0),
-            token(StreamId(9), 1),
-        ]));
-        assert_eq!(stop, vec![StreamId(1), StreamId(9)]);
-        assert!(t.is_empty());
-    }
-
-    #[test]
-    fn a_lost_worker_fails_its_streams_only() {
-        let mut t = SessionTable::default();
-        let (tx_a, mut rx_a) = unbounded_channel();
-        let (tx_b, _rx_b) = unbounded_channel();
-        t.open(StreamId(1), WorkerId(1), tx_a);
-        t.open(StreamId(2), WorkerId(2), tx_b);
-        assert_eq!(t.worker_lost(WorkerId(1)), 1);
-        assert!(matches!(rx_a.try_recv(), Ok(EventKind::Failed(_))));
-        assert_eq!(t.len(), 1);
+    fn handle(&mut self, msg: WorkerLost, ctx: &mut Context<Self>) {
+        self.worker_lost(msg.worker, "left the registry", ctx);
     }
 }

@@ -75,6 +75,9 @@ pub enum ApiError {
     /// A fault of the coordinator itself.
     #[error("internal error: {0}")]
     Internal(String),
+    /// A reconnect names a stream this coordinator does not have.
+    #[error("{0}")]
+    StreamNotFound(String),
 }
 
 /// OpenAI's error body.
@@ -108,6 +111,7 @@ impl ApiError {
             ApiError::ContextLengthExceeded(_) => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::UnknownRoute(_) => StatusCode::NOT_FOUND,
+            ApiError::StreamNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -138,6 +142,7 @@ impl ApiError {
             ApiError::ContextLengthExceeded(_) => "context_length_exceeded",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::UnknownRoute(_) => "unknown_url",
+            ApiError::StreamNotFound(_) => "stream_not_found",
             ApiError::BodyTooLarge { .. } => "request_too_large",
             ApiError::Overloaded(_) => "overloaded",
             ApiError::Internal(_) => "internal_error",
@@ -191,7 +196,7 @@ impl ApiError {
             ErrorKind::UnknownModel => ApiError::ModelNotFound(model.to_string()),
             ErrorKind::Overloaded => ApiError::Overloaded(error.message),
             ErrorKind::Draining => ApiError::ModelUnavailable(model.to_string()),
-            ErrorKind::Internal => ApiError::WorkerFailed(error.message),
+            ErrorKind::Internal | ErrorKind::ChainMismatch => ApiError::WorkerFailed(error.message),
         }
     }
 
@@ -264,6 +269,7 @@ mod tests {
         assert_eq!(status(ApiError::ContextLengthExceeded("long".into())), 400);
         assert_eq!(status(ApiError::ModelNotFound("m".into())), 404);
         assert_eq!(status(ApiError::UnknownRoute("/x".into())), 404);
+        assert_eq!(status(ApiError::StreamNotFound("s".into())), 404);
         assert_eq!(status(ApiError::BodyTooLarge { limit: 1 }), 413);
         assert_eq!(status(ApiError::Overloaded("full".into())), 429);
         assert_eq!(status(ApiError::Internal("x".into())), 500);

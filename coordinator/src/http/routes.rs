@@ -1,42 +1,43 @@
 //! The HTTP handlers.
 //!
-//! A generation request is validated, routed to a worker, given a session (before the
-//! submit: tokens may arrive before the reply), submitted, and then answered either as
-//! one JSON body or as Server-Sent Events. A worker that is gone, full or draining is
-//! skipped for another one, a few times at most.
+//! A generation request is validated and handed to the sessions actor, which
+//! checkpoints it, routes it and submits it (a worker that is gone, full or draining is
+//! skipped for another one, a few times at most); it is then answered either as one JSON
+//! body or as Server-Sent Events. A request with a `Last-Event-ID` header — or
+//! `GET /v1/streams/{id}` — reattaches to a stream instead: what came after that
+//! position, then the live rest.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::web::{self, Bytes, BytesMut};
 use actix_web::{HttpRequest, HttpResponse};
-use baton_common::ids::{StreamId, WorkerId};
-use baton_common::protocol::{ErrorKind, EventKind, FinishReason, SeqRequest, SubmitOutcome};
+use baton_common::ids::StreamId;
+use baton_common::protocol::{FinishReason, SeqRequest};
 use futures::StreamExt;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
-use tracing::{debug, info};
+use tracing::info;
 
 use super::error::ApiError;
 use super::openai::{
     ChatChoice, ChatCompletion, ChatMessageOut, Completion, CompletionChoice, ModelCard, ModelList,
     Usage,
 };
-use super::sse::{response_id, ChunkWriter, SseStream};
+use super::sse::{response_id, ChunkWriter, SseStream, StreamGuard};
 use super::validate::{Endpoint, ValidRequest};
 use super::AppState;
-use crate::actors::messages::{CheckHealth, ListModels, OpenSession, RouteStream};
+use crate::actors::messages::{CheckHealth, ListModels};
 use crate::actors::registry::HealthStatus;
-use crate::actors::sessions::SessionGuard;
-use crate::nats::SubmitError;
-
-/// Most workers one request is offered to before giving up.
-pub const MAX_SUBMIT_ATTEMPTS: usize = 3;
+use crate::actors::sessions::{Attach, AttachError, StartStream, Update};
+use crate::dispatch::DispatchError;
+use crate::store::StreamRecord;
 
 /// Registers every route on `cfg`.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/v1/chat/completions", web::post().to(chat_completions))
         .route("/v1/completions", web::post().to(completions))
         .route("/v1/models", web::get().to(models))
+        .route("/v1/streams/{id}", web::get().to(stream_events))
         .route("/health", web::get().to(health));
 }
 
@@ -54,6 +55,9 @@ async fn chat_completions(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
+    if let Some((stream, after)) = last_event_id(&req)? {
+        return reattach(&state, stream, after).await;
+    }
     let body = read_body(&req, payload, state.config.max_body_bytes).await?;
     let request = ValidRequest::chat(&body, &state.config)?;
     generate(&state, request).await
@@ -64,6 +68,9 @@ async fn completions(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
+    if let Some((stream, after)) = last_event_id(&req)? {
+        return reattach(&state, stream, after).await;
+    }
     let body = read_body(&req, payload, state.config.max_body_bytes).await?;
     let request = ValidRequest::completion(&body, &state.config)?;
     generate(&state, request).await
@@ -125,41 +132,112 @@ async fn read_body(
     Ok(body.freeze())
 }
 
-/// A stream a worker accepted.
-struct Accepted {
-    events: UnboundedReceiver<EventKind>,
-    guard: SessionGuard,
+/// Shapes an answer for `endpoint` and streams or collects it.
+struct Answer {
+    endpoint: Endpoint,
+    stream: StreamId,
+    model: String,
+    created: u64,
+    include_usage: bool,
     prompt_tokens: u32,
+    events: UnboundedReceiver<Update>,
+    guard: StreamGuard,
 }
 
 async fn generate(state: &AppState, request: ValidRequest) -> Result<HttpResponse, ApiError> {
-    let accepted = submit(state, &request).await?;
+    let stream = StreamId::random();
     let created = unix_now();
-    let idle_timeout = Duration::from_millis(state.config.stream_timeout_ms);
-    let stream = accepted.guard.stream();
+    let record = StreamRecord {
+        request: SeqRequest {
+            stream,
+            model: request.model.clone(),
+            prompt: request.prompt.clone(),
+            params: request.params.clone(),
+            attempt: 0,
+            resume: None,
+        },
+        endpoint: request.endpoint,
+        include_usage: request.include_usage,
+        created,
+        attempt: 0,
+        worker: None,
+        end: None,
+        ended_at: 0,
+    };
+    let (tx, events) = unbounded_channel();
+    // From here on, a client that goes away stops the stream.
+    let guard = StreamGuard::new(stream, state.sessions.clone());
+    let accepted = state
+        .sessions
+        .send(StartStream {
+            stream,
+            record,
+            subscriber: tx,
+        })
+        .await?;
+    let prompt_tokens = match accepted.await {
+        Ok(Ok(n)) => n,
+        Ok(Err(e)) => return Err(dispatch_error(e, &request.model)),
+        Err(_) => return Err(ApiError::Internal("the stream's session closed".into())),
+    };
+    let answer = Answer {
+        endpoint: request.endpoint,
+        stream,
+        model: request.model,
+        created,
+        include_usage: request.include_usage,
+        prompt_tokens,
+        events,
+        guard,
+    };
     if request.stream {
-        let body = SseStream {
-            events: accepted.events,
-            guard: accepted.guard,
-            writer: ChunkWriter::new(request.endpoint, stream, request.model.clone(), created),
-            idle_timeout,
-            include_usage: request.include_usage,
-            prompt_tokens: accepted.prompt_tokens,
-        };
-        return Ok(HttpResponse::Ok()
-            .content_type("text/event-stream")
-            .insert_header((header::CACHE_CONTROL, HeaderValue::from_static("no-cache")))
-            .insert_header(("X-Accel-Buffering", HeaderValue::from_static("no")))
-            .streaming(body.into_body()));
+        Ok(sse_response(state, answer, false))
+    } else {
+        respond_whole(state, answer).await
     }
-    let (text, reason, usage) = collect(accepted, &request.model, idle_timeout).await?;
-    let id = response_id(request.endpoint, stream);
-    Ok(match request.endpoint {
+}
+
+/// The error of a new stream that no worker took.
+fn dispatch_error(e: DispatchError, model: &str) -> ApiError {
+    match e {
+        DispatchError::Route(e) => e.into(),
+        DispatchError::Submit(e) => e.into(),
+        DispatchError::Refused(e) => ApiError::from_worker(e, model),
+        DispatchError::Mailbox(e) => e.into(),
+    }
+}
+
+fn sse_response(state: &AppState, answer: Answer, resumed: bool) -> HttpResponse {
+    let mut writer = ChunkWriter::new(answer.endpoint, answer.stream, answer.model, answer.created);
+    if resumed {
+        writer.role_sent();
+    }
+    let body = SseStream {
+        events: answer.events,
+        guard: answer.guard,
+        writer,
+        idle_timeout: Duration::from_millis(state.config.stream_timeout_ms),
+        include_usage: answer.include_usage,
+        prompt_tokens: answer.prompt_tokens,
+    };
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header((header::CACHE_CONTROL, HeaderValue::from_static("no-cache")))
+        .insert_header(("X-Accel-Buffering", HeaderValue::from_static("no")))
+        .streaming(body.into_body())
+}
+
+async fn respond_whole(state: &AppState, answer: Answer) -> Result<HttpResponse, ApiError> {
+    let idle_timeout = Duration::from_millis(state.config.stream_timeout_ms);
+    let id = response_id(answer.endpoint, answer.stream);
+    let (endpoint, model, created) = (answer.endpoint, answer.model.clone(), answer.created);
+    let (text, reason, usage) = collect(answer, idle_timeout).await?;
+    Ok(match endpoint {
         Endpoint::Chat => HttpResponse::Ok().json(ChatCompletion {
             id,
             object: "chat.completion",
             created,
-            model: request.model,
+            model,
             choices: vec![ChatChoice {
                 index: 0,
                 message: ChatMessageOut {
@@ -175,7 +253,7 @@ async fn generate(state: &AppState, request: ValidRequest) -> Result<HttpRespons
             id,
             object: "text_completion",
             created,
-            model: request.model,
+            model,
             choices: vec![CompletionChoice {
                 text,
                 index: 0,
@@ -189,13 +267,12 @@ async fn generate(state: &AppState, request: ValidRequest) -> Result<HttpRespons
 
 /// Waits for a whole answer.
 async fn collect(
-    mut accepted: Accepted,
-    model: &str,
+    mut answer: Answer,
     idle_timeout: Duration,
 ) -> Result<(String, FinishReason, Usage), ApiError> {
     let mut text = String::new();
     loop {
-        let event = match tokio::time::timeout(idle_timeout, accepted.events.recv()).await {
+        let event = match tokio::time::timeout(idle_timeout, answer.events.recv()).await {
             Ok(Some(event)) => event,
             Ok(None) => return Err(ApiError::Internal("the stream's session closed".into())),
             Err(_) => {
@@ -204,108 +281,106 @@ async fn collect(
             }
         };
         match event {
-            EventKind::Token(token) => text.push_str(&token.text),
-            EventKind::Finished(f) => {
-                accepted.guard.finish();
+            Update::Token { text: t, .. } => text.push_str(&t),
+            Update::Finished(f) => {
                 let prompt = if f.prompt_tokens > 0 {
                     f.prompt_tokens
                 } else {
-                    accepted.prompt_tokens
+                    answer.prompt_tokens
                 };
                 return Ok((text, f.reason, Usage::new(prompt, f.completion_tokens)));
             }
-            EventKind::Failed(error) => {
-                accepted.guard.finish();
-                return Err(ApiError::from_worker(error, model));
-            }
+            Update::Failed(error) => return Err(ApiError::from_worker(error, &answer.model)),
         }
     }
 }
 
-/// Routes and submits the request, trying another worker when one is gone, full or
-/// draining.
-async fn submit(state: &AppState, request: &ValidRequest) -> Result<Accepted, ApiError> {
-    let mut exclude: Vec<WorkerId> = Vec::new();
-    let mut last_error: Option<ApiError> = None;
-    for _ in 0..MAX_SUBMIT_ATTEMPTS {
-        let route = state
-            .registry
-            .send(RouteStream {
-                model: request.model.clone(),
-                exclude: exclude.clone(),
-            })
-            .await?;
-        let worker = match route {
-            Ok(worker) => worker,
-            // A refusal from a worker says more than "no other worker".
-            Err(e) => return Err(last_error.unwrap_or_else(|| e.into())),
-        };
-        let stream = StreamId::random();
-        let (tx, events) = unbounded_channel();
-        state
-            .sessions
-            .send(OpenSession {
-                stream,
-                worker,
-                events: tx,
-            })
-            .await?;
-        let mut guard = SessionGuard::new(
-            stream,
-            worker,
-            state.sessions.clone(),
-            state.registry.clone(),
-        );
-        let sequence = SeqRequest {
-            stream,
-            model: request.model.clone(),
-            prompt: request.prompt.clone(),
-            params: request.params.clone(),
-        };
-        let timeout = Duration::from_millis(state.config.submit_timeout_ms);
-        let reply = match state.nats.submit(worker, vec![sequence], timeout).await {
-            Ok(reply) => reply,
-            Err(SubmitError::NoResponders) => {
-                debug!(%worker, "worker gone, trying another");
-                guard.finish();
-                exclude.push(worker);
-                last_error = Some(SubmitError::NoResponders.into());
-                continue;
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let outcome = reply.outcomes.into_iter().find(|o| match o {
-            SubmitOutcome::Accepted(a) => a.stream == stream,
-            SubmitOutcome::Refused(r) => r.stream == stream,
-        });
-        match outcome {
-            Some(SubmitOutcome::Accepted(a)) => {
-                info!(%stream, %worker, model = %request.model, prompt_tokens = a.prompt_tokens, "stream accepted");
-                return Ok(Accepted {
-                    events,
-                    guard,
-                    prompt_tokens: a.prompt_tokens,
-                });
-            }
-            Some(SubmitOutcome::Refused(r)) => {
-                guard.finish();
-                let retry = matches!(r.error.kind, ErrorKind::Overloaded | ErrorKind::Draining);
-                debug!(%stream, %worker, kind = r.error.kind.as_str(), "submit refused");
-                let error = ApiError::from_worker(r.error, &request.model);
-                if !retry {
-                    return Err(error);
-                }
-                exclude.push(worker);
-                last_error = Some(error);
-            }
-            None => {
-                return Err(ApiError::WorkerFailed(format!(
-                    "worker {worker} answered without an outcome for stream {stream}"
-                )))
-            }
+/// `Last-Event-ID: <stream id>:<position>` (or a bare stream id: from the start).
+fn parse_last_event_id(value: &str) -> Result<(StreamId, Option<u32>), ApiError> {
+    let bad = || ApiError::InvalidRequest {
+        param: None,
+        message: format!(
+            "Last-Event-ID {value:?} is not `<stream id>:<position>` as this server's events carry"
+        ),
+    };
+    let (id, position) = match value.trim().split_once(':') {
+        Some((id, pos)) => (id, Some(pos.parse::<u32>().map_err(|_| bad())?)),
+        None => (value.trim(), None),
+    };
+    let stream = id.parse::<StreamId>().map_err(|_| bad())?;
+    Ok((stream, position))
+}
+
+/// The `Last-Event-ID` of a request, if it has one.
+fn last_event_id(req: &HttpRequest) -> Result<Option<(StreamId, Option<u32>)>, ApiError> {
+    match req.headers().get("last-event-id") {
+        None => Ok(None),
+        Some(v) => {
+            let v = v.to_str().map_err(|_| ApiError::InvalidRequest {
+                param: None,
+                message: "Last-Event-ID is not text".into(),
+            })?;
+            parse_last_event_id(v).map(Some)
         }
     }
-    Err(last_error.unwrap_or_else(|| ApiError::ModelUnavailable(request.model.clone())))
+}
+
+/// Reattaches a client to `stream`: what comes after `after`, then the live rest, as SSE.
+async fn reattach(
+    state: &AppState,
+    stream: StreamId,
+    after: Option<u32>,
+) -> Result<HttpResponse, ApiError> {
+    let (tx, events) = unbounded_channel();
+    let guard = StreamGuard::new(stream, state.sessions.clone());
+    let attached = state
+        .sessions
+        .send(Attach {
+            stream,
+            after,
+            subscriber: tx,
+        })
+        .await?
+        .map_err(|e| match e {
+            AttachError::Unknown(_) => ApiError::StreamNotFound(e.to_string()),
+            AttachError::Store(m) => ApiError::Internal(m),
+        })?;
+    info!(%stream, ?after, "client reattached");
+    let record = attached.record;
+    let answer = Answer {
+        endpoint: record.endpoint,
+        stream,
+        model: record.request.model,
+        created: record.created,
+        include_usage: record.include_usage,
+        prompt_tokens: attached.prompt_tokens,
+        events,
+        guard,
+    };
+    Ok(sse_response(state, answer, after.is_some()))
+}
+
+/// `GET /v1/streams/{id}`: a stream's events as SSE, from the start or after the
+/// request's `Last-Event-ID`.
+async fn stream_events(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let stream = path
+        .parse::<StreamId>()
+        .map_err(|_| ApiError::StreamNotFound(format!("{:?} is not a stream id", path.as_str())))?;
+    let after = match last_event_id(&req)? {
+        Some((id, after)) if id == stream => after,
+        Some(_) => {
+            return Err(ApiError::InvalidRequest {
+                param: None,
+                message: "Last-Event-ID names another stream".into(),
+            })
+        }
+        None => None,
+    };
+    reattach(&state, stream, after).await
 }
 
 fn unix_now() -> u64 {
@@ -313,4 +388,25 @@ fn unix_now() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_event_ids_parse() {
+        let id = StreamId(0xabc);
+        assert_eq!(
+            parse_last_event_id(&format!("{id}:17")).expect("parse"),
+            (id, Some(17))
+        );
+        assert_eq!(
+            parse_last_event_id(&id.to_string()).expect("parse"),
+            (id, None)
+        );
+        for bad in ["", "nope:1", &format!("{id}:x"), &format!("{id}:-1")] {
+            assert!(parse_last_event_id(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -10,9 +10,10 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::time::Duration;
 
+use actix::Addr;
 use actix_web::web::Bytes;
 use baton_common::ids::StreamId;
-use baton_common::protocol::{EventKind, FinishReason};
+use baton_common::protocol::FinishReason;
 use futures::Stream;
 use serde::Serialize;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -20,7 +21,35 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use super::error::ApiError;
 use super::openai::{ChatChunk, ChatChunkChoice, Completion, CompletionChoice, Delta, Usage};
 use super::validate::Endpoint;
-use crate::actors::sessions::SessionGuard;
+use crate::actors::sessions::{Detach, Sessions, Update};
+
+/// Tells the sessions when a client's answer is dropped (finished, or the client went
+/// away): a stream nobody listens to any more stops on its worker.
+#[derive(Debug)]
+pub struct StreamGuard {
+    stream: StreamId,
+    sessions: Addr<Sessions>,
+}
+
+impl StreamGuard {
+    /// Guards the subscription of one client to `stream`.
+    pub fn new(stream: StreamId, sessions: Addr<Sessions>) -> Self {
+        Self { stream, sessions }
+    }
+
+    /// The stream.
+    pub fn stream(&self) -> StreamId {
+        self.stream
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.sessions.do_send(Detach {
+            stream: self.stream,
+        });
+    }
+}
 
 /// The last frame of a successful stream.
 pub const DONE: &str = "data: [DONE]\n\n";
@@ -84,6 +113,11 @@ impl ChunkWriter {
             model,
             role_sent: false,
         }
+    }
+
+    /// The client already has the first chunk (a reattached stream): no `role` again.
+    pub fn role_sent(&mut self) {
+        self.role_sent = true;
     }
 
     /// The chunk of new `text`.
@@ -173,10 +207,11 @@ pub fn response_id(endpoint: Endpoint, stream: StreamId) -> String {
 /// What the SSE body needs of an accepted stream.
 #[derive(Debug)]
 pub struct SseStream {
-    /// The stream's events.
-    pub events: UnboundedReceiver<EventKind>,
-    /// Closes the session (and cancels, if unfinished) when the body is dropped.
-    pub guard: SessionGuard,
+    /// The stream's updates. Declared before `guard`: dropped first, so that the
+    /// sessions see the channel closed when the guard's detach arrives.
+    pub events: UnboundedReceiver<Update>,
+    /// Detaches from the session when the body is dropped.
+    pub guard: StreamGuard,
     /// Shapes the chunks.
     pub writer: ChunkWriter,
     /// Longest wait for the next event.
@@ -195,7 +230,7 @@ struct State {
 
 impl SseStream {
     /// The response body: frames until the stream ends. Dropping it (the client went
-    /// away) drops the guard, which cancels the stream on the worker.
+    /// away) drops the guard: a stream nobody listens to stops on its worker.
     pub fn into_body(self) -> impl Stream<Item = Result<Bytes, Infallible>> {
         let state = State {
             s: self,
@@ -231,15 +266,14 @@ impl State {
             }
         };
         match event {
-            EventKind::Token(token) => {
-                if !token.text.is_empty() {
-                    let id = format!("{stream}:{}", token.index);
-                    let data = self.s.writer.text(&token.text);
+            Update::Token { index, text } => {
+                if !text.is_empty() {
+                    let id = format!("{stream}:{index}");
+                    let data = self.s.writer.text(&text);
                     self.pending.push_back(frame(None, Some(&id), &data));
                 }
             }
-            EventKind::Finished(f) => {
-                self.s.guard.finish();
+            Update::Finished(f) => {
                 let id = format!("{stream}:{}", f.completion_tokens);
                 let data = self.s.writer.finish(f.reason);
                 self.pending.push_back(frame(None, Some(&id), &data));
@@ -255,8 +289,7 @@ impl State {
                 self.pending.push_back(Bytes::from_static(DONE.as_bytes()));
                 self.ended = true;
             }
-            EventKind::Failed(error) => {
-                self.s.guard.finish();
+            Update::Failed(error) => {
                 let model = self.s.writer.model.clone();
                 self.fail(ApiError::from_worker(error, &model));
             }

@@ -17,7 +17,7 @@ use super::openai::{ChatMessageIn, ChatRequest, CompletionRequest, SamplingField
 pub const MAX_STOP_STRINGS: usize = 16;
 
 /// Which API a request came through (decides the response shapes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub enum Endpoint {
     /// `/v1/chat/completions`.
     Chat,

@@ -153,7 +153,10 @@ impl FakeWorker {
             while let Some(msg) = cancels.next().await {
                 if let Ok(wire) = decode(&msg.payload) {
                     if let Body::Cancel(c) = wire.body {
-                        l.cancelled.lock().expect("lock").extend(c.streams);
+                        l.cancelled
+                            .lock()
+                            .expect("lock")
+                            .extend(c.streams.iter().map(|s| s.stream));
                     }
                 }
             }
@@ -197,19 +200,23 @@ impl FakeWorker {
                             stream: sr.stream,
                             prompt_tokens: PROMPT_TOKENS,
                         }));
-                        runs.push((sr.stream, sr.params.max_tokens, text));
+                        runs.push((sr.stream, sr.attempt, sr.params.max_tokens, text));
                     }
                 }
                 let reply = seq.encode(Body::SubmitReply(SubmitReply { outcomes }));
                 // Tokens first, reply second: the coordinator must cope with either order.
-                for (stream, max_tokens, text) in runs {
+                for (stream, attempt, max_tokens, text) in runs {
                     let (c, s, q, l) = (c.clone(), subjects.clone(), seq.clone(), l.clone());
                     let coordinator = submit.coordinator;
                     tokio::spawn(async move {
                         let send = |kind| {
                             let batch = TokenBatch {
                                 worker: id,
-                                events: vec![StreamEvent { stream, kind }],
+                                events: vec![StreamEvent {
+                                    stream,
+                                    attempt,
+                                    kind,
+                                }],
                             };
                             let bytes = q.encode(Body::Tokens(batch));
                             let c = c.clone();
@@ -226,6 +233,7 @@ impl FakeWorker {
                             send(EventKind::Token(TokenEvent {
                                 index: i,
                                 id: i,
+                                hash: 0,
                                 text: word,
                             }))
                             .await;

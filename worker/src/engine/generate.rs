@@ -56,6 +56,14 @@ pub enum EngineError {
     /// The forward pass refused its input.
     #[error(transparent)]
     Forward(#[from] ForwardError),
+    /// A resume's tokens go on after the sequence would have ended.
+    #[error("resumed token {index} of {tokens} comes after the sequence's end")]
+    ResumePastEnd {
+        /// Index of the first token past the end.
+        index: usize,
+        /// Tokens in the resume.
+        tokens: usize,
+    },
 }
 
 impl EngineError {
@@ -72,6 +80,7 @@ impl EngineError {
             EngineError::PromptTooLong { .. } => "prompt_too_long",
             EngineError::ZeroMaxTokens => "invalid_max_tokens",
             EngineError::Forward(_) => "forward",
+            EngineError::ResumePastEnd { .. } => "resume_past_end",
         }
     }
 }
@@ -294,6 +303,35 @@ impl<B: Backend> Engine<B> {
         })
     }
 
+    /// Continues a sequence whose first `tokens` were generated elsewhere (a stream
+    /// resumed from a checkpoint): they are replayed through the stop conditions and the
+    /// text decoder without sampling, and run through the model with the prompt at the
+    /// next step. The sequence is then in the state an uninterrupted run had after
+    /// `tokens`; with the counter-based sampler it goes on to the same tokens.
+    pub fn resume(
+        &self,
+        prompt_ids: Vec<u32>,
+        tokens: &[u32],
+        params: GenerateParams,
+    ) -> Result<Sequence<B>, EngineError> {
+        let mut seq = self.start(prompt_ids, params)?;
+        let vocab = self.model.config().vocab;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ForwardError::BadToken { id, vocab }.into());
+        }
+        for (i, &id) in tokens.iter().enumerate() {
+            if seq.finish.is_some() {
+                return Err(EngineError::ResumePastEnd {
+                    index: i,
+                    tokens: tokens.len(),
+                });
+            }
+            seq.commit(self, id)?;
+        }
+        seq.pending.extend_from_slice(tokens);
+        Ok(seq)
+    }
+
     /// Advances every unfinished sequence by one token with one forward pass, and
     /// returns the token event of each (in order; `None` for sequences already finished).
     pub fn step(
@@ -398,10 +436,17 @@ impl<B: Backend> Sequence<B> {
             Vec::new()
         };
         let id = self.params.sampling.sample(logits, &history, position);
-        let index = self.generated.len();
-        self.generated.push(id);
         self.pending.clear();
         self.pending.push(id);
+        self.commit(engine, id)
+    }
+
+    /// Appends `id` to the output and applies the stop conditions; returns the token's
+    /// event. The same for a sampled token and for one replayed on resume, so that a
+    /// resumed sequence is in exactly the state the original was.
+    fn commit(&mut self, engine: &Engine<B>, id: u32) -> Result<TokenEvent, EngineError> {
+        let index = self.generated.len();
+        self.generated.push(id);
 
         let is_end = !self.params.ignore_eos && engine.end_tokens.contains(&id);
         let mut text = String::new();
@@ -420,7 +465,7 @@ impl<B: Backend> Sequence<B> {
         if self.finish.is_none() {
             if self.generated.len() >= self.params.max_tokens {
                 self.finish = Some(FinishReason::MaxTokens);
-            } else if self.cache.len() + 1 >= engine.context_length() {
+            } else if self.prompt_ids.len() + self.generated.len() >= engine.context_length() {
                 self.finish = Some(FinishReason::ContextFull);
             }
         }

@@ -8,7 +8,9 @@ use std::{
 use actix::prelude::*;
 use baton_common::{
     ids::{StreamId, WorkerId},
-    protocol::{Body, Heartbeat, ModelInfo, Sequencer, Submit, SubmitReply},
+    protocol::{
+        Body, Heartbeat, ModelInfo, ProbeReply, Sequencer, StreamAttempt, Submit, SubmitReply,
+    },
     subjects::Subjects,
 };
 
@@ -108,12 +110,45 @@ impl Handler<SubmitMsg> for Worker {
     }
 }
 
+/// A coordinator asks whether this worker is alive.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ProbeMsg {
+    /// The streams the coordinator expects here.
+    pub streams: Vec<StreamAttempt>,
+    /// Where the coordinator waits for the answer.
+    pub reply: async_nats::Subject,
+}
+
+impl Handler<ProbeMsg> for Worker {
+    type Result = ();
+
+    fn handle(&mut self, msg: ProbeMsg, _: &mut Self::Context) {
+        let payload = self.sequencer.encode(Body::ProbeReply(ProbeReply {
+            worker: self.id,
+            running: self.load.running.load(Ordering::Relaxed) as u32,
+            queued: self.load.queued.load(Ordering::Relaxed) as u32,
+            missing: msg
+                .streams
+                .into_iter()
+                .filter(|s| !self.load.holds(s.stream, s.attempt))
+                .collect(),
+        }));
+        let client = self.client.clone();
+        actix::spawn(async move {
+            if let Err(e) = client.publish(msg.reply, payload.into()).await {
+                tracing::warn!(error = %e, "probe reply not published");
+            }
+        });
+    }
+}
+
 /// Sequences to stop.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct CancelMsg {
-    /// The streams.
-    pub streams: Vec<StreamId>,
+    /// The streams and the latest attempt of each to stop.
+    pub streams: Vec<(StreamId, u32)>,
 }
 
 impl Handler<CancelMsg> for Worker {

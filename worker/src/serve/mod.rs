@@ -12,6 +12,7 @@ pub mod scheduler;
 pub mod sim;
 
 use std::{
+    collections::HashMap,
     path::PathBuf,
     sync::{mpsc, Arc},
     time::Duration,
@@ -22,7 +23,7 @@ use anyhow::Context as _;
 use baton_common::{
     config::ClusterConfig,
     env,
-    ids::WorkerId,
+    ids::{CoordinatorId, WorkerId},
     protocol::{decode, Body, ModelInfo, Sequencer, TokenBatch},
     subjects::Subjects,
 };
@@ -33,7 +34,7 @@ use crate::{
     backend::{BackendKind, CpuBackend},
     engine::{llama::WeightDtype, Engine},
 };
-use actor::{CancelMsg, Drain, SubmitMsg, Worker};
+use actor::{CancelMsg, Drain, ProbeMsg, SubmitMsg, Worker};
 use scheduler::{Limits, Load, Outbox, SeqEngine};
 
 /// Arguments of `serve`; each overrides `cluster.toml`.
@@ -220,12 +221,23 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 addr.do_send(SubmitMsg { submit, reply });
                 true
             }
+            Body::Probe(probe) => {
+                if let Some(reply) = reply {
+                    addr.do_send(ProbeMsg {
+                        streams: probe.streams,
+                        reply,
+                    });
+                }
+                true
+            }
             _ => false,
         });
         let addr = worker.clone();
         listen(cancels, "cancel", move |body, _| match body {
             Body::Cancel(c) => {
-                addr.do_send(CancelMsg { streams: c.streams });
+                addr.do_send(CancelMsg {
+                    streams: c.streams.iter().map(|s| (s.stream, s.attempt)).collect(),
+                });
                 true
             }
             _ => false,
@@ -236,10 +248,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             let client = client.clone();
             let subjects = subjects.clone();
             actix::spawn(async move {
+                // One envelope sequence per subject: a coordinator sees a gap in its own
+                // subject's numbers only when one of its messages was lost.
+                let mut sequencers: HashMap<CoordinatorId, Sequencer> = HashMap::new();
                 while let Some(outbox) = out_rx.recv().await {
                     for (coordinator, events) in outbox {
-                        let payload =
-                            sequencer.encode(Body::Tokens(TokenBatch { worker: id, events }));
+                        let payload = sequencers
+                            .entry(coordinator)
+                            .or_insert_with(|| Sequencer::new(id.0))
+                            .encode(Body::Tokens(TokenBatch { worker: id, events }));
                         if let Err(e) = client
                             .publish(subjects.tokens(coordinator), payload.into())
                             .await

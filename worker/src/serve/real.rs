@@ -6,7 +6,7 @@ use baton_common::protocol::{
 };
 use burn_tensor::backend::Backend;
 
-use super::scheduler::SeqEngine;
+use super::scheduler::{SeqEngine, Started};
 use crate::engine::{
     chat::ChatMessage, sampler::SamplingParams, Engine, EngineError, FinishReason, GenerateParams,
     Prompt, Sequence,
@@ -34,7 +34,8 @@ fn wire_error(e: EngineError) -> WireError {
         | EngineError::NoChatTemplate
         | EngineError::Chat(_)
         | EngineError::Tokenizer(_)
-        | EngineError::Forward(_) => ErrorKind::InvalidRequest,
+        | EngineError::Forward(_)
+        | EngineError::ResumePastEnd { .. } => ErrorKind::InvalidRequest,
         EngineError::Gguf(_) | EngineError::Load(_) => ErrorKind::Internal,
     };
     WireError {
@@ -70,7 +71,7 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
         }
     }
 
-    fn start(&self, req: &SeqRequest) -> Result<(Self::Seq, u32), WireError> {
+    fn start(&self, req: &SeqRequest) -> Result<Started<Self::Seq>, WireError> {
         if req.model != self.name {
             return Err(WireError {
                 kind: ErrorKind::UnknownModel,
@@ -91,12 +92,16 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
             PromptSpec::Tokens(ids) => Ok(ids.clone()),
         }
         .map_err(wire_error)?;
-        let n = ids.len() as u32;
-        let seq = self
-            .engine
-            .start(ids, generate_params(&req.params))
-            .map_err(wire_error)?;
-        Ok((seq, n))
+        let params = generate_params(&req.params);
+        let seq = match &req.resume {
+            None => self.engine.start(ids.clone(), params),
+            Some(resume) => self.engine.resume(ids.clone(), &resume.tokens, params),
+        }
+        .map_err(wire_error)?;
+        Ok(Started {
+            seq,
+            prompt_ids: ids,
+        })
     }
 
     fn step(&self, seqs: &mut [&mut Self::Seq]) -> Result<Vec<Vec<EventKind>>, WireError> {
@@ -110,6 +115,7 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
                     out.push(EventKind::Token(TokenEvent {
                         index: ev.index as u32,
                         id: ev.id,
+                        hash: 0,
                         text: ev.text,
                     }));
                 }

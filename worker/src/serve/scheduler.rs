@@ -14,12 +14,21 @@ use std::{
 };
 
 use baton_common::{
+    chain::Chain,
     ids::{CoordinatorId, StreamId},
     protocol::{
         Accepted, ErrorKind, EventKind, ModelInfo, Refused, SeqRequest, StreamEvent, SubmitOutcome,
         WireError,
     },
 };
+
+/// A sequence an engine started, with the prompt it tokenized.
+pub struct Started<S> {
+    /// The sequence, ready for its first step (a resumed one has replayed its tokens).
+    pub seq: S,
+    /// The prompt's token ids: the start of the stream's hash chain.
+    pub prompt_ids: Vec<u32>,
+}
 
 /// An engine that advances many sequences one token per step.
 pub trait SeqEngine {
@@ -29,11 +38,16 @@ pub trait SeqEngine {
     /// The model served.
     fn model_info(&self) -> ModelInfo;
 
-    /// Tokenizes and validates a request; returns the sequence and its prompt length.
-    fn start(&self, req: &SeqRequest) -> Result<(Self::Seq, u32), WireError>;
+    /// Tokenizes and validates a request and starts its sequence. A request with a
+    /// [`SeqRequest::resume`] replays the resumed tokens, so that its next step produces
+    /// the token after them.
+    fn start(&self, req: &SeqRequest) -> Result<Started<Self::Seq>, WireError>;
 
     /// Advances every sequence by one token; one entry per sequence, in order: the
-    /// events it produced (a token, then possibly how it finished).
+    /// events it produced (a token, then possibly how it finished). A sequence that is
+    /// already finished (a resume that ended with its last replayed token) produces
+    /// only its `Finished` event. Token events leave `hash` at 0: the scheduler, which
+    /// keeps each sequence's chain, fills it in.
     fn step(&self, seqs: &mut [&mut Self::Seq]) -> Result<Vec<Vec<EventKind>>, WireError>;
 
     /// Bytes of KV cache a sequence holds.
@@ -51,8 +65,8 @@ pub enum Command {
         /// One outcome per sequence.
         reply: tokio::sync::oneshot::Sender<Vec<SubmitOutcome>>,
     },
-    /// Stop these sequences.
-    Cancel(Vec<StreamId>),
+    /// Stop these sequences: each stream's attempts up to the one given.
+    Cancel(Vec<(StreamId, u32)>),
     /// Refuse new work from now on.
     Drain,
 }
@@ -68,6 +82,27 @@ pub struct Load {
     pub kv_bytes: AtomicU64,
     /// Tokens generated since start.
     pub tokens: AtomicU64,
+    /// Every (stream, attempt) held, running or queued.
+    pub held: std::sync::Mutex<std::collections::HashSet<(StreamId, u32)>>,
+}
+
+impl Load {
+    /// Whether `stream`'s `attempt` is held here.
+    pub fn holds(&self, stream: StreamId, attempt: u32) -> bool {
+        self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(&(stream, attempt))
+    }
+
+    fn set_held<'a>(&self, slots: impl Iterator<Item = (StreamId, u32)> + 'a) {
+        let mut held = self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.clear();
+        held.extend(slots);
+    }
 }
 
 /// Limits of the batch.
@@ -84,7 +119,50 @@ pub struct Limits {
 struct Slot<S> {
     coordinator: CoordinatorId,
     stream: StreamId,
+    /// The dispatch attempt, echoed in every event.
+    attempt: u32,
+    /// The stream's hash chain, up to the last token produced.
+    chain: Chain,
     seq: S,
+}
+
+/// Starts `req` on `engine`, checking a resume's chain hash against this engine's own.
+fn start_slot<E: SeqEngine>(
+    engine: &E,
+    coordinator: CoordinatorId,
+    req: &SeqRequest,
+) -> Result<(Slot<E::Seq>, u32), WireError> {
+    let started = engine.start(req)?;
+    let prompt_tokens = started.prompt_ids.len() as u32;
+    let mut chain = Chain::new(engine.model_info().fingerprint, &started.prompt_ids);
+    if let Some(resume) = &req.resume {
+        for &t in &resume.tokens {
+            chain.push(t);
+        }
+        if chain.hash() != resume.hash {
+            return Err(WireError {
+                kind: ErrorKind::ChainMismatch,
+                message: format!(
+                    "resume of stream {} at position {}: this worker's chain ends at {:016x}, \
+                     the checkpoint at {:016x} (another model or prompt)",
+                    req.stream,
+                    resume.tokens.len(),
+                    chain.hash(),
+                    resume.hash
+                ),
+            });
+        }
+    }
+    Ok((
+        Slot {
+            coordinator,
+            stream: req.stream,
+            attempt: req.attempt,
+            chain,
+            seq: started.seq,
+        },
+        prompt_tokens,
+    ))
 }
 
 /// Events bound for one coordinator.
@@ -114,7 +192,7 @@ pub fn run<E: SeqEngine>(
         } else {
             None
         };
-        let mut cancelled: Vec<(CoordinatorId, StreamId)> = Vec::new();
+        let mut cancelled: Vec<(CoordinatorId, StreamId, u32)> = Vec::new();
         for cmd in first
             .into_iter()
             .chain(std::iter::from_fn(|| commands.try_recv().ok()))
@@ -143,13 +221,12 @@ pub fn run<E: SeqEngine>(
                                     "worker queue is full".into(),
                                 );
                             }
-                            match engine.start(req) {
-                                Ok((seq, prompt_tokens)) => {
-                                    queue.push_back(Slot {
-                                        coordinator,
-                                        stream: req.stream,
-                                        seq,
-                                    });
+                            // A newer attempt of a stream supersedes any older one here.
+                            running.retain(|x| x.stream != req.stream);
+                            queue.retain(|x| x.stream != req.stream);
+                            match start_slot(&engine, coordinator, req) {
+                                Ok((slot, prompt_tokens)) => {
+                                    queue.push_back(slot);
                                     SubmitOutcome::Accepted(Accepted {
                                         stream: req.stream,
                                         prompt_tokens,
@@ -166,14 +243,15 @@ pub fn run<E: SeqEngine>(
                     let _ = reply.send(outcomes);
                 }
                 Command::Cancel(streams) => {
-                    for s in streams {
-                        if let Some(i) = running.iter().position(|x| x.stream == s) {
+                    for (s, attempt) in streams {
+                        let hit = |x: &Slot<E::Seq>| x.stream == s && x.attempt <= attempt;
+                        if let Some(i) = running.iter().position(hit) {
                             let slot = running.swap_remove(i);
-                            cancelled.push((slot.coordinator, slot.stream));
+                            cancelled.push((slot.coordinator, slot.stream, slot.attempt));
                         }
-                        if let Some(i) = queue.iter().position(|x| x.stream == s) {
+                        if let Some(i) = queue.iter().position(hit) {
                             if let Some(slot) = queue.remove(i) {
-                                cancelled.push((slot.coordinator, slot.stream));
+                                cancelled.push((slot.coordinator, slot.stream, slot.attempt));
                             }
                         }
                     }
@@ -192,10 +270,19 @@ pub fn run<E: SeqEngine>(
                 None => break,
             }
         }
+        // What is held must be known before a long step, not only after it: probes are
+        // answered meanwhile.
+        load.set_held(
+            running
+                .iter()
+                .chain(queue.iter())
+                .map(|s| (s.stream, s.attempt)),
+        );
         let mut outbox: HashMap<CoordinatorId, Vec<StreamEvent>> = HashMap::new();
-        for (coordinator, stream) in cancelled {
+        for (coordinator, stream, attempt) in cancelled {
             outbox.entry(coordinator).or_default().push(StreamEvent {
                 stream,
+                attempt,
                 kind: EventKind::Finished(baton_common::protocol::Finished {
                     reason: baton_common::protocol::FinishReason::Cancelled,
                     prompt_tokens: 0,
@@ -209,10 +296,11 @@ pub fn run<E: SeqEngine>(
                 Ok(events) => {
                     let mut done = Vec::new();
                     for (i, kinds) in events.into_iter().enumerate() {
-                        let slot = &running[i];
-                        for kind in kinds {
-                            match &kind {
-                                EventKind::Token(_) => {
+                        let slot = &mut running[i];
+                        for mut kind in kinds {
+                            match &mut kind {
+                                EventKind::Token(token) => {
+                                    token.hash = slot.chain.push(token.id);
                                     load.tokens.fetch_add(1, Ordering::Relaxed);
                                 }
                                 EventKind::Finished(_) | EventKind::Failed(_) => done.push(i),
@@ -222,6 +310,7 @@ pub fn run<E: SeqEngine>(
                                 .or_default()
                                 .push(StreamEvent {
                                     stream: slot.stream,
+                                    attempt: slot.attempt,
                                     kind,
                                 });
                         }
@@ -240,12 +329,19 @@ pub fn run<E: SeqEngine>(
                             .or_default()
                             .push(StreamEvent {
                                 stream: slot.stream,
+                                attempt: slot.attempt,
                                 kind: EventKind::Failed(error.clone()),
                             });
                     }
                 }
             }
         }
+        load.set_held(
+            running
+                .iter()
+                .chain(queue.iter())
+                .map(|s| (s.stream, s.attempt)),
+        );
         load.running.store(running.len() as u64, Ordering::Relaxed);
         load.queued.store(queue.len() as u64, Ordering::Relaxed);
         load.kv_bytes.store(
@@ -255,5 +351,169 @@ pub fn run<E: SeqEngine>(
         if !outbox.is_empty() && out.send(outbox.into_iter().collect()).is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::serve::sim::SimEngine;
+    use baton_common::protocol::{GenParams, PromptSpec, Resume, TokenEvent};
+    use std::time::Duration;
+
+    fn request(stream: u128, resume: Option<Resume>, attempt: u32) -> SeqRequest {
+        SeqRequest {
+            stream: StreamId(stream),
+            model: "sim".into(),
+            prompt: PromptSpec::Text("three word prompt".into()),
+            params: GenParams {
+                max_tokens: 6,
+                temperature: 0.0,
+                top_p: 1.0,
+                top_k: 0,
+                repetition_penalty: 1.0,
+                seed: 0,
+                stop: vec![],
+                ignore_eos: false,
+            },
+            attempt,
+            resume,
+        }
+    }
+
+    struct Harness {
+        commands: mpsc::Sender<Command>,
+        out: tokio::sync::mpsc::UnboundedReceiver<Outbox>,
+    }
+
+    impl Harness {
+        fn new() -> Self {
+            let (commands, rx) = mpsc::channel();
+            let (tx, out) = tokio::sync::mpsc::unbounded_channel();
+            let engine = SimEngine::new("sim".into(), Duration::from_millis(1));
+            let limits = Limits {
+                max_running: 4,
+                max_queued: 4,
+                kv_budget: u64::MAX,
+            };
+            std::thread::spawn(move || run(engine, limits, rx, tx, Arc::default()));
+            Self { commands, out }
+        }
+
+        fn submit(&self, req: SeqRequest) -> SubmitOutcome {
+            let (reply, rx) = tokio::sync::oneshot::channel();
+            self.commands
+                .send(Command::Submit {
+                    coordinator: CoordinatorId(1),
+                    sequences: vec![req],
+                    reply,
+                })
+                .expect("engine thread");
+            rx.blocking_recv().expect("reply").remove(0)
+        }
+
+        /// Every event of `stream` until it ends.
+        fn drain(&mut self, stream: u128) -> Vec<StreamEvent> {
+            let mut got = Vec::new();
+            loop {
+                let outbox = self.out.blocking_recv().expect("events");
+                for (_, events) in outbox {
+                    for e in events {
+                        if e.stream == StreamId(stream) {
+                            let end = !matches!(e.kind, EventKind::Token(_));
+                            got.push(e);
+                            if end {
+                                return got;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn tokens(events: &[StreamEvent]) -> Vec<TokenEvent> {
+        events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::Token(t) => Some(t.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tokens_carry_the_chain_and_a_resume_must_match_it() {
+        let mut h = Harness::new();
+        assert!(matches!(
+            h.submit(request(1, None, 0)),
+            SubmitOutcome::Accepted(_)
+        ));
+        let first = tokens(&h.drain(1));
+        assert_eq!(first.len(), 6);
+        // The hashes are the chain over the prompt's ids, then each token.
+        let fingerprint = SimEngine::new("sim".into(), Duration::ZERO)
+            .model_info()
+            .fingerprint;
+        let started = SimEngine::new("sim".into(), Duration::ZERO)
+            .start(&request(1, None, 0))
+            .map_err(|e| e.message)
+            .expect("start");
+        let mut chain = Chain::new(fingerprint, &started.prompt_ids);
+        for t in &first {
+            assert_eq!(t.hash, chain.push(t.id));
+        }
+
+        // A resume at position 2 with the right hash goes on from index 2.
+        let done: Vec<u32> = first[..2].iter().map(|t| t.id).collect();
+        let good = Resume {
+            tokens: done.clone(),
+            hash: first[1].hash,
+        };
+        assert!(matches!(
+            h.submit(request(2, Some(good), 1)),
+            SubmitOutcome::Accepted(_)
+        ));
+        let events = h.drain(2);
+        assert!(events.iter().all(|e| e.attempt == 1));
+        let rest = tokens(&events);
+        let want: Vec<(u32, u32, u64)> =
+            first[2..].iter().map(|t| (t.index, t.id, t.hash)).collect();
+        let got: Vec<(u32, u32, u64)> = rest.iter().map(|t| (t.index, t.id, t.hash)).collect();
+        assert_eq!(got, want);
+
+        // A wrong hash is refused: another model.
+        let bad = Resume {
+            tokens: done,
+            hash: first[1].hash ^ 1,
+        };
+        match h.submit(request(3, Some(bad), 1)) {
+            SubmitOutcome::Refused(r) => assert_eq!(r.error.kind, ErrorKind::ChainMismatch),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_cancel_spares_a_newer_attempt() {
+        let mut h = Harness::new();
+        let mut long = request(1, None, 0);
+        long.params.max_tokens = 1000;
+        assert!(matches!(h.submit(long.clone()), SubmitOutcome::Accepted(_)));
+        long.attempt = 1;
+        assert!(matches!(h.submit(long), SubmitOutcome::Accepted(_)));
+        h.commands
+            .send(Command::Cancel(vec![(StreamId(1), 0)]))
+            .expect("engine thread");
+        h.commands
+            .send(Command::Cancel(vec![(StreamId(1), 1)]))
+            .expect("engine thread");
+        let events = h.drain(1);
+        let last = events.last().expect("an end");
+        assert_eq!(last.attempt, 1);
+        assert!(matches!(last.kind, EventKind::Finished(_)));
+        // Attempt 0 was superseded by attempt 1 and produced nothing after it.
+        let attempts: Vec<u32> = events.iter().map(|e| e.attempt).collect();
+        let first_new = attempts.iter().position(|&a| a == 1).unwrap_or(0);
+        assert!(attempts[first_new..].iter().all(|&a| a == 1));
     }
 }

@@ -8,7 +8,7 @@ use baton_common::protocol::{
     WireError,
 };
 
-use super::scheduler::SeqEngine;
+use super::scheduler::{SeqEngine, Started};
 
 /// Words the simulated tokens spell.
 const WORDS: [&str; 8] = [
@@ -42,7 +42,9 @@ impl SimEngine {
     }
 }
 
-fn prompt_seed(p: &PromptSpec) -> (u64, u32) {
+/// The simulated tokenization: one token per whitespace-separated word (at least one),
+/// and a seed from the whole prompt.
+fn prompt_ids(p: &PromptSpec) -> (u64, Vec<u32>) {
     let text = match p {
         PromptSpec::Text(t) => t.clone(),
         PromptSpec::Chat(turns) => turns
@@ -51,8 +53,19 @@ fn prompt_seed(p: &PromptSpec) -> (u64, u32) {
             .collect(),
         PromptSpec::Tokens(ids) => format!("{ids:?}"),
     };
-    let words = text.split_whitespace().count().max(1) as u32;
-    (xxhash_rust::xxh3::xxh3_64(text.as_bytes()), words)
+    let mut ids: Vec<u32> = text
+        .split_whitespace()
+        .map(|w| (xxhash_rust::xxh3::xxh3_64(w.as_bytes()) % 49_152) as u32)
+        .collect();
+    if ids.is_empty() {
+        ids.push(0);
+    }
+    (xxhash_rust::xxh3::xxh3_64(text.as_bytes()), ids)
+}
+
+/// The simulated token at `index` of a sequence seeded with `seed`.
+fn token_at(seed: u64, index: u32) -> u32 {
+    (xxhash_rust::xxh3::xxh3_64_with_seed(&index.to_le_bytes(), seed) % WORDS.len() as u64) as u32
 }
 
 impl SeqEngine for SimEngine {
@@ -66,14 +79,15 @@ impl SeqEngine for SimEngine {
         }
     }
 
-    fn start(&self, req: &SeqRequest) -> Result<(SimSeq, u32), WireError> {
+    fn start(&self, req: &SeqRequest) -> Result<Started<SimSeq>, WireError> {
         if req.model != self.name {
             return Err(WireError {
                 kind: ErrorKind::UnknownModel,
                 message: format!("this worker serves {:?}, not {:?}", self.name, req.model),
             });
         }
-        let (seed, prompt_tokens) = prompt_seed(&req.prompt);
+        let (seed, ids) = prompt_ids(&req.prompt);
+        let prompt_tokens = ids.len() as u32;
         if prompt_tokens >= self.context_length {
             return Err(WireError {
                 kind: ErrorKind::PromptTooLong,
@@ -83,15 +97,42 @@ impl SeqEngine for SimEngine {
                 ),
             });
         }
-        Ok((
-            SimSeq {
-                seed: seed ^ req.params.seed,
+        // Like a real model, greedy decoding does not depend on the seed.
+        let seed = if req.params.temperature > 0.0 {
+            seed ^ req.params.seed
+        } else {
+            seed
+        };
+        let max_tokens = req.params.max_tokens.max(1);
+        let generated = match &req.resume {
+            None => 0,
+            Some(resume) => {
+                let n = resume.tokens.len() as u32;
+                let replays = resume
+                    .tokens
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &t)| t == token_at(seed, i as u32));
+                if n > max_tokens || !replays {
+                    return Err(WireError {
+                        kind: ErrorKind::InvalidRequest,
+                        message: format!(
+                            "resume of {n} tokens is not a prefix of this simulated stream"
+                        ),
+                    });
+                }
+                n
+            }
+        };
+        Ok(Started {
+            seq: SimSeq {
+                seed,
                 prompt_tokens,
-                max_tokens: req.params.max_tokens.max(1),
-                generated: 0,
+                max_tokens,
+                generated,
             },
-            prompt_tokens,
-        ))
+            prompt_ids: ids,
+        })
     }
 
     fn step(&self, seqs: &mut [&mut SimSeq]) -> Result<Vec<Vec<EventKind>>, WireError> {
@@ -99,15 +140,18 @@ impl SeqEngine for SimEngine {
         Ok(seqs
             .iter_mut()
             .map(|s| {
-                let index = s.generated;
-                let id =
-                    (xxhash_rust::xxh3::xxh3_64_with_seed(&index.to_le_bytes(), s.seed) % 8) as u32;
-                s.generated += 1;
-                let mut out = vec![EventKind::Token(TokenEvent {
-                    index,
-                    id,
-                    text: format!(" {}", WORDS[id as usize]),
-                })];
+                let mut out = Vec::with_capacity(2);
+                if s.generated < s.max_tokens {
+                    let index = s.generated;
+                    let id = token_at(s.seed, index);
+                    s.generated += 1;
+                    out.push(EventKind::Token(TokenEvent {
+                        index,
+                        id,
+                        hash: 0,
+                        text: format!(" {}", WORDS[id as usize]),
+                    }));
+                }
                 if s.generated >= s.max_tokens {
                     out.push(EventKind::Finished(Finished {
                         reason: FinishReason::Length,

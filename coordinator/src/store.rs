@@ -1,0 +1,394 @@
+//! The checkpoint store: every stream's request and tokens, in sled.
+//!
+//! Three trees:
+//! - `streams`: stream id (16 bytes, big-endian) → [`StreamRecord`] (rkyv): the request,
+//!   how its answer is shaped, its current attempt and worker, and how it ended.
+//! - `tokens`: stream id ‖ position (4 bytes, big-endian) → token id (u32 LE) ‖ chain
+//!   hash (u64 LE) ‖ text (UTF-8). Keys sort by stream, then position, so one range
+//!   scan reads a stream's tokens in order.
+//! - `meta`: this coordinator's id, so that a restarted coordinator keeps its token
+//!   subject and its workers' messages still reach it.
+//!
+//! Durability: [`Store::flush`] is sled's flush, which writes its buffers to the file
+//! and calls fsync. In `sync` checkpoint mode the sessions flush once per batch of worker
+//! messages before any of its tokens reaches a client, so a token a client has seen
+//! survives a coordinator kill and a power loss (as far as the disk honours fsync). In
+//! `async` mode sled flushes by itself every 500 ms: a kill or power loss loses up to
+//! that much of the log, which a resumed stream regenerates.
+
+use std::path::Path;
+
+use baton_common::ids::{StreamId, WorkerId};
+use baton_common::protocol::{Finished, SeqRequest, TokenEvent, WireError};
+use rkyv::{rancor, util::AlignedVec, Archive, Deserialize, Serialize};
+
+use crate::http::validate::Endpoint;
+
+/// Why the store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// sled failed (I/O, corruption, or another process holds the directory).
+    #[error("checkpoint store: {0}")]
+    Sled(#[from] sled::Error),
+    /// A record does not decode (written by another version, or damaged).
+    #[error("checkpoint store: damaged record: {0}")]
+    Damaged(String),
+}
+
+/// How a stream ended.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum StreamEnd {
+    /// Normally.
+    Finished(Finished),
+    /// With an error.
+    Failed(WireError),
+}
+
+/// One stream, as the store keeps it.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct StreamRecord {
+    /// The request, as first dispatched (attempt 0, no resume).
+    pub request: SeqRequest,
+    /// Which API it came through (the shape of its chunks).
+    pub endpoint: Endpoint,
+    /// Whether the client asked for a usage chunk.
+    pub include_usage: bool,
+    /// Unix seconds when the stream was created (the `created` of every chunk).
+    pub created: u64,
+    /// The current attempt ([`SeqRequest::attempt`]).
+    pub attempt: u32,
+    /// The worker running the current attempt, once one accepted it.
+    pub worker: Option<WorkerId>,
+    /// How it ended; `None` while it runs.
+    pub end: Option<StreamEnd>,
+    /// Unix seconds when it ended (0 while it runs).
+    pub ended_at: u64,
+}
+
+/// One checkpointed token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredToken {
+    /// Position in the output.
+    pub index: u32,
+    /// Token id.
+    pub id: u32,
+    /// Chain hash after it.
+    pub hash: u64,
+    /// Text that became final with it.
+    pub text: String,
+}
+
+/// The sled database of one coordinator.
+#[derive(Clone)]
+pub struct Store {
+    db: sled::Db,
+    streams: sled::Tree,
+    tokens: sled::Tree,
+    meta: sled::Tree,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("streams", &self.streams.len())
+            .finish()
+    }
+}
+
+fn token_key(stream: StreamId, index: u32) -> [u8; 20] {
+    let mut key = [0u8; 20];
+    key[..16].copy_from_slice(&stream.0.to_be_bytes());
+    key[16..].copy_from_slice(&index.to_be_bytes());
+    key
+}
+
+fn encode_record(record: &StreamRecord) -> Vec<u8> {
+    rkyv::to_bytes::<rancor::Error>(record)
+        .expect("serializing owned values into a growable buffer cannot fail")
+        .into_vec()
+}
+
+fn decode_record(bytes: &[u8]) -> Result<StreamRecord, StoreError> {
+    let mut aligned = AlignedVec::<16>::with_capacity(bytes.len());
+    aligned.extend_from_slice(bytes);
+    rkyv::from_bytes::<StreamRecord, rancor::Error>(&aligned)
+        .map_err(|e| StoreError::Damaged(e.to_string()))
+}
+
+fn decode_token(key: &[u8], value: &[u8]) -> Result<StoredToken, StoreError> {
+    let damaged = || StoreError::Damaged("short token entry".into());
+    let index = u32::from_be_bytes(
+        key.get(16..20)
+            .ok_or_else(damaged)?
+            .try_into()
+            .map_err(|_| damaged())?,
+    );
+    let id = u32::from_le_bytes(
+        value
+            .get(..4)
+            .ok_or_else(damaged)?
+            .try_into()
+            .map_err(|_| damaged())?,
+    );
+    let hash = u64::from_le_bytes(
+        value
+            .get(4..12)
+            .ok_or_else(damaged)?
+            .try_into()
+            .map_err(|_| damaged())?,
+    );
+    let text = String::from_utf8(value[12..].to_vec())
+        .map_err(|_| StoreError::Damaged("token text is not UTF-8".into()))?;
+    Ok(StoredToken {
+        index,
+        id,
+        hash,
+        text,
+    })
+}
+
+impl Store {
+    /// Opens (or creates) the store in `dir`. Fails when another process holds it.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        let db = sled::Config::new()
+            .path(dir)
+            .flush_every_ms(Some(500))
+            .open()?;
+        Ok(Self {
+            streams: db.open_tree("streams")?,
+            tokens: db.open_tree("tokens")?,
+            meta: db.open_tree("meta")?,
+            db,
+        })
+    }
+
+    /// The id kept in the store, or `fresh` (then kept) when there is none yet.
+    pub fn coordinator_id(&self, fresh: u128) -> Result<u128, StoreError> {
+        if let Some(v) = self.meta.get("coordinator_id")? {
+            let bytes: [u8; 16] = v
+                .as_ref()
+                .try_into()
+                .map_err(|_| StoreError::Damaged("coordinator id".into()))?;
+            return Ok(u128::from_be_bytes(bytes));
+        }
+        self.meta.insert("coordinator_id", &fresh.to_be_bytes())?;
+        self.db.flush()?;
+        Ok(fresh)
+    }
+
+    /// Writes (or replaces) a stream's record.
+    pub fn put_stream(&self, stream: StreamId, record: &StreamRecord) -> Result<(), StoreError> {
+        self.streams
+            .insert(stream.0.to_be_bytes(), encode_record(record))?;
+        Ok(())
+    }
+
+    /// A stream's record.
+    pub fn stream(&self, stream: StreamId) -> Result<Option<StreamRecord>, StoreError> {
+        self.streams
+            .get(stream.0.to_be_bytes())?
+            .map(|v| decode_record(&v))
+            .transpose()
+    }
+
+    /// Removes a stream and its tokens.
+    pub fn remove_stream(&self, stream: StreamId) -> Result<(), StoreError> {
+        self.streams.remove(stream.0.to_be_bytes())?;
+        let mut batch = sled::Batch::default();
+        for item in self.tokens.scan_prefix(stream.0.to_be_bytes()).keys() {
+            batch.remove(item?);
+        }
+        self.tokens.apply_batch(batch)?;
+        Ok(())
+    }
+
+    /// Appends tokens (of any streams) in one atomic batch.
+    pub fn append<'a>(
+        &self,
+        tokens: impl IntoIterator<Item = (StreamId, &'a TokenEvent)>,
+    ) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for (stream, t) in tokens {
+            let mut value = Vec::with_capacity(12 + t.text.len());
+            value.extend_from_slice(&t.id.to_le_bytes());
+            value.extend_from_slice(&t.hash.to_le_bytes());
+            value.extend_from_slice(t.text.as_bytes());
+            batch.insert(&token_key(stream, t.index), value);
+        }
+        self.tokens.apply_batch(batch)?;
+        Ok(())
+    }
+
+    /// Writes everything so far to the file and fsyncs it.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush_async().await?;
+        Ok(())
+    }
+
+    /// A stream's tokens from position `from` on, in order.
+    pub fn tokens(&self, stream: StreamId, from: u32) -> Result<Vec<StoredToken>, StoreError> {
+        let start = token_key(stream, from);
+        let end = token_key(stream, u32::MAX);
+        let mut out = Vec::new();
+        for item in self.tokens.range(start..=end) {
+            let (k, v) = item?;
+            out.push(decode_token(&k, &v)?);
+        }
+        Ok(out)
+    }
+
+    /// Every stream that has not ended (to dispatch again after a restart). Damaged
+    /// records are skipped with a warning.
+    pub fn unfinished(&self) -> Result<Vec<(StreamId, StreamRecord)>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.streams.iter() {
+            let (k, v) = item?;
+            let Ok(bytes) = <[u8; 16]>::try_from(k.as_ref()) else {
+                continue;
+            };
+            match decode_record(&v) {
+                Ok(r) if r.end.is_none() => out.push((StreamId(u128::from_be_bytes(bytes)), r)),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "skipping a damaged stream record"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes streams that ended before `before` (Unix seconds); returns how many.
+    pub fn collect(&self, before: u64) -> Result<usize, StoreError> {
+        let mut old = Vec::new();
+        for item in self.streams.iter() {
+            let (k, v) = item?;
+            let Ok(bytes) = <[u8; 16]>::try_from(k.as_ref()) else {
+                continue;
+            };
+            match decode_record(&v) {
+                Ok(r) if r.end.is_some() && r.ended_at < before => {
+                    old.push(StreamId(u128::from_be_bytes(bytes)))
+                }
+                Ok(_) => {}
+                // A record nobody can read is garbage too.
+                Err(_) => old.push(StreamId(u128::from_be_bytes(bytes))),
+            }
+        }
+        for stream in &old {
+            self.remove_stream(*stream)?;
+        }
+        Ok(old.len())
+    }
+
+    /// Streams in the store.
+    pub fn len(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Whether the store holds no stream.
+    pub fn is_empty(&self) -> bool {
+        self.streams.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use baton_common::protocol::{FinishReason, GenParams, PromptSpec};
+
+    fn record() -> StreamRecord {
+        StreamRecord {
+            request: SeqRequest {
+                stream: StreamId(5),
+                model: "m".into(),
+                prompt: PromptSpec::Text("hi".into()),
+                params: GenParams {
+                    max_tokens: 4,
+                    temperature: 0.0,
+                    top_p: 1.0,
+                    top_k: 0,
+                    repetition_penalty: 1.0,
+                    seed: 0,
+                    stop: vec![],
+                    ignore_eos: false,
+                },
+                attempt: 0,
+                resume: None,
+            },
+            endpoint: Endpoint::Chat,
+            include_usage: true,
+            created: 1,
+            attempt: 0,
+            worker: None,
+            end: None,
+            ended_at: 0,
+        }
+    }
+
+    fn token(index: u32, text: &str) -> TokenEvent {
+        TokenEvent {
+            index,
+            id: index + 100,
+            hash: u64::from(index) * 7,
+            text: text.into(),
+        }
+    }
+
+    #[actix_rt::test]
+    async fn records_and_tokens_survive_a_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (a, b) = (StreamId(5), StreamId(6));
+        {
+            let store = Store::open(dir.path()).expect("open");
+            assert_eq!(store.coordinator_id(42).expect("id"), 42);
+            store.put_stream(a, &record()).expect("put");
+            let mut done = record();
+            done.end = Some(StreamEnd::Finished(Finished {
+                reason: FinishReason::Stop,
+                prompt_tokens: 1,
+                completion_tokens: 2,
+            }));
+            done.ended_at = 10;
+            store.put_stream(b, &done).expect("put");
+            let (t0, t1, t2) = (token(0, "a"), token(1, "é"), token(0, "z"));
+            store
+                .append([(a, &t0), (a, &t1), (b, &t2)])
+                .expect("append");
+            store.flush().await.expect("flush");
+        }
+        let store = Store::open(dir.path()).expect("reopen");
+        assert_eq!(store.coordinator_id(7).expect("id"), 42, "the id is kept");
+        let tokens = store.tokens(a, 0).expect("tokens");
+        assert_eq!(
+            tokens,
+            vec![
+                StoredToken {
+                    index: 0,
+                    id: 100,
+                    hash: 0,
+                    text: "a".into()
+                },
+                StoredToken {
+                    index: 1,
+                    id: 101,
+                    hash: 7,
+                    text: "é".into()
+                },
+            ]
+        );
+        assert_eq!(store.tokens(a, 1).expect("tokens").len(), 1);
+        let open = store.unfinished().expect("unfinished");
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0], (a, record()));
+        // Collection removes only ended streams older than the cut, with their tokens.
+        assert_eq!(store.collect(10).expect("collect"), 0);
+        assert_eq!(store.collect(11).expect("collect"), 1);
+        assert!(store.stream(b).expect("get").is_none());
+        assert!(store.tokens(b, 0).expect("tokens").is_empty());
+        assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn damaged_records_are_errors() {
+        assert!(decode_record(b"garbage").is_err());
+        assert!(decode_token(&[0; 20], &[1, 2]).is_err());
+    }
+}

@@ -1,0 +1,103 @@
+//! `baton-drill`: the failover drills against a local cluster, one verdict line each.
+//!
+//! ```text
+//! baton-drill [--simulated] [--kills N] [--runs N] [--max-tokens N]
+//! ```
+//!
+//! Starts a private `nats-server`, a coordinator and two workers (the default model, or
+//! the simulated engine), runs every drill of [`baton_integration_tests::drill`] with
+//! greedy and with seeded sampling, prints one line per drill, and exits 1 if any
+//! stream did not end exactly as an uninterrupted run.
+
+use std::process::ExitCode;
+
+use baton_integration_tests::drill::{self, Sampling, Verdict};
+use baton_integration_tests::{Cluster, ClusterOptions};
+
+struct Args {
+    simulated: bool,
+    kills: usize,
+    runs: usize,
+    max_tokens: u32,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args {
+        simulated: false,
+        kills: 20,
+        runs: 3,
+        max_tokens: 48,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut number = |name: &str| -> Result<usize, String> {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| format!("{name} takes a number"))
+        };
+        match a.as_str() {
+            "--simulated" => args.simulated = true,
+            "--kills" => args.kills = number("--kills")?,
+            "--runs" => args.runs = number("--runs")?,
+            "--max-tokens" => args.max_tokens = number("--max-tokens")? as u32,
+            "-h" | "--help" => {
+                return Err(
+                    "usage: baton-drill [--simulated] [--kills N] [--runs N] [--max-tokens N]"
+                        .into(),
+                )
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(args)
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let options = if args.simulated {
+        ClusterOptions::simulated(2).step_ms(20)
+    } else {
+        ClusterOptions::real(2)
+    };
+    let Some(mut cluster) = Cluster::start(options) else {
+        eprintln!("baton-drill: cannot start a cluster (see the note above)");
+        return ExitCode::from(2);
+    };
+    let mut verdicts: Vec<Verdict> = Vec::new();
+    for sampling in [Sampling::Greedy, Sampling::Seeded(7)] {
+        let drills: [(&str, usize); 4] = [
+            ("kill", args.kills),
+            ("sigterm", args.runs),
+            ("coordinator", args.runs),
+            ("nats", args.runs),
+        ];
+        for (which, runs) in drills {
+            let v = match which {
+                "kill" => drill::kill_worker(&mut cluster, sampling, runs, args.max_tokens),
+                "sigterm" => drill::stop_worker(&mut cluster, sampling, runs, args.max_tokens),
+                "coordinator" => {
+                    drill::restart_coordinator(&mut cluster, sampling, runs, args.max_tokens)
+                }
+                _ => drill::restart_nats(&mut cluster, sampling, runs, args.max_tokens),
+            };
+            println!("{}", v.line());
+            for f in &v.failures {
+                println!("    {f}");
+            }
+            verdicts.push(v);
+        }
+    }
+    if verdicts.iter().all(Verdict::ok) {
+        println!("all drills passed");
+        ExitCode::SUCCESS
+    } else {
+        println!("some drills FAILED; logs:\n{}", cluster.logs());
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,519 @@
+//! Failover drills: break a running cluster mid-stream and check that every client still
+//! gets exactly the text of an uninterrupted run.
+//!
+//! Each drill streams a chat completion (`stream: true`, usage included), breaks
+//! something after a few tokens, reads the rest, and compares with a reference run of the
+//! same request that nothing interrupted: the same text, finish reason and token count,
+//! and event positions that only go up (none repeated). The *resume gap* is the time from
+//! the break to the next token the client receives.
+//!
+//! - [`kill_worker`]: `kill -9` the worker serving the stream; a replacement starts.
+//! - [`stop_worker`]: `SIGTERM` the worker serving the stream: it drains.
+//! - [`restart_coordinator`]: `kill -9` the coordinator and start it again on the same
+//!   store; the client reconnects with `Last-Event-ID`.
+//! - [`restart_nats`]: kill `nats-server` and start it again on the same port.
+//!
+//! `scripts/drill` runs them on the default model (`baton-drill`); the integration tests
+//! run shortened versions.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::http::SseEvent;
+use crate::{Cluster, SseReader};
+
+/// How tokens are picked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sampling {
+    /// Temperature 0.
+    Greedy,
+    /// Temperature 0.8, top-p 0.95, this seed.
+    Seeded(u64),
+}
+
+impl Sampling {
+    /// A short name for verdict lines.
+    pub fn name(self) -> String {
+        match self {
+            Sampling::Greedy => "greedy".into(),
+            Sampling::Seeded(seed) => format!("seed {seed}"),
+        }
+    }
+}
+
+/// The result of one drill.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    /// What was done.
+    pub name: String,
+    /// Streams broken.
+    pub runs: usize,
+    /// Streams that ended exactly as the reference did.
+    pub passed: usize,
+    /// Break → next token, per stream that got one.
+    pub gaps: Vec<Duration>,
+    /// What went wrong, per failed stream.
+    pub failures: Vec<String>,
+}
+
+impl Verdict {
+    /// Whether every stream passed.
+    pub fn ok(&self) -> bool {
+        self.runs > 0 && self.passed == self.runs
+    }
+
+    /// The `q`-quantile of the gaps (nearest rank).
+    pub fn gap_quantile(&self, q: f64) -> Option<Duration> {
+        let mut g = self.gaps.clone();
+        if g.is_empty() {
+            return None;
+        }
+        g.sort();
+        let rank = ((q * g.len() as f64).ceil() as usize).clamp(1, g.len());
+        Some(g[rank - 1])
+    }
+
+    /// One line: verdict, counts, resume gap p50 and p99.
+    pub fn line(&self) -> String {
+        let ms =
+            |d: Option<Duration>| d.map_or("-".to_string(), |d| format!("{} ms", d.as_millis()));
+        format!(
+            "{} {}: {}/{} streams identical to an uninterrupted run; resume gap p50 {}, p99 {}",
+            if self.ok() { "PASS" } else { "FAIL" },
+            self.name,
+            self.passed,
+            self.runs,
+            ms(self.gap_quantile(0.5)),
+            ms(self.gap_quantile(0.99)),
+        )
+    }
+}
+
+/// What a client saw of one stream.
+#[derive(Debug, Clone, Default)]
+struct Seen {
+    events: Vec<(Instant, SseEvent)>,
+}
+
+/// What a stream came to.
+#[derive(Debug, Clone, PartialEq)]
+struct Outcome {
+    text: String,
+    finish_reason: Option<String>,
+    completion_tokens: Option<u64>,
+}
+
+impl Seen {
+    fn text_events(&self) -> usize {
+        self.events
+            .iter()
+            .filter(|(_, e)| e.position().is_some() && !piece(e).is_empty())
+            .count()
+    }
+
+    fn last_id(&self) -> Option<String> {
+        self.events.iter().rev().find_map(|(_, e)| e.id.clone())
+    }
+
+    fn stream_id(&self) -> Option<String> {
+        self.events
+            .iter()
+            .find_map(|(_, e)| e.stream_id().map(str::to_string))
+    }
+
+    /// The first token after `t`.
+    fn first_token_after(&self, t: Instant) -> Option<Instant> {
+        self.events
+            .iter()
+            .find(|(at, e)| *at >= t && !piece(e).is_empty())
+            .map(|(at, _)| *at)
+    }
+
+    /// The outcome, or why the stream is not a clean one.
+    fn outcome(&self) -> Result<Outcome, String> {
+        let mut text = String::new();
+        let mut finish_reason = None;
+        let mut completion_tokens = None;
+        let mut done = false;
+        let mut last: Option<u64> = None;
+        for (_, e) in &self.events {
+            if e.event.as_deref() == Some("error") {
+                return Err(format!("error event: {}", e.data));
+            }
+            if e.is_done() {
+                done = true;
+                continue;
+            }
+            let p = piece(e);
+            if !p.is_empty() {
+                let pos = e.position().ok_or("a text event without a position")?;
+                if last.is_some_and(|l| pos <= l) {
+                    return Err(format!(
+                        "position {pos} after {last:?}: repeated or out of order"
+                    ));
+                }
+                last = Some(pos);
+                text.push_str(&p);
+            }
+            if let Some(json) = e.json() {
+                for c in json["choices"].as_array().into_iter().flatten() {
+                    if let Some(r) = c["finish_reason"].as_str() {
+                        finish_reason = Some(r.to_string());
+                    }
+                }
+                if let Some(n) = json["usage"]["completion_tokens"].as_u64() {
+                    completion_tokens = Some(n);
+                }
+            }
+        }
+        if !done {
+            return Err("no [DONE]".into());
+        }
+        Ok(Outcome {
+            text,
+            finish_reason,
+            completion_tokens,
+        })
+    }
+}
+
+fn piece(e: &SseEvent) -> String {
+    let Some(json) = e.json() else {
+        return String::new();
+    };
+    json["choices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            c["delta"]["content"]
+                .as_str()
+                .or_else(|| c["text"].as_str())
+        })
+        .collect()
+}
+
+/// Reads a stream on a thread, timestamping each event as it arrives.
+struct Reader {
+    rx: mpsc::Receiver<(Instant, SseEvent)>,
+}
+
+impl Reader {
+    fn spawn(mut sse: SseReader) -> Reader {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            while let Some(e) = sse.next_event() {
+                let done = e.is_done();
+                if tx.send((Instant::now(), e)).is_err() || done {
+                    break;
+                }
+            }
+        });
+        Reader { rx }
+    }
+
+    /// Reads until `seen` has `n` text events (or the stream ends, or `timeout`).
+    fn until(&self, seen: &mut Seen, n: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while seen.text_events() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(e) => seen.events.push(e),
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    /// Reads to the end of the body (or `timeout`).
+    fn rest(self, seen: &mut Seen, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(e) => seen.events.push(e),
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+const PATH: &str = "/v1/chat/completions";
+const STREAM_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The drills' request.
+pub fn request(cluster: &Cluster, sampling: Sampling, max_tokens: u32, i: usize) -> Value {
+    let mut body = json!({
+        "model": cluster.model,
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": format!("Tell me a short story about a lighthouse keeper number {i}.")},
+        ],
+        "max_tokens": max_tokens,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    match sampling {
+        Sampling::Greedy => body["temperature"] = json!(0),
+        Sampling::Seeded(seed) => {
+            body["temperature"] = json!(0.8);
+            body["top_p"] = json!(0.95);
+            body["seed"] = json!(seed);
+        }
+    }
+    body
+}
+
+/// One uninterrupted run.
+fn reference(cluster: &Cluster, body: &Value) -> Result<Outcome, String> {
+    let reader = Reader::spawn(cluster.api.stream(PATH, body));
+    let mut seen = Seen::default();
+    reader.rest(&mut seen, STREAM_TIMEOUT);
+    seen.outcome().map_err(|e| format!("reference run: {e}"))
+}
+
+/// Where in the stream to break it, for run `i`: early, middle, late.
+fn break_after(i: usize, max_tokens: u32) -> usize {
+    let span = (max_tokens as usize / 2).max(2);
+    2 + (i * 7) % span
+}
+
+/// How one broken stream went.
+fn judge(verdict: &mut Verdict, seen: &Seen, reference: &Outcome, broke_at: Instant, label: &str) {
+    verdict.runs += 1;
+    if let Some(t) = seen.first_token_after(broke_at) {
+        verdict.gaps.push(t - broke_at);
+    }
+    match seen.outcome() {
+        Ok(o) if &o == reference => verdict.passed += 1,
+        Ok(o) => verdict.failures.push(format!(
+            "{label}: differs from the uninterrupted run:\n  got  {o:?}\n  want {reference:?}"
+        )),
+        Err(e) => verdict.failures.push(format!("{label}: {e}")),
+    }
+}
+
+/// Finds the worker serving `stream` (the coordinator logs it), waiting a little.
+fn serving_worker(cluster: &Cluster, stream: &str) -> Option<usize> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(w) = cluster.worker_of(stream) {
+            return Some(w);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Breaks `runs` streams by stopping their worker — `kill -9` or `SIGTERM` — and starts
+/// a replacement each time, so the cluster keeps its size.
+fn worker_drill(
+    cluster: &mut Cluster,
+    sampling: Sampling,
+    runs: usize,
+    max_tokens: u32,
+    hard: bool,
+) -> Verdict {
+    let name = format!(
+        "{} the serving worker ({})",
+        if hard { "kill -9" } else { "SIGTERM" },
+        sampling.name()
+    );
+    let mut verdict = Verdict {
+        name,
+        runs: 0,
+        passed: 0,
+        gaps: Vec::new(),
+        failures: Vec::new(),
+    };
+    let mut live = 0;
+    for w in cluster.workers.iter_mut() {
+        if w.try_status().is_none() {
+            live += 1;
+        }
+    }
+    let body = request(cluster, sampling, max_tokens, 0);
+    let reference = match reference(cluster, &body) {
+        Ok(r) => r,
+        Err(e) => {
+            verdict.runs = runs;
+            verdict.failures.push(e);
+            return verdict;
+        }
+    };
+    for i in 0..runs {
+        let reader = Reader::spawn(cluster.api.stream(PATH, &body));
+        let mut seen = Seen::default();
+        let label = format!("run {i}");
+        if !reader.until(&mut seen, break_after(i, max_tokens), STREAM_TIMEOUT) {
+            verdict.runs += 1;
+            verdict
+                .failures
+                .push(format!("{label}: the stream ended before the break"));
+            continue;
+        }
+        let stream = seen.stream_id().unwrap_or_default();
+        let Some(w) = serving_worker(cluster, &stream) else {
+            verdict.runs += 1;
+            verdict
+                .failures
+                .push(format!("{label}: no worker found for stream {stream}"));
+            continue;
+        };
+        let broke_at = Instant::now();
+        if hard {
+            cluster.workers[w].kill();
+        } else {
+            cluster.workers[w].terminate();
+        }
+        cluster.add_worker();
+        reader.rest(&mut seen, STREAM_TIMEOUT);
+        judge(&mut verdict, &seen, &reference, broke_at, &label);
+        if !hard {
+            let _ = cluster.workers[w].wait_timeout(Duration::from_secs(30));
+        }
+        wait_workers(cluster, live);
+    }
+    verdict
+}
+
+/// `kill -9` the worker serving a stream, `runs` times.
+pub fn kill_worker(
+    cluster: &mut Cluster,
+    sampling: Sampling,
+    runs: usize,
+    max_tokens: u32,
+) -> Verdict {
+    worker_drill(cluster, sampling, runs, max_tokens, true)
+}
+
+/// `SIGTERM` the worker serving a stream, `runs` times.
+pub fn stop_worker(
+    cluster: &mut Cluster,
+    sampling: Sampling,
+    runs: usize,
+    max_tokens: u32,
+) -> Verdict {
+    worker_drill(cluster, sampling, runs, max_tokens, false)
+}
+
+/// Waits until the coordinator counts `n` live workers and none of the stopped ones.
+fn wait_workers(cluster: &mut Cluster, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let counted = cluster
+            .api
+            .get("/health")
+            .ok()
+            .and_then(|r| r.body["workers"].as_u64())
+            .unwrap_or(0);
+        if counted == n as u64 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!(
+        "drill: the coordinator never counted {n} workers: {:?}",
+        cluster.api.get("/health").map(|r| r.body)
+    );
+}
+
+/// Kills the coordinator mid-stream and starts it again; the client reconnects with
+/// `Last-Event-ID` and reads the rest.
+pub fn restart_coordinator(
+    cluster: &mut Cluster,
+    sampling: Sampling,
+    runs: usize,
+    max_tokens: u32,
+) -> Verdict {
+    let mut verdict = Verdict {
+        name: format!("restart the coordinator ({})", sampling.name()),
+        runs: 0,
+        passed: 0,
+        gaps: Vec::new(),
+        failures: Vec::new(),
+    };
+    let body = request(cluster, sampling, max_tokens, 1);
+    let reference = match reference(cluster, &body) {
+        Ok(r) => r,
+        Err(e) => {
+            verdict.runs = runs;
+            verdict.failures.push(e);
+            return verdict;
+        }
+    };
+    for i in 0..runs {
+        let label = format!("run {i}");
+        let reader = Reader::spawn(cluster.api.stream(PATH, &body));
+        let mut seen = Seen::default();
+        if !reader.until(&mut seen, break_after(i, max_tokens), STREAM_TIMEOUT) {
+            verdict.runs += 1;
+            verdict
+                .failures
+                .push(format!("{label}: the stream ended before the break"));
+            continue;
+        }
+        let broke_at = Instant::now();
+        cluster.restart_coordinator();
+        // What the old connection still delivered before it broke.
+        reader.rest(&mut seen, Duration::from_secs(5));
+        seen.events.retain(|(_, e)| !e.is_done());
+        let Some(last) = seen.last_id() else {
+            verdict.runs += 1;
+            verdict
+                .failures
+                .push(format!("{label}: no event id to reconnect with"));
+            continue;
+        };
+        let again = Reader::spawn(cluster.api.stream_from(PATH, &body, Some(&last)));
+        again.rest(&mut seen, STREAM_TIMEOUT);
+        judge(&mut verdict, &seen, &reference, broke_at, &label);
+    }
+    verdict
+}
+
+/// Kills `nats-server` mid-stream and starts it again on the same port.
+pub fn restart_nats(
+    cluster: &mut Cluster,
+    sampling: Sampling,
+    runs: usize,
+    max_tokens: u32,
+) -> Verdict {
+    let mut verdict = Verdict {
+        name: format!("restart nats-server ({})", sampling.name()),
+        runs: 0,
+        passed: 0,
+        gaps: Vec::new(),
+        failures: Vec::new(),
+    };
+    let body = request(cluster, sampling, max_tokens, 2);
+    let reference = match reference(cluster, &body) {
+        Ok(r) => r,
+        Err(e) => {
+            verdict.runs = runs;
+            verdict.failures.push(e);
+            return verdict;
+        }
+    };
+    for i in 0..runs {
+        let label = format!("run {i}");
+        let reader = Reader::spawn(cluster.api.stream(PATH, &body));
+        let mut seen = Seen::default();
+        if !reader.until(&mut seen, break_after(i, max_tokens), STREAM_TIMEOUT) {
+            verdict.runs += 1;
+            verdict
+                .failures
+                .push(format!("{label}: the stream ended before the break"));
+            continue;
+        }
+        let broke_at = Instant::now();
+        cluster.restart_nats(Duration::from_millis(500));
+        reader.rest(&mut seen, STREAM_TIMEOUT);
+        judge(&mut verdict, &seen, &reference, broke_at, &label);
+    }
+    verdict
+}

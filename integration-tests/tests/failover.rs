@@ -1,0 +1,54 @@
+//! Shortened failover drills (`scripts/drill` runs the full ones): a stream survives a
+//! worker killed mid-generation, a worker told to stop, a coordinator restart (the client
+//! reconnects with `Last-Event-ID`) and a NATS restart, with exactly the text of an
+//! uninterrupted run.
+
+use baton_integration_tests::drill::{self, Sampling, Verdict};
+use baton_integration_tests::{Cluster, ClusterOptions};
+
+fn check(v: &Verdict, cluster: &Cluster) {
+    println!("{} (at {:?})", v.line(), std::time::SystemTime::now());
+    assert!(
+        v.ok(),
+        "{}\n{}\n{}",
+        v.line(),
+        v.failures.join("\n"),
+        cluster.logs()
+    );
+}
+
+#[test]
+fn simulated_streams_survive_every_drill() {
+    let Some(mut cluster) = Cluster::start(ClusterOptions::simulated(2).step_ms(20)) else {
+        return;
+    };
+    for sampling in [Sampling::Greedy, Sampling::Seeded(3)] {
+        check(&drill::kill_worker(&mut cluster, sampling, 3, 40), &cluster);
+    }
+    check(
+        &drill::stop_worker(&mut cluster, Sampling::Greedy, 1, 40),
+        &cluster,
+    );
+    check(
+        &drill::restart_coordinator(&mut cluster, Sampling::Greedy, 2, 40),
+        &cluster,
+    );
+    check(
+        &drill::restart_nats(&mut cluster, Sampling::Greedy, 1, 40),
+        &cluster,
+    );
+}
+
+#[test]
+fn real_model_streams_survive_a_killed_worker() {
+    let Some(mut cluster) = Cluster::start(ClusterOptions::real(2)) else {
+        return;
+    };
+    for sampling in [Sampling::Greedy, Sampling::Seeded(11)] {
+        check(&drill::kill_worker(&mut cluster, sampling, 1, 24), &cluster);
+    }
+    check(
+        &drill::restart_coordinator(&mut cluster, Sampling::Seeded(5), 1, 24),
+        &cluster,
+    );
+}
