@@ -215,17 +215,47 @@ impl QMatrix {
 
     /// Appends row `r`, dequantized, to `out`.
     fn row_into(&self, r: usize, out: &mut Vec<f32>) {
+        let start = out.len();
+        out.resize(start + self.cols, 0.0);
+        self.dequant_into(r, &mut out[start..]);
+    }
+
+    /// Row `r`, dequantized, into `out` (`cols` long).
+    fn dequant_into(&self, r: usize, out: &mut [f32]) {
         let bpr = self.cols / BLOCK;
         let qpb = self.qs_per_block();
-        for b in r * bpr..(r + 1) * bpr {
+        if simd::available() {
+            let mins = if self.kind == QKind::Nibble {
+                &self.mins[r * bpr..(r + 1) * bpr]
+            } else {
+                &[][..]
+            };
+            simd::dequant_row(
+                self.kind,
+                &self.qs[r * bpr * qpb..(r + 1) * bpr * qpb],
+                &self.scales[r * bpr..(r + 1) * bpr],
+                mins,
+                out,
+            );
+            return;
+        }
+        for (i, b) in (r * bpr..(r + 1) * bpr).enumerate() {
             let d = self.scales[b];
             let q = &self.qs[b * qpb..(b + 1) * qpb];
+            let o = &mut out[i * BLOCK..(i + 1) * BLOCK];
             match self.kind {
-                QKind::Byte => out.extend(q.iter().map(|&v| f32::from(v as i8) * d)),
+                QKind::Byte => {
+                    for (o, &v) in o.iter_mut().zip(q) {
+                        *o = f32::from(v as i8) * d;
+                    }
+                }
                 QKind::Nibble => {
                     let m = self.mins[b];
-                    out.extend(q.iter().map(|&v| f32::from(v & 0x0F) * d + m));
-                    out.extend(q.iter().map(|&v| f32::from(v >> 4) * d + m));
+                    let (lo, hi) = o.split_at_mut(16);
+                    for ((l, h), &v) in lo.iter_mut().zip(hi).zip(q) {
+                        *l = f32::from(v & 0x0F) * d + m;
+                        *h = f32::from(v >> 4) * d + m;
+                    }
                 }
             }
         }
@@ -233,7 +263,7 @@ impl QMatrix {
 
     /// Rows of input from which products dequantize tiles of weights and run a dense
     /// product instead of block dot products per pair of rows.
-    pub const DENSE_FROM: usize = 16;
+    pub const DENSE_FROM: usize = 8;
 
     /// Weight rows dequantized per dense tile.
     const TILE: usize = 64;
@@ -272,11 +302,14 @@ impl QMatrix {
             // Many input rows (prefill): dequantize the weight rows once and multiply
             // them by all input rows with an f32 GEMM.
             let tr = r1 - r0;
-            tile.clear();
-            for r in r0..r1 {
-                self.row_into(r, tile);
-            }
             let cols = self.cols;
+            // Sized once and overwritten: no zero-fill per tile.
+            if tile.len() < tr * cols {
+                tile.resize(tr * cols, 0.0);
+            }
+            for (i, r) in (r0..r1).enumerate() {
+                self.dequant_into(r, &mut tile[i * cols..(i + 1) * cols]);
+            }
             // SAFETY: `out` is [tr, n] row-major (row stride n, column stride 1), read
             // here as the [n, tr] product with row stride 1 and column stride n; `x` is
             // [n, cols] row-major, and `tile` holds `tr` rows of `cols`, read as its
@@ -420,6 +453,35 @@ mod simd {
         {
             let _ = (mins, sums, nibble);
             unreachable!("dot4 is only called when AVX2 is available")
+        }
+    }
+
+    /// One weight row dequantized into `out` (AVX2 only: the caller checks
+    /// [`available`]): `w = q·d (+ m)`.
+    pub fn dequant_row(
+        kind: super::QKind,
+        qs: &[u8],
+        scales: &[f32],
+        mins: &[f32],
+        out: &mut [f32],
+    ) {
+        let n = scales.len();
+        let nibble = kind == super::QKind::Nibble;
+        let q_ok = qs.len() == if nibble { 16 * n } else { 32 * n };
+        assert!(
+            q_ok && out.len() == 32 * n && (!nibble || mins.len() == n),
+            "block slices disagree"
+        );
+        #[cfg(target_arch = "x86_64")]
+        {
+            assert!(available(), "dequant_row needs AVX2 and FMA");
+            // SAFETY: AVX2/FMA checked just above; lengths checked above.
+            unsafe { x86::dequant_row(nibble, qs, scales, mins, out) }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (mins, nibble, out);
+            unreachable!("dequant_row is only called when AVX2 is available")
         }
     }
 
@@ -580,14 +642,73 @@ mod simd {
                     }
                 }
             }
-            std::array::from_fn(|k| {
-                let m: f32 = if nibble {
-                    mins.iter().zip(sums[k]).map(|(m, s)| m * s).sum()
+            // A plain loop, not a closure: closures do not inherit the target features.
+            let mut out = [0.0f32; 4];
+            for k in 0..4 {
+                // SAFETY: AVX2/FMA by this function's contract.
+                let m = if nibble {
+                    unsafe { min_terms(mins, sums[k]) }
                 } else {
                     0.0
                 };
-                hsum(acc[k]) + m
-            })
+                out[k] = hsum(acc[k]) + m;
+            }
+            out
+        }
+
+        /// `Σ_b m_b · s_b`, eight blocks at a time.
+        ///
+        /// # Safety
+        /// Needs AVX2 and FMA.
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn min_terms(mins: &[f32], sums: &[f32]) -> f32 {
+            let n = mins.len().min(sums.len());
+            let full = n / 8 * 8;
+            let mut macc = _mm256_setzero_ps();
+            for b in (0..full).step_by(8) {
+                // SAFETY: b + 8 <= full <= n, in bounds of both slices.
+                unsafe {
+                    macc = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(mins.as_ptr().add(b)),
+                        _mm256_loadu_ps(sums.as_ptr().add(b)),
+                        macc,
+                    );
+                }
+            }
+            let mut tail = 0.0f32;
+            for b in full..n {
+                tail += mins[b] * sums[b];
+            }
+            hsum(macc) + tail
+        }
+
+        /// One row's blocks dequantized: `out = q·d (+ m)`.
+        ///
+        /// # Safety
+        /// Needs AVX2 and FMA; `out.len() == 32 · scales.len()`, `qs` holds
+        /// `scales.len()` blocks, and for nibbles `mins` is as long as `scales`.
+        #[target_feature(enable = "avx2,fma")]
+        pub unsafe fn dequant_row(
+            nibble: bool,
+            qs: &[u8],
+            scales: &[f32],
+            mins: &[f32],
+            out: &mut [f32],
+        ) {
+            for (b, &d) in scales.iter().enumerate() {
+                // SAFETY: block `b` of `qs` and floats `32b..32b + 32` of `out` are in
+                // bounds by the length contract.
+                unsafe {
+                    let w = expand(nibble, qs, b);
+                    let d = _mm256_set1_ps(d);
+                    let m = _mm256_set1_ps(if nibble { *mins.get_unchecked(b) } else { 0.0 });
+                    let op = out.as_mut_ptr().add(b * 32);
+                    for (k, w) in w.iter().enumerate() {
+                        _mm256_storeu_ps(op.add(8 * k), _mm256_fmadd_ps(*w, d, m));
+                    }
+                }
+            }
         }
 
         /// # Safety
