@@ -33,6 +33,14 @@ pub struct BenchArgs {
     /// Repetitions; the best is reported (the machine is shared and noisy).
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
+    /// Batched decode: for each count N in this comma-separated list, N sequences
+    /// decode together (one forward pass a step) and the aggregate tokens/s is
+    /// reported (`baton tg64 batch=N …`). Empty: single-stream only.
+    #[arg(long, value_delimiter = ',')]
+    pub batch: Vec<usize>,
+    /// Skip the prefill test.
+    #[arg(long)]
+    pub no_prefill: bool,
 }
 
 /// Peak resident set size of this process, in bytes (Linux `VmHWM`).
@@ -67,7 +75,11 @@ pub fn run<B: Backend>(args: &BenchArgs, device: &B::Device) -> anyhow::Result<(
         .collect();
 
     let mut best_pp = f64::MAX;
-    for _ in 0..args.reps.max(1) + 1 {
+    for _ in 0..if args.no_prefill {
+        0
+    } else {
+        args.reps.max(1) + 1
+    } {
         let mut cache = model.new_cache();
         let t = Instant::now();
         let logits = model.forward(&mut [SeqInput {
@@ -77,11 +89,13 @@ pub fn run<B: Backend>(args: &BenchArgs, device: &B::Device) -> anyhow::Result<(
         let _ = crate::engine::llama::Llama::<B>::logits_to_host(logits);
         best_pp = best_pp.min(t.elapsed().as_secs_f64());
     }
-    println!(
-        "baton pp{} {tag} tok_s={:.1}",
-        args.prompt_tokens,
-        args.prompt_tokens as f64 / best_pp
-    );
+    if !args.no_prefill {
+        println!(
+            "baton pp{} {tag} tok_s={:.1}",
+            args.prompt_tokens,
+            args.prompt_tokens as f64 / best_pp
+        );
+    }
 
     let mut best_tg = f64::MAX;
     for _ in 0..args.reps.max(1) {
@@ -104,6 +118,38 @@ pub fn run<B: Backend>(args: &BenchArgs, device: &B::Device) -> anyhow::Result<(
         args.gen_tokens,
         args.gen_tokens as f64 / best_tg
     );
+    for &n in &args.batch {
+        let n = n.max(1);
+        let mut best = f64::MAX;
+        for _ in 0..args.reps.max(1) {
+            let params = GenerateParams {
+                max_tokens: args.gen_tokens + 1,
+                ignore_eos: true,
+                ..Default::default()
+            };
+            // Sequences with prompts of different lengths (16, 17, …), as a server
+            // would hold: their caches and positions differ.
+            let mut seqs = (0..n)
+                .map(|i| {
+                    let len = (16 + i).min(prompt.len());
+                    engine.start(prompt[..len].to_vec(), params.clone())
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut refs: Vec<_> = seqs.iter_mut().collect();
+            // The first step prefills every prompt in one pass; time the steps after it.
+            engine.step(&mut refs)?;
+            let t = Instant::now();
+            for _ in 0..args.gen_tokens {
+                engine.step(&mut refs)?;
+            }
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        println!(
+            "baton tg{} batch={n} {tag} tok_s={:.1}",
+            args.gen_tokens,
+            (n * args.gen_tokens) as f64 / best
+        );
+    }
     if let Some(rss) = peak_rss_bytes() {
         println!(
             "baton peak_rss {tag} mib={:.0}",

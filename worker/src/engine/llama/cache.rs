@@ -2,6 +2,11 @@
 //!
 //! A cache belongs to one sequence; the weights are shared by all sequences
 //! (`forward(&self, …, &mut cache)`). Keys are stored after RoPE.
+//!
+//! Two stores, one per forward path: burn tensors for weights kept as tensors, and plain
+//! host vectors for weights kept in block form (the host path of
+//! [`super::host`]), where a step appends its keys and values in place (the vectors grow
+//! by doubling, so a step copies nothing that is already cached).
 
 use burn_tensor::{backend::Backend, Tensor};
 
@@ -12,10 +17,19 @@ struct LayerKv<B: Backend> {
     v: Tensor<B, 3>,
 }
 
+/// Keys and values of one layer on the host: position-major, `[len, kv_heads·head_dim]`
+/// each.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HostKv {
+    pub(crate) k: Vec<f32>,
+    pub(crate) v: Vec<f32>,
+}
+
 /// Keys and values of every layer for the positions a sequence has seen.
 #[derive(Debug, Clone)]
 pub struct KvCache<B: Backend> {
     layers: Vec<Option<LayerKv<B>>>,
+    host: Vec<HostKv>,
     len: usize,
 }
 
@@ -24,6 +38,7 @@ impl<B: Backend> KvCache<B> {
     pub fn new(n_layers: usize) -> Self {
         Self {
             layers: vec![None; n_layers],
+            host: vec![HostKv::default(); n_layers],
             len: 0,
         }
     }
@@ -59,6 +74,11 @@ impl<B: Backend> KvCache<B> {
         out
     }
 
+    /// The host store of every layer (the host forward path appends to it).
+    pub(crate) fn host_layers(&mut self) -> &mut [HostKv] {
+        &mut self.host
+    }
+
     /// Records that `n` positions were appended to every layer.
     pub(crate) fn advance(&mut self, n: usize) {
         self.len += n;
@@ -79,15 +99,28 @@ impl<B: Backend> KvCache<B> {
                 }
             }
         }
+        for kv in &mut self.host {
+            let keep = if kv.k.is_empty() {
+                0
+            } else {
+                kv.k.len() / self.len * len
+            };
+            kv.k.truncate(keep);
+            kv.v.truncate(keep);
+        }
         self.len = len;
     }
 
-    /// Bytes held, for KV budgets (f32 elements).
+    /// Bytes held, for KV budgets (f32 elements of the cached positions; the host
+    /// store's spare capacity, at most as much again, is not counted).
     pub fn bytes(&self) -> usize {
-        self.layers
+        let tensors: usize = self
+            .layers
             .iter()
             .flatten()
-            .map(|kv| (kv.k.shape().num_elements() + kv.v.shape().num_elements()) * 4)
-            .sum()
+            .map(|kv| kv.k.shape().num_elements() + kv.v.shape().num_elements())
+            .sum();
+        let host: usize = self.host.iter().map(|kv| kv.k.len() + kv.v.len()).sum();
+        (tensors + host) * 4
     }
 }

@@ -134,6 +134,7 @@ impl<B: Backend> Loader<'_, B> {
     fn norm(&mut self, name: &str, hidden: usize, eps: f32) -> Result<RmsNorm<B>, LoadError> {
         let w = self.read(name, &[hidden])?;
         Ok(RmsNorm {
+            host: w.clone(),
             weight: Tensor::from_data(TensorData::new(w, [1, hidden]), self.device),
             eps,
         })
@@ -321,6 +322,7 @@ pub fn load_llama<B: Backend>(
         norm,
         rope,
         device: device.clone(),
+        force_burn: false,
     })
 }
 

@@ -8,14 +8,17 @@
 //! - [`qmatmul`]: CPU products against weights kept in GGUF block formats.
 //! - [`rope`]: rotary position embeddings.
 //! - [`attention`]: grouped-query self-attention against a [`cache::KvCache`].
+//! - [`host`]: the forward pass on host vectors, for weights kept in block form.
 //! - [`mlp`]: the SwiGLU feed-forward block.
 //! - [`cache`]: the per-sequence KV cache.
 //! - [`model`]: the whole network and its batched forward pass.
+//! - [`team`]: the parallel region and barrier of the host forward pass.
 //! - [`synthetic`]: random-weight Llama files for tests and speed measurements.
 
 pub mod attention;
 pub mod cache;
 pub mod config;
+pub mod host;
 pub mod linear;
 pub mod load;
 pub mod mlp;
@@ -23,6 +26,7 @@ pub mod model;
 pub mod qmatmul;
 pub mod rope;
 pub mod synthetic;
+pub(crate) mod team;
 
 pub use cache::KvCache;
 pub use config::LlamaConfig;

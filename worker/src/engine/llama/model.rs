@@ -45,6 +45,8 @@ pub enum ForwardError {
 pub struct RmsNorm<B: Backend> {
     /// `[1, hidden]` scale.
     pub(crate) weight: Tensor<B, 2>,
+    /// The same scale on the host, for the host forward path.
+    pub(crate) host: Vec<f32>,
     pub(crate) eps: f32,
 }
 
@@ -101,6 +103,8 @@ pub struct Llama<B: Backend> {
     pub(crate) norm: RmsNorm<B>,
     pub(crate) rope: Rope<B>,
     pub(crate) device: B::Device,
+    /// Run block-form weights through the burn path too (tests compare the two paths).
+    pub(crate) force_burn: bool,
 }
 
 impl<B: Backend> Llama<B> {
@@ -169,6 +173,24 @@ impl<B: Backend> Llama<B> {
                 pos: s.cache.len(),
             });
         }
+        let mut caches: Vec<&mut KvCache<B>> = seqs.iter_mut().map(|s| &mut *s.cache).collect();
+        let logits = match self.host_weights() {
+            Some(w) if !self.force_burn => self.forward_host(&w, &ids, &spans, &mut caches),
+            _ => self.forward_burn(ids, &spans, &mut caches),
+        };
+        for (cache, span) in caches.iter_mut().zip(&spans) {
+            cache.advance(span.len);
+        }
+        Ok(logits)
+    }
+
+    /// The forward pass with burn tensor operations, for weights kept as tensors.
+    fn forward_burn(
+        &self,
+        ids: Vec<i32>,
+        spans: &[SeqSpan],
+        caches: &mut [&mut KvCache<B>],
+    ) -> Tensor<B, 2> {
         let rows = ids.len();
         let mut x = match &self.embed {
             Embedding::Dense(table) => {
@@ -187,17 +209,11 @@ impl<B: Backend> Llama<B> {
                 )
             }
         };
-        let mut caches: Vec<&mut KvCache<B>> = seqs.iter_mut().map(|s| &mut *s.cache).collect();
         for (layer, block) in self.blocks.iter().enumerate() {
             let h = block.attn_norm.forward(x.clone());
-            x = x + block
-                .attn
-                .forward(layer, h, &spans, &mut caches, &self.rope);
+            x = x + block.attn.forward(layer, h, spans, caches, &self.rope);
             let h = block.ffn_norm.forward(x.clone());
             x = x + block.mlp.forward(h);
-        }
-        for (cache, span) in caches.iter_mut().zip(&spans) {
-            cache.advance(span.len);
         }
         let last = if spans.len() == 1 && spans[0].len == 1 {
             x
@@ -208,7 +224,7 @@ impl<B: Backend> Llama<B> {
                 .collect();
             Tensor::cat(picked, 0)
         };
-        Ok(self.lm_head.forward(self.norm.forward(last)))
+        self.lm_head.forward(self.norm.forward(last))
     }
 
     /// Copies logits `[sequences, vocab]` to the host, one vector per sequence.

@@ -215,148 +215,186 @@ impl QMatrix {
 
     /// Appends row `r`, dequantized, to `out`.
     fn row_into(&self, r: usize, out: &mut Vec<f32>) {
+        let start = out.len();
+        out.resize(start + self.cols, 0.0);
+        self.dequant_into(r, &mut out[start..]);
+    }
+
+    /// Row `r`, dequantized, into `out` (`cols` long).
+    fn dequant_into(&self, r: usize, out: &mut [f32]) {
         let bpr = self.cols / BLOCK;
         let qpb = self.qs_per_block();
-        for b in r * bpr..(r + 1) * bpr {
+        if simd::available() {
+            let mins = if self.kind == QKind::Nibble {
+                &self.mins[r * bpr..(r + 1) * bpr]
+            } else {
+                &[][..]
+            };
+            simd::dequant_row(
+                self.kind,
+                &self.qs[r * bpr * qpb..(r + 1) * bpr * qpb],
+                &self.scales[r * bpr..(r + 1) * bpr],
+                mins,
+                out,
+            );
+            return;
+        }
+        for (i, b) in (r * bpr..(r + 1) * bpr).enumerate() {
             let d = self.scales[b];
             let q = &self.qs[b * qpb..(b + 1) * qpb];
+            let o = &mut out[i * BLOCK..(i + 1) * BLOCK];
             match self.kind {
-                QKind::Byte => out.extend(q.iter().map(|&v| f32::from(v as i8) * d)),
+                QKind::Byte => {
+                    for (o, &v) in o.iter_mut().zip(q) {
+                        *o = f32::from(v as i8) * d;
+                    }
+                }
                 QKind::Nibble => {
                     let m = self.mins[b];
-                    out.extend(q.iter().map(|&v| f32::from(v & 0x0F) * d + m));
-                    out.extend(q.iter().map(|&v| f32::from(v >> 4) * d + m));
+                    let (lo, hi) = o.split_at_mut(16);
+                    for ((l, h), &v) in lo.iter_mut().zip(hi).zip(q) {
+                        *l = f32::from(v & 0x0F) * d + m;
+                        *h = f32::from(v >> 4) * d + m;
+                    }
                 }
             }
         }
     }
 
-    /// Rows of input from which [`QMatrix::matmul`] dequantizes tiles of weights and
-    /// runs a dense product instead of block dot products per pair of rows.
-    const DENSE_FROM: usize = 16;
+    /// Rows of input from which products dequantize tiles of weights and run a dense
+    /// product instead of block dot products per pair of rows.
+    pub const DENSE_FROM: usize = 8;
 
     /// Weight rows dequantized per dense tile.
     const TILE: usize = 64;
 
-    /// The many-row product (prefill): each tile of weight rows is dequantized once and
-    /// multiplied by all input rows with an f32 GEMM.
-    fn matmul_dense(&self, x: &[f32], n: usize) -> Vec<f32> {
-        let cols = self.cols;
-        let tiles: Vec<Vec<f32>> = (0..self.rows.div_ceil(Self::TILE))
-            .into_par_iter()
-            .map(|t| {
-                let r0 = t * Self::TILE;
-                let tr = Self::TILE.min(self.rows - r0);
-                let mut w = Vec::with_capacity(tr * cols);
-                for r in r0..r0 + tr {
-                    self.row_into(r, &mut w);
-                }
-                let mut out = vec![0.0f32; n * tr];
-                // SAFETY: `out` is [n, tr] row-major (column stride 1, row stride tr),
-                // `x` is [n, cols] row-major, and `w` holds `tr` rows of `cols`, read as
-                // its transpose [cols, tr] (row stride 1, column stride cols); every
-                // pointer stays inside its buffer for these sizes and strides.
-                unsafe {
-                    gemm::gemm(
-                        n,
-                        tr,
-                        cols,
-                        out.as_mut_ptr(),
-                        1,
-                        tr as isize,
-                        false,
-                        x.as_ptr(),
-                        1,
-                        cols as isize,
-                        w.as_ptr(),
-                        cols as isize,
-                        1,
-                        0.0f32,
-                        1.0f32,
-                        false,
-                        false,
-                        false,
-                        gemm::Parallelism::None,
-                    );
-                }
-                out
-            })
-            .collect();
-        let mut y = vec![0.0f32; n * self.rows];
-        for (t, tile) in tiles.iter().enumerate() {
-            let r0 = t * Self::TILE;
-            let tr = tile.len() / n;
-            for j in 0..n {
-                y[j * self.rows + r0..j * self.rows + r0 + tr]
-                    .copy_from_slice(&tile[j * tr..(j + 1) * tr]);
-            }
+    /// Per-block sums of the input rows `x: [n, cols]` into `out` (`[n, cols/32]`), for
+    /// the minimums of 4-bit blocks: `Σ(q·d + m)·x = d·Σq·x + m·Σx`. Empty for 8-bit
+    /// blocks, which have no minimum.
+    pub fn block_sums(&self, x: &[f32], out: &mut Vec<f32>) {
+        out.clear();
+        if self.kind == QKind::Nibble {
+            out.extend(x.chunks_exact(BLOCK).map(|c| c.iter().sum::<f32>()));
         }
-        y
     }
 
-    /// `x: [n, cols]` (row-major) → `[n, rows]`: every row of `x` against every weight row.
+    /// Products of weight rows `r0..r1` with every row of `x: [n, cols]`, into
+    /// `out: [r1 − r0, n]` (weight-row-major). `xsum` comes from
+    /// [`QMatrix::block_sums`] of the same `x`; `tile` is scratch for dense tiles.
+    #[allow(clippy::too_many_arguments)]
+    pub fn product_rows(
+        &self,
+        x: &[f32],
+        n: usize,
+        xsum: &[f32],
+        r0: usize,
+        r1: usize,
+        tile: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        assert!(
+            x.len() == n * self.cols && r0 <= r1 && r1 <= self.rows && out.len() == (r1 - r0) * n,
+            "product shapes disagree"
+        );
+        let bpr = self.cols / BLOCK;
+        let qpb = self.qs_per_block();
+        if n >= Self::DENSE_FROM {
+            // Many input rows (prefill): dequantize the weight rows once and multiply
+            // them by all input rows with an f32 GEMM.
+            let tr = r1 - r0;
+            let cols = self.cols;
+            // Sized once and overwritten: no zero-fill per tile.
+            if tile.len() < tr * cols {
+                tile.resize(tr * cols, 0.0);
+            }
+            for (i, r) in (r0..r1).enumerate() {
+                self.dequant_into(r, &mut tile[i * cols..(i + 1) * cols]);
+            }
+            // SAFETY: `out` is [tr, n] row-major (row stride n, column stride 1), read
+            // here as the [n, tr] product with row stride 1 and column stride n; `x` is
+            // [n, cols] row-major, and `tile` holds `tr` rows of `cols`, read as its
+            // transpose [cols, tr] (row stride 1, column stride cols); every pointer
+            // stays inside its buffer for these sizes and strides.
+            unsafe {
+                gemm::gemm(
+                    n,
+                    tr,
+                    cols,
+                    out.as_mut_ptr(),
+                    n as isize,
+                    1,
+                    false,
+                    x.as_ptr(),
+                    1,
+                    cols as isize,
+                    tile.as_ptr(),
+                    cols as isize,
+                    1,
+                    0.0f32,
+                    1.0f32,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+            return;
+        }
+        let avx2 = simd::available();
+        for (i, o) in out.chunks_exact_mut(n).enumerate() {
+            let r = r0 + i;
+            let scales = &self.scales[r * bpr..(r + 1) * bpr];
+            let qs = &self.qs[r * bpr * qpb..(r + 1) * bpr * qpb];
+            let mins = if self.kind == QKind::Nibble {
+                &self.mins[r * bpr..(r + 1) * bpr]
+            } else {
+                &[][..]
+            };
+            // Four input rows at a time: each block is expanded once for all four.
+            let mut j0 = 0;
+            while avx2 && j0 + 4 <= n {
+                let xs: [&[f32]; 4] =
+                    std::array::from_fn(|k| &x[(j0 + k) * self.cols..(j0 + k + 1) * self.cols]);
+                let sums: [&[f32]; 4] = std::array::from_fn(|k| {
+                    if xsum.is_empty() {
+                        &[][..]
+                    } else {
+                        &xsum[(j0 + k) * bpr..(j0 + k + 1) * bpr]
+                    }
+                });
+                o[j0..j0 + 4].copy_from_slice(&simd::dot4(self.kind, qs, scales, mins, xs, sums));
+                j0 += 4;
+            }
+            for (j, y) in o.iter_mut().enumerate().skip(j0) {
+                let xr = &x[j * self.cols..(j + 1) * self.cols];
+                *y = match self.kind {
+                    QKind::Byte => simd::dot_byte(avx2, qs, scales, xr),
+                    QKind::Nibble => {
+                        simd::dot_nibble(avx2, qs, scales, mins, xr, &xsum[j * bpr..(j + 1) * bpr])
+                    }
+                };
+            }
+        }
+    }
+
+    /// `x: [n, cols]` (row-major) → `[n, rows]`: every row of `x` against every weight
+    /// row, in parallel slices of weight rows.
     pub fn matmul(&self, x: &[f32], n: usize) -> Vec<f32> {
         assert_eq!(x.len(), n * self.cols, "input is not [n, cols]");
-        if n >= Self::DENSE_FROM {
-            return self.matmul_dense(x, n);
-        }
-        let bpr = self.cols / BLOCK;
-        // Per-block sums of the input, for the minimums: Σ(q·d + m)·x = d·Σq·x + m·Σx.
-        let xsum: Vec<f32> = if self.kind == QKind::Nibble {
-            x.chunks_exact(BLOCK).map(|c| c.iter().sum()).collect()
+        let mut xsum = Vec::new();
+        self.block_sums(x, &mut xsum);
+        let rows_per_task = if n >= Self::DENSE_FROM {
+            Self::TILE
         } else {
-            Vec::new()
+            (4096 / n.max(1)).clamp(16, 256)
         };
-        let avx2 = simd::available();
-        // Work in slices of output rows; each task fills `[rows_in_task, n]`.
-        let rows_per_task = (4096 / n.max(1)).clamp(16, 256);
         let mut yt = vec![0.0f32; self.rows * n];
-        let qpb = self.qs_per_block();
         yt.par_chunks_mut(rows_per_task * n)
             .enumerate()
-            .for_each(|(task, out)| {
-                let first = task * rows_per_task;
-                for (i, o) in out.chunks_exact_mut(n).enumerate() {
-                    let r = first + i;
-                    let scales = &self.scales[r * bpr..(r + 1) * bpr];
-                    let qs = &self.qs[r * bpr * qpb..(r + 1) * bpr * qpb];
-                    let mins = if self.kind == QKind::Nibble {
-                        &self.mins[r * bpr..(r + 1) * bpr]
-                    } else {
-                        &[][..]
-                    };
-                    // Four input rows at a time: each block is expanded once for all four.
-                    let mut j0 = 0;
-                    while avx2 && j0 + 4 <= n {
-                        let xs: [&[f32]; 4] = std::array::from_fn(|k| {
-                            &x[(j0 + k) * self.cols..(j0 + k + 1) * self.cols]
-                        });
-                        let sums: [&[f32]; 4] = std::array::from_fn(|k| {
-                            if xsum.is_empty() {
-                                &[][..]
-                            } else {
-                                &xsum[(j0 + k) * bpr..(j0 + k + 1) * bpr]
-                            }
-                        });
-                        o[j0..j0 + 4]
-                            .copy_from_slice(&simd::dot4(self.kind, qs, scales, mins, xs, sums));
-                        j0 += 4;
-                    }
-                    for (j, y) in o.iter_mut().enumerate().skip(j0) {
-                        let xr = &x[j * self.cols..(j + 1) * self.cols];
-                        *y = match self.kind {
-                            QKind::Byte => simd::dot_byte(avx2, qs, scales, xr),
-                            QKind::Nibble => simd::dot_nibble(
-                                avx2,
-                                qs,
-                                scales,
-                                &self.mins[r * bpr..(r + 1) * bpr],
-                                xr,
-                                &xsum[j * bpr..(j + 1) * bpr],
-                            ),
-                        };
-                    }
-                }
+            .for_each_init(Vec::new, |tile, (task, out)| {
+                let r0 = task * rows_per_task;
+                let r1 = r0 + out.len() / n;
+                self.product_rows(x, n, &xsum, r0, r1, tile, out);
             });
         if n == 1 {
             return yt;
@@ -415,6 +453,35 @@ mod simd {
         {
             let _ = (mins, sums, nibble);
             unreachable!("dot4 is only called when AVX2 is available")
+        }
+    }
+
+    /// One weight row dequantized into `out` (AVX2 only: the caller checks
+    /// [`available`]): `w = q·d (+ m)`.
+    pub fn dequant_row(
+        kind: super::QKind,
+        qs: &[u8],
+        scales: &[f32],
+        mins: &[f32],
+        out: &mut [f32],
+    ) {
+        let n = scales.len();
+        let nibble = kind == super::QKind::Nibble;
+        let q_ok = qs.len() == if nibble { 16 * n } else { 32 * n };
+        assert!(
+            q_ok && out.len() == 32 * n && (!nibble || mins.len() == n),
+            "block slices disagree"
+        );
+        #[cfg(target_arch = "x86_64")]
+        {
+            assert!(available(), "dequant_row needs AVX2 and FMA");
+            // SAFETY: AVX2/FMA checked just above; lengths checked above.
+            unsafe { x86::dequant_row(nibble, qs, scales, mins, out) }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (mins, nibble, out);
+            unreachable!("dequant_row is only called when AVX2 is available")
         }
     }
 
@@ -575,14 +642,73 @@ mod simd {
                     }
                 }
             }
-            std::array::from_fn(|k| {
-                let m: f32 = if nibble {
-                    mins.iter().zip(sums[k]).map(|(m, s)| m * s).sum()
+            // A plain loop, not a closure: closures do not inherit the target features.
+            let mut out = [0.0f32; 4];
+            for k in 0..4 {
+                // SAFETY: AVX2/FMA by this function's contract.
+                let m = if nibble {
+                    unsafe { min_terms(mins, sums[k]) }
                 } else {
                     0.0
                 };
-                hsum(acc[k]) + m
-            })
+                out[k] = hsum(acc[k]) + m;
+            }
+            out
+        }
+
+        /// `Σ_b m_b · s_b`, eight blocks at a time.
+        ///
+        /// # Safety
+        /// Needs AVX2 and FMA.
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn min_terms(mins: &[f32], sums: &[f32]) -> f32 {
+            let n = mins.len().min(sums.len());
+            let full = n / 8 * 8;
+            let mut macc = _mm256_setzero_ps();
+            for b in (0..full).step_by(8) {
+                // SAFETY: b + 8 <= full <= n, in bounds of both slices.
+                unsafe {
+                    macc = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(mins.as_ptr().add(b)),
+                        _mm256_loadu_ps(sums.as_ptr().add(b)),
+                        macc,
+                    );
+                }
+            }
+            let mut tail = 0.0f32;
+            for b in full..n {
+                tail += mins[b] * sums[b];
+            }
+            hsum(macc) + tail
+        }
+
+        /// One row's blocks dequantized: `out = q·d (+ m)`.
+        ///
+        /// # Safety
+        /// Needs AVX2 and FMA; `out.len() == 32 · scales.len()`, `qs` holds
+        /// `scales.len()` blocks, and for nibbles `mins` is as long as `scales`.
+        #[target_feature(enable = "avx2,fma")]
+        pub unsafe fn dequant_row(
+            nibble: bool,
+            qs: &[u8],
+            scales: &[f32],
+            mins: &[f32],
+            out: &mut [f32],
+        ) {
+            for (b, &d) in scales.iter().enumerate() {
+                // SAFETY: block `b` of `qs` and floats `32b..32b + 32` of `out` are in
+                // bounds by the length contract.
+                unsafe {
+                    let w = expand(nibble, qs, b);
+                    let d = _mm256_set1_ps(d);
+                    let m = _mm256_set1_ps(if nibble { *mins.get_unchecked(b) } else { 0.0 });
+                    let op = out.as_mut_ptr().add(b * 32);
+                    for (k, w) in w.iter().enumerate() {
+                        _mm256_storeu_ps(op.add(8 * k), _mm256_fmadd_ps(*w, d, m));
+                    }
+                }
+            }
         }
 
         /// # Safety

@@ -14,6 +14,10 @@ pub struct Rope<B: Backend> {
     cos: Tensor<B, 2>,
     /// `[positions, head_dim]`: `sin(p·θᵢ)` with each half repeated.
     sin: Tensor<B, 2>,
+    /// `[positions, head_dim / 2]`: `cos(p·θᵢ)` on the host, for the host forward path.
+    cos_host: Vec<f32>,
+    /// `[positions, head_dim / 2]`: `sin(p·θᵢ)` on the host.
+    sin_host: Vec<f32>,
     head_dim: usize,
 }
 
@@ -35,7 +39,17 @@ impl<B: Backend> Rope<B> {
                 }
             }
         }
+        let cos_host: Vec<f32> = cos
+            .chunks_exact(head_dim)
+            .flat_map(|row| row[..half].iter().copied())
+            .collect();
+        let sin_host: Vec<f32> = sin
+            .chunks_exact(head_dim)
+            .flat_map(|row| row[..half].iter().copied())
+            .collect();
         Self {
+            cos_host,
+            sin_host,
             cos: Tensor::from_data(TensorData::new(cos, [positions, head_dim]), device),
             sin: Tensor::from_data(TensorData::new(sin, [positions, head_dim]), device),
             head_dim,
@@ -53,6 +67,21 @@ impl<B: Backend> Rope<B> {
         let x2 = x.clone().narrow(2, half, half);
         let rotated = Tensor::cat(vec![x2.neg(), x1], 2);
         x * cos + rotated * sin
+    }
+
+    /// Rotates one head's `x` (`head_dim` values) in place for position `pos`, on the
+    /// host: `(x[i], x[i + d/2]) ← (x[i]·cos − x[i + d/2]·sin, x[i + d/2]·cos + x[i]·sin)`,
+    /// the same arithmetic as [`Rope::apply`].
+    pub(crate) fn apply_host(&self, x: &mut [f32], pos: usize) {
+        let half = self.head_dim / 2;
+        let cos = &self.cos_host[pos * half..(pos + 1) * half];
+        let sin = &self.sin_host[pos * half..(pos + 1) * half];
+        let (x1, x2) = x.split_at_mut(half);
+        for (((a, b), c), s) in x1.iter_mut().zip(x2.iter_mut()).zip(cos).zip(sin) {
+            let (u, v) = (*a, *b);
+            *a = u * c - v * s;
+            *b = v * c + u * s;
+        }
     }
 
     /// Positions the tables cover.

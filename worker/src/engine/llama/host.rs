@@ -1,0 +1,491 @@
+//! The forward pass on host memory, for weights kept in block form (`native`).
+//!
+//! Every matrix is a [`QMatrix`] multiplied on the host, so activations never need to be
+//! burn tensors: the residual stream, norms, RoPE, attention and the SwiGLU product run
+//! as plain f32 loops over host vectors, and keys and values are appended in place to the
+//! host store of each sequence's [`KvCache`]. Only the logits become a tensor.
+
+use burn_tensor::{backend::Backend, Tensor, TensorData};
+
+use super::{
+    attention::SeqSpan,
+    cache::KvCache,
+    linear::Linear,
+    model::{Embedding, Llama},
+    qmatmul::QMatrix,
+    team::{Counters, Shared, SpinBarrier},
+};
+
+/// One block's weights, all in block form.
+pub(crate) struct HostBlock<'a> {
+    attn_norm: &'a [f32],
+    qkv: &'a QMatrix,
+    out: &'a QMatrix,
+    ffn_norm: &'a [f32],
+    gate_up: &'a QMatrix,
+    down: &'a QMatrix,
+}
+
+/// The whole network's weights, when every matrix is in block form.
+pub(crate) struct HostWeights<'a> {
+    embed: &'a QMatrix,
+    lm_head: &'a QMatrix,
+    blocks: Vec<HostBlock<'a>>,
+    norm: &'a [f32],
+}
+
+fn quant<B: Backend>(l: &Linear<B>) -> Option<&QMatrix> {
+    match l {
+        Linear::Quant { matrix, .. } => Some(matrix),
+        Linear::Dense { .. } => None,
+    }
+}
+
+/// Sum of `a[i]·b[i]`, in eight lanes (vectorised by the compiler).
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let mut ca = a.chunks_exact(8);
+    let mut cb = b.chunks_exact(8);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    let mut tail = 0.0f32;
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        tail += x * y;
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// `y ← y + a·x`.
+#[inline]
+fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
+/// RMSNorm of every `hidden`-wide row of `x` into `out`, scaled by `w`.
+pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let hidden = w.len();
+    for (xr, or) in x.chunks_exact(hidden).zip(out.chunks_exact_mut(hidden)) {
+        let mean = dot(xr, xr) / hidden as f32;
+        let inv = 1.0 / (mean + eps).sqrt();
+        for ((o, v), g) in or.iter_mut().zip(xr).zip(w) {
+            *o = v * inv * g;
+        }
+    }
+}
+
+/// One query head (`q`, `d` wide) against the first `keys` positions of one KV head:
+/// `k` and `v` hold position-major rows `stride` wide, the head at offset `off`.
+/// `scores` is scratch of at least `keys` values.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_head(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    keys: usize,
+    stride: usize,
+    off: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let d = q.len();
+    let scores = &mut scores[..keys];
+    let mut max = f32::NEG_INFINITY;
+    for (t, s) in scores.iter_mut().enumerate() {
+        *s = dot(q, &k[t * stride + off..t * stride + off + d]) * scale;
+        max = max.max(*s);
+    }
+    let mut sum = 0.0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    out.fill(0.0);
+    for (t, &p) in scores.iter().enumerate() {
+        axpy(out, p, &v[t * stride + off..t * stride + off + d]);
+    }
+    let inv = 1.0 / sum;
+    for o in out.iter_mut() {
+        *o *= inv;
+    }
+}
+
+impl<B: Backend> Llama<B> {
+    /// The weights as block matrices and host vectors, when every matrix is in block
+    /// form; `None` sends the forward pass down the burn path.
+    pub(crate) fn host_weights(&self) -> Option<HostWeights<'_>> {
+        let embed = match &self.embed {
+            Embedding::Quant(q) => &**q,
+            Embedding::Dense(_) => return None,
+        };
+        let blocks = self
+            .blocks
+            .iter()
+            .map(|b| {
+                Some(HostBlock {
+                    attn_norm: &b.attn_norm.host,
+                    qkv: quant(&b.attn.qkv)?,
+                    out: quant(&b.attn.out)?,
+                    ffn_norm: &b.ffn_norm.host,
+                    gate_up: quant(&b.mlp.gate_up)?,
+                    down: quant(&b.mlp.down)?,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(HostWeights {
+            embed,
+            lm_head: quant(&self.lm_head)?,
+            blocks,
+            norm: &self.norm.host,
+        })
+    }
+
+    /// The forward pass of [`Llama::forward`] on the host; inputs already checked.
+    ///
+    /// Runs as one parallel region over the rayon pool (see [`super::team`]). Per layer:
+    /// each thread normalises the residual stream into its own buffer; the QKV product,
+    /// RoPE and the cache writes; attention, one (row, head) at a time; the output
+    /// product, added to the residual; the gate/up product with SwiGLU; the down
+    /// product, added to the residual. Threads take chunks of output rows of each phase
+    /// from a counter and meet at a barrier after it: five barriers a layer.
+    pub(crate) fn forward_host(
+        &self,
+        w: &HostWeights<'_>,
+        ids: &[i32],
+        spans: &[SeqSpan],
+        caches: &mut [&mut KvCache<B>],
+    ) -> Tensor<B, 2> {
+        let c = &self.config;
+        let (hidden, heads, kvh, d, ffn) = (c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn);
+        let (qd, kvd) = (heads * d, kvh * d);
+        let width = qd + 2 * kvd;
+        let group = heads / kvh;
+        let scale = 1.0 / (d as f32).sqrt();
+        let eps = self.norm.eps;
+        let layers = w.blocks.len();
+        let vocab = w.lm_head.rows();
+        let rows = ids.len();
+        let nseq = spans.len();
+
+        let mut x = Vec::with_capacity(rows * hidden);
+        for &id in ids {
+            x.extend(w.embed.row(id as usize));
+        }
+        // Sequence and position of every row.
+        let mut row_seq = Vec::with_capacity(rows);
+        let mut row_pos = Vec::with_capacity(rows);
+        for (i, s) in spans.iter().enumerate() {
+            row_seq.extend(std::iter::repeat_n(i, s.len));
+            row_pos.extend(s.pos..s.pos + s.len);
+        }
+        let last_rows: Vec<usize> = spans.iter().map(|s| s.row + s.len - 1).collect();
+        let longest = spans.iter().map(|s| s.pos + s.len).max().unwrap_or(0);
+        // Every layer's cache grows to its new length now; the QKV phase writes into it.
+        for (span, cache) in spans.iter().zip(caches.iter_mut()) {
+            for kv in cache.host_layers() {
+                kv.k.resize((span.pos + span.len) * kvd, 0.0);
+                kv.v.resize((span.pos + span.len) * kvd, 0.0);
+            }
+        }
+        let kv: Vec<(Shared<'_>, Shared<'_>)> = caches
+            .iter_mut()
+            .flat_map(|c| c.host_layers().iter_mut())
+            .map(|kv| (Shared::new(&mut kv.k), Shared::new(&mut kv.v)))
+            .collect();
+
+        let mut q = vec![0.0f32; rows * qd];
+        let mut att = vec![0.0f32; rows * qd];
+        let mut act = vec![0.0f32; rows * ffn];
+        let mut logits = vec![0.0f32; nseq * vocab];
+        let (xs, qs, atts, acts, logs) = (
+            Shared::new(&mut x),
+            Shared::new(&mut q),
+            Shared::new(&mut att),
+            Shared::new(&mut act),
+            Shared::new(&mut logits),
+        );
+        let threads = rayon::current_num_threads();
+        let barrier = SpinBarrier::new(threads);
+        let counters = Counters::new(layers * 5 + 1);
+        let rope = &self.rope;
+
+        rayon::broadcast(|_| {
+            let _guard = barrier.guard();
+            let mut h = vec![0.0f32; rows * hidden];
+            let mut xsum = Vec::new();
+            let mut tile = Vec::new();
+            let mut yt = Vec::new();
+            let mut yt2 = Vec::new();
+            let mut head = vec![0.0f32; d];
+            let mut scores = vec![0.0f32; longest];
+            let mut phase = 0;
+            for (layer, b) in w.blocks.iter().enumerate() {
+                // SAFETY (all `Shared` accesses below): each phase writes only the
+                // elements of the chunks or items this thread claimed from the phase's
+                // counter, which no other thread touches in that phase, and reads only
+                // what earlier phases wrote, after the barrier that ended them.
+                rms_norm(
+                    unsafe { xs.get(0..rows * hidden) },
+                    b.attn_norm,
+                    eps,
+                    &mut h,
+                );
+                b.qkv.block_sums(&h, &mut xsum);
+                while let Some(item) = counters.next(phase, width / d) {
+                    let (r0, r1) = (item * d, item * d + d);
+                    yt.resize(d * rows, 0.0);
+                    b.qkv
+                        .product_rows(&h, rows, &xsum, r0, r1, &mut tile, &mut yt);
+                    for j in 0..rows {
+                        for (i, v) in head.iter_mut().enumerate() {
+                            *v = yt[i * rows + j];
+                        }
+                        let (seq, pos) = (row_seq[j], row_pos[j]);
+                        let (ks, vs) = &kv[seq * layers + layer];
+                        if r0 < qd + kvd {
+                            rope.apply_host(&mut head, pos);
+                        }
+                        let dst = if r0 < qd {
+                            unsafe { qs.get_mut(j * qd + r0..j * qd + r1) }
+                        } else if r0 < qd + kvd {
+                            let at = pos * kvd + r0 - qd;
+                            unsafe { ks.get_mut(at..at + d) }
+                        } else {
+                            let at = pos * kvd + r0 - qd - kvd;
+                            unsafe { vs.get_mut(at..at + d) }
+                        };
+                        dst.copy_from_slice(&head);
+                    }
+                }
+                phase += 1;
+                barrier.wait();
+
+                while let Some(item) = counters.next(phase, rows * heads) {
+                    let (j, hh) = (item / heads, item % heads);
+                    let keys = row_pos[j] + 1;
+                    let (ks, vs) = &kv[row_seq[j] * layers + layer];
+                    let at = j * qd + hh * d;
+                    attend_head(
+                        unsafe { qs.get(at..at + d) },
+                        unsafe { ks.get(0..keys * kvd) },
+                        unsafe { vs.get(0..keys * kvd) },
+                        keys,
+                        kvd,
+                        hh / group * d,
+                        scale,
+                        &mut scores,
+                        unsafe { atts.get_mut(at..at + d) },
+                    );
+                }
+                phase += 1;
+                barrier.wait();
+
+                let a = unsafe { atts.get(0..rows * qd) };
+                b.out.block_sums(a, &mut xsum);
+                while let Some((r0, r1)) = chunk(&counters, phase, hidden) {
+                    yt.resize((r1 - r0) * rows, 0.0);
+                    b.out
+                        .product_rows(a, rows, &xsum, r0, r1, &mut tile, &mut yt);
+                    add_rows(&xs, hidden, r0, r1, rows, &yt);
+                }
+                phase += 1;
+                barrier.wait();
+
+                rms_norm(unsafe { xs.get(0..rows * hidden) }, b.ffn_norm, eps, &mut h);
+                b.gate_up.block_sums(&h, &mut xsum);
+                while let Some((r0, r1)) = chunk(&counters, phase, ffn) {
+                    let n = (r1 - r0) * rows;
+                    yt.resize(n, 0.0);
+                    yt2.resize(n, 0.0);
+                    b.gate_up
+                        .product_rows(&h, rows, &xsum, r0, r1, &mut tile, &mut yt);
+                    b.gate_up.product_rows(
+                        &h,
+                        rows,
+                        &xsum,
+                        ffn + r0,
+                        ffn + r1,
+                        &mut tile,
+                        &mut yt2,
+                    );
+                    for j in 0..rows {
+                        let o = unsafe { acts.get_mut(j * ffn + r0..j * ffn + r1) };
+                        for (i, o) in o.iter_mut().enumerate() {
+                            let (g, u) = (yt[i * rows + j], yt2[i * rows + j]);
+                            *o = g / (1.0 + (-g).exp()) * u;
+                        }
+                    }
+                }
+                phase += 1;
+                barrier.wait();
+
+                let a = unsafe { acts.get(0..rows * ffn) };
+                b.down.block_sums(a, &mut xsum);
+                while let Some((r0, r1)) = chunk(&counters, phase, hidden) {
+                    yt.resize((r1 - r0) * rows, 0.0);
+                    b.down
+                        .product_rows(a, rows, &xsum, r0, r1, &mut tile, &mut yt);
+                    add_rows(&xs, hidden, r0, r1, rows, &yt);
+                }
+                phase += 1;
+                barrier.wait();
+            }
+            // The last row of every sequence through the final norm and the output.
+            let mut last = Vec::with_capacity(nseq * hidden);
+            for &r in &last_rows {
+                last.extend_from_slice(unsafe { xs.get(r * hidden..(r + 1) * hidden) });
+            }
+            h.resize(last.len(), 0.0);
+            rms_norm(&last, w.norm, eps, &mut h);
+            w.lm_head.block_sums(&h, &mut xsum);
+            while let Some((r0, r1)) = chunk(&counters, phase, vocab) {
+                yt.resize((r1 - r0) * nseq, 0.0);
+                w.lm_head
+                    .product_rows(&h, nseq, &xsum, r0, r1, &mut tile, &mut yt);
+                for s in 0..nseq {
+                    let o = unsafe { logs.get_mut(s * vocab + r0..s * vocab + r1) };
+                    for (i, o) in o.iter_mut().enumerate() {
+                        *o = yt[i * nseq + s];
+                    }
+                }
+            }
+        });
+        drop(kv);
+        Tensor::from_data(TensorData::new(logits, [nseq, vocab]), &self.device)
+    }
+}
+
+/// Output rows per work item of the products (a multiple of the dense tile).
+const CHUNK: usize = 64;
+
+/// The next chunk `r0..r1` of `total` output rows in `phase`.
+fn chunk(counters: &Counters, phase: usize, total: usize) -> Option<(usize, usize)> {
+    let item = counters.next(phase, total.div_ceil(CHUNK))?;
+    Some((item * CHUNK, (item * CHUNK + CHUNK).min(total)))
+}
+
+/// `x[j][r0..r1] += yt[r − r0][j]` for every row `j` of `x` (`width` wide).
+fn add_rows(x: &Shared<'_>, width: usize, r0: usize, r1: usize, rows: usize, yt: &[f32]) {
+    for j in 0..rows {
+        // SAFETY: columns r0..r1 belong to the chunk the caller claimed in this phase.
+        let o = unsafe { x.get_mut(j * width + r0..j * width + r1) };
+        for (i, o) in o.iter_mut().enumerate() {
+            *o += yt[i * rows + j];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{
+        load::load_llama,
+        model::SeqInput,
+        synthetic::{write_synthetic_llama, SyntheticSpec},
+        WeightDtype,
+    };
+    use super::*;
+    use crate::{
+        backend::CpuBackend as B,
+        engine::gguf::{GgmlType, GgufFile},
+    };
+
+    fn native(ty: GgmlType, seed: u64) -> (tempfile::TempDir, Llama<B>) {
+        let dir = tempfile::TempDir::new().expect("tempdir");
+        let path = dir.path().join("tiny.gguf");
+        let mut spec = SyntheticSpec::tiny(seed);
+        spec.weight_type = ty;
+        write_synthetic_llama(&path, &spec).expect("write");
+        let gguf = GgufFile::open(&path).expect("open");
+        let model = load_llama::<B>(
+            &gguf,
+            WeightDtype::Native,
+            &Default::default(),
+            &mut |_, _| {},
+        )
+        .expect("load");
+        (dir, model)
+    }
+
+    fn run(model: &Llama<B>, seqs: &mut [SeqInput<'_, B>]) -> Vec<Vec<f32>> {
+        Llama::<B>::logits_to_host(model.forward(seqs).expect("forward"))
+    }
+
+    fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+        a.iter()
+            .flatten()
+            .zip(b.iter().flatten())
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
+    }
+
+    /// The host path and the burn path agree on prefill, cached decode, batches of
+    /// sequences at different positions, and after a truncation.
+    #[test]
+    fn host_path_matches_burn_path() {
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0] {
+            let (_dir, host) = native(ty, 11);
+            assert!(host.host_weights().is_some());
+            let mut burn = host.clone();
+            burn.force_burn = true;
+            let prompts: [&[u32]; 3] =
+                [&[5, 70, 200, 3, 9, 41, 7], &[1, 2], &[300, 17, 17, 17, 99]];
+            let mut results = Vec::new();
+            for model in [&host, &burn] {
+                let mut caches: Vec<_> = (0..3).map(|_| model.new_cache()).collect();
+                let mut out = Vec::new();
+                // Prefill of all three at once, then decode steps of all three.
+                {
+                    let mut seqs: Vec<_> = caches
+                        .iter_mut()
+                        .zip(prompts)
+                        .map(|(cache, tokens)| SeqInput { tokens, cache })
+                        .collect();
+                    out.push(run(model, &mut seqs));
+                }
+                for step in 0..4u32 {
+                    let toks: Vec<[u32; 1]> = (0..3).map(|i| [10 + step * 3 + i]).collect();
+                    let mut seqs: Vec<_> = caches
+                        .iter_mut()
+                        .zip(&toks)
+                        .map(|(cache, tokens)| SeqInput { tokens, cache })
+                        .collect();
+                    out.push(run(model, &mut seqs));
+                }
+                // A truncation, then a mixed batch: one prompt chunk, one token.
+                caches[0].truncate(4);
+                assert_eq!(caches[0].len(), 4);
+                let (a, rest) = caches.split_at_mut(1);
+                out.push(run(
+                    model,
+                    &mut [
+                        SeqInput {
+                            tokens: &[8, 9, 10],
+                            cache: &mut a[0],
+                        },
+                        SeqInput {
+                            tokens: &[77],
+                            cache: &mut rest[0],
+                        },
+                    ],
+                ));
+                assert_eq!(caches[0].len(), 7);
+                // 7 positions × (keys + values) × 32 values × 4 bytes × 2 layers.
+                assert_eq!(caches[0].bytes(), 7 * 2 * 32 * 4 * 2);
+                results.push(out);
+            }
+            for (step, (a, b)) in results[0].iter().zip(&results[1]).enumerate() {
+                let diff = max_diff(a, b);
+                assert!(
+                    diff < 1e-4,
+                    "{ty:?} step {step}: host and burn differ by {diff}"
+                );
+            }
+        }
+    }
+}
