@@ -12,7 +12,7 @@
 //! - [`mlp`]: the SwiGLU feed-forward block.
 //! - [`cache`]: the per-sequence KV cache.
 //! - [`model`]: the whole network and its batched forward pass.
-//! - [`team`]: the parallel region and barrier of the host forward pass.
+//! - `team`: the parallel region and barrier of the host forward pass.
 //! - [`synthetic`]: random-weight Llama files for tests and speed measurements.
 
 pub mod attention;
