@@ -6,10 +6,11 @@
 //!
 //! - **Tokens** arrive in worker messages ([`DispatchTokens`]). Each event is checked
 //!   against the session (right attempt, next position) and appended to the checkpoint
-//!   store; in `sync` mode the store is flushed once for the whole batch of messages,
-//!   and only then do the tokens go to the clients. The actor waits for the flush
-//!   (`ctx.wait`), so a client that attaches always sees the store and its channel
-//!   agree.
+//!   store; in `sync` mode the store is flushed (write + fsync) before the tokens go to
+//!   the clients. One flush runs at a time; everything that arrives meanwhile waits for
+//!   the next one (group commit), and the actor keeps serving other messages. A client
+//!   that attaches gets the tokens already forwarded, then the rest with everyone
+//!   else.
 //! - **Failover**: a stream moves to another worker — a *resume* with every token so
 //!   far and the last chain hash — when its worker fails it, when the registry drops
 //!   the worker (heartbeats stopped), when a probe finds nobody on the worker's subject,
@@ -96,6 +97,8 @@ struct Session {
     record: StreamRecord,
     /// Tokens so far: id and text.
     tokens: Vec<(u32, String)>,
+    /// How many of them reached the clients (the rest wait for a checkpoint flush).
+    forwarded: usize,
     /// Chain hash after the last token (0 before the first).
     last_hash: u64,
     /// Prompt length, as a worker counted it.
@@ -114,6 +117,7 @@ struct Session {
 impl Session {
     fn new(record: StreamRecord, tokens: Vec<(u32, String)>, last_hash: u64) -> Self {
         Self {
+            forwarded: tokens.len(),
             record,
             tokens,
             last_hash,
@@ -219,6 +223,11 @@ pub struct Sessions {
     answered: HashMap<WorkerId, Instant>,
     /// Streams to dispatch again once started (recovered from the store).
     recovered: Vec<StreamId>,
+    /// Updates written to the store, waiting for the next flush (sync mode).
+    pending: Vec<(StreamId, Update)>,
+    /// Whether a flush is running; updates arriving meanwhile wait for the next one
+    /// (group commit).
+    flushing: bool,
 }
 
 fn unix_now() -> u64 {
@@ -241,6 +250,8 @@ impl Sessions {
             probing: HashSet::new(),
             answered: HashMap::new(),
             recovered: Vec::new(),
+            pending: Vec::new(),
+            flushing: false,
         }
     }
 
@@ -622,6 +633,9 @@ impl Sessions {
                 Update::Failed(e) => self.end(stream, StreamEnd::Failed(e)),
                 token => {
                     if let Some(s) = self.sessions.get_mut(&stream) {
+                        if let Update::Token { index, .. } = &token {
+                            s.forwarded = s.forwarded.max(*index as usize + 1);
+                        }
                         s.send(&token);
                         if !s.listened() && !lonely.contains(&stream) {
                             lonely.push(stream);
@@ -788,8 +802,9 @@ impl Handler<Attach> for Sessions {
         let Some(s) = self.sessions.get_mut(&msg.stream) else {
             return self.replay_ended(msg.stream, msg.after, &msg.subscriber);
         };
+        // Tokens not yet flushed reach this client with everyone else's, after the flush.
         let from = msg.after.map_or(0, |a| a as usize + 1);
-        for (i, (_, text)) in s.tokens.iter().enumerate().skip(from) {
+        for (i, (_, text)) in s.tokens.iter().enumerate().take(s.forwarded).skip(from) {
             let _ = msg.subscriber.send(Update::Token {
                 index: i as u32,
                 text: text.clone(),
@@ -825,6 +840,31 @@ impl Handler<Detach> for Sessions {
     }
 }
 
+impl Sessions {
+    /// Flushes the store, then forwards what was pending when the flush began; starts
+    /// the next flush if more arrived meanwhile.
+    fn flush(&mut self, ctx: &mut Context<Self>) {
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        if self.flushing || self.pending.is_empty() {
+            return;
+        }
+        self.flushing = true;
+        let batch = std::mem::take(&mut self.pending);
+        ctx.spawn(async move { store.flush().await }.into_actor(self).map(
+            move |flushed, this, ctx| {
+                if let Err(e) = flushed {
+                    warn!(error = %e, "checkpoint flush failed");
+                }
+                this.flushing = false;
+                this.forward(batch);
+                this.flush(ctx);
+            },
+        ));
+    }
+}
+
 impl Handler<DispatchTokens> for Sessions {
     type Result = ();
 
@@ -833,21 +873,13 @@ impl Handler<DispatchTokens> for Sessions {
         if updates.is_empty() {
             return;
         }
-        match (&self.store, self.settings.checkpoint) {
-            (Some(store), CheckpointMode::Sync) => {
-                // No client sees a token before it is on disk; nothing else happens in
-                // this actor meanwhile.
-                let store = store.clone();
-                ctx.wait(async move { store.flush().await }.into_actor(self).map(
-                    move |flushed, this, _| {
-                        if let Err(e) = flushed {
-                            warn!(error = %e, "checkpoint flush failed");
-                        }
-                        this.forward(updates);
-                    },
-                ));
-            }
-            _ => self.forward(updates),
+        if self.store.is_some() && self.settings.checkpoint == CheckpointMode::Sync {
+            // No client sees a token before it is on disk. Batches that arrive during a
+            // flush share the next one.
+            self.pending.extend(updates);
+            self.flush(ctx);
+        } else {
+            self.forward(updates);
         }
     }
 }
