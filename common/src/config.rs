@@ -113,7 +113,7 @@ impl Default for CoordinatorConfig {
             store_path: "baton-data/coordinator".into(),
             checkpoint: CheckpointMode::Sync,
             reconnect_window_s: 600,
-            stall_probe_ms: 250,
+            stall_probe_ms: 200,
             stall_timeout_ms: 30_000,
             resume_deadline_ms: 30_000,
             max_resumes: 10,
@@ -141,6 +141,9 @@ pub struct WorkerConfig {
     pub kv_budget_mib: u64,
     /// Heartbeat period, in milliseconds.
     pub heartbeat_interval_ms: u64,
+    /// Address of the worker's Prometheus `/metrics` (port 0: any free port, logged at
+    /// start; empty: none).
+    pub metrics_listen: String,
 }
 
 impl Default for WorkerConfig {
@@ -154,6 +157,7 @@ impl Default for WorkerConfig {
             max_queued: 64,
             kv_budget_mib: 1024,
             heartbeat_interval_ms: 500,
+            metrics_listen: "127.0.0.1:0".into(),
         }
     }
 }

@@ -11,6 +11,10 @@
 
 use crate::ids::{CoordinatorId, WorkerId};
 
+/// NATS header naming the request a message belongs to (its stream id): coordinator and
+/// worker both log it, so one search follows a request through both.
+pub const REQUEST_ID_HEADER: &str = "Baton-Request-Id";
+
 /// Default subject prefix.
 pub const DEFAULT_PREFIX: &str = "baton";
 

@@ -11,6 +11,7 @@
 //!   (checkpoints, failover, reconnects).
 //! - [`dispatch`]: routing and submitting a sequence, with retries on other workers.
 //! - [`store`]: the sled checkpoint store.
+//! - [`metrics`]: Prometheus metrics (`/metrics`).
 //! - [`http`]: routes, OpenAI bodies, validation, SSE, and the error → status mapping.
 //!
 //! [`start`] wires them together inside an actix system; [`run`] also waits for the
@@ -20,6 +21,7 @@ pub mod actors;
 pub mod config;
 pub mod dispatch;
 pub mod http;
+pub mod metrics;
 pub mod nats;
 pub mod store;
 
@@ -38,6 +40,7 @@ use crate::actors::registry::Registry;
 use crate::actors::sessions::{SessionSettings, Sessions};
 use crate::dispatch::Dispatcher;
 use crate::http::AppState;
+use crate::metrics::Metrics;
 use crate::nats::{Counters, NatsHandle};
 use crate::store::Store;
 use baton_common::config::CheckpointMode;
@@ -82,6 +85,8 @@ pub struct Running {
     pub addrs: Vec<SocketAddr>,
     /// Wire error counters.
     pub counters: Arc<Counters>,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
     /// Stops the HTTP server.
     pub handle: actix_web::dev::ServerHandle,
     /// The HTTP server: it serves only while awaited (or spawned), until shutdown.
@@ -136,6 +141,7 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
         nats: nats.clone(),
         submit_timeout: Duration::from_millis(config.submit_timeout_ms),
     };
+    let metrics = Metrics::new();
     let mut sessions = Sessions::new(
         SessionSettings {
             checkpoint: config.checkpoint,
@@ -147,6 +153,7 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
         },
         dispatcher,
         store,
+        metrics.clone(),
     );
     let recovered = sessions.recover();
     if recovered > 0 {
@@ -157,11 +164,29 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
     }
     let sessions = sessions_ctx.run(sessions);
     nats.listen(registry.clone(), sessions.clone()).await?;
+    // One tokens/s sample a second, for the status page.
+    {
+        let metrics = metrics.clone();
+        actix::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            let mut last = std::time::Instant::now();
+            loop {
+                tick.tick().await;
+                let unix = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0);
+                metrics.sample(unix, last.elapsed().as_secs_f64());
+                last = std::time::Instant::now();
+            }
+        });
+    }
     let state = AppState {
         config: config.clone(),
         registry,
         sessions,
         nats: nats.clone(),
+        metrics: metrics.clone(),
     };
     let data = web::Data::new(state);
     let server = HttpServer::new(move || {
@@ -183,6 +208,7 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
         id,
         addrs,
         counters: nats.counters().clone(),
+        metrics,
         handle,
         server,
     })

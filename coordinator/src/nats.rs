@@ -16,7 +16,7 @@ use baton_common::protocol::{
     decode, Body, Cancel, DecodeError, SeqRequest, Sequencer, StreamAttempt, Submit, SubmitReply,
     Wire,
 };
-use baton_common::subjects::Subjects;
+use baton_common::subjects::{Subjects, REQUEST_ID_HEADER};
 use futures::{FutureExt, StreamExt};
 use tracing::{info, warn};
 
@@ -247,6 +247,10 @@ impl NatsHandle {
         timeout: Duration,
     ) -> Result<SubmitReply, SubmitError> {
         let subject = self.subjects.submit(worker);
+        // The request id (the stream id) travels in a header too, for the worker's logs.
+        let mut headers = async_nats::HeaderMap::new();
+        let ids: Vec<String> = sequences.iter().map(|s| s.stream.to_string()).collect();
+        headers.insert(REQUEST_ID_HEADER, ids.join(",").as_str());
         let payload = self.sequencers.encode(
             &subject,
             Body::Submit(Submit {
@@ -256,6 +260,7 @@ impl NatsHandle {
         );
         let request = async_nats::Request::new()
             .payload(payload.into())
+            .headers(headers)
             .timeout(Some(timeout));
         let reply = self
             .client

@@ -370,6 +370,10 @@ fn worker_drill(
         } else {
             cluster.workers[w].terminate();
         }
+        // The replacement starts once the stream has moved on (or ended), so that its
+        // model load does not compete with the resume being measured.
+        let before = seen.text_events();
+        reader.until(&mut seen, before + 1, STREAM_TIMEOUT);
         cluster.add_worker();
         reader.rest(&mut seen, STREAM_TIMEOUT);
         judge(&mut verdict, &seen, &reference, broke_at, &label);

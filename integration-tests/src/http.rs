@@ -14,6 +14,8 @@ pub struct Reply {
     pub status: u16,
     /// The body.
     pub body: Value,
+    /// The `X-Request-Id` header, if any.
+    pub request_id: Option<String>,
 }
 
 /// A blocking client bound to one base URL (`http://127.0.0.1:<port>`).
@@ -102,9 +104,18 @@ impl Api {
 
 fn into_reply(resp: reqwest::blocking::Response) -> Reply {
     let status = resp.status().as_u16();
+    let request_id = resp
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let text = resp.text().unwrap_or_default();
     let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    Reply { status, body }
+    Reply {
+        status,
+        body,
+        request_id,
+    }
 }
 
 /// One Server-Sent Event.

@@ -40,6 +40,11 @@ pub struct ReleaseWorker {
 #[rtype(result = "Vec<ModelEntry>")]
 pub struct ListModels;
 
+/// Every live worker and its load (registry).
+#[derive(Debug, Message)]
+#[rtype(result = "super::registry::ClusterView")]
+pub struct ClusterStatus;
+
 /// Whether the cluster can serve (registry).
 #[derive(Debug, Message)]
 #[rtype(result = "HealthStatus")]

@@ -15,7 +15,8 @@ use baton_common::protocol::Heartbeat;
 use tracing::{info, warn};
 
 use super::messages::{
-    CheckHealth, ForgetWorker, ListModels, ReleaseWorker, RouteStream, WorkerHeartbeat, WorkerLost,
+    CheckHealth, ClusterStatus, ForgetWorker, ListModels, ReleaseWorker, RouteStream,
+    WorkerHeartbeat, WorkerLost,
 };
 use super::router::{self, RouteError, WorkerLoad};
 
@@ -42,6 +43,47 @@ pub enum HealthStatus {
         /// How many.
         workers: usize,
     },
+}
+
+/// One live worker, for status pages and metrics.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct WorkerView {
+    /// Its id.
+    #[serde(serialize_with = "display")]
+    pub id: WorkerId,
+    /// Models it serves.
+    pub models: Vec<String>,
+    /// Most sequences it runs at once.
+    pub capacity: u32,
+    /// Sequences running (last heartbeat).
+    pub running: u32,
+    /// Sequences queued (last heartbeat).
+    pub queued: u32,
+    /// This coordinator's streams on it now.
+    pub in_flight: u32,
+    /// KV cache bytes in use.
+    pub kv_used_bytes: u64,
+    /// KV cache budget.
+    pub kv_budget_bytes: u64,
+    /// Taking no new work.
+    pub draining: bool,
+    /// Its software version.
+    pub version: String,
+    /// Milliseconds since its last heartbeat.
+    pub last_seen_ms: u64,
+}
+
+fn display<S: serde::Serializer>(id: &WorkerId, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(id)
+}
+
+/// The cluster as the registry sees it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, MessageResponse)]
+pub struct ClusterView {
+    /// Whether any heartbeat ever arrived.
+    pub synced: bool,
+    /// Live workers.
+    pub workers: Vec<WorkerView>,
 }
 
 /// What a worker last said about itself.
@@ -165,6 +207,31 @@ impl Membership {
         self.in_flight.get(&worker).copied().unwrap_or(0)
     }
 
+    /// Every live worker as it last described itself, sorted by id.
+    pub fn status(&self, now: Instant) -> ClusterView {
+        let mut workers: Vec<WorkerView> = self
+            .live(now)
+            .map(|(id, w)| WorkerView {
+                id: *id,
+                models: w.model_names.clone(),
+                capacity: w.heartbeat.capacity,
+                running: w.heartbeat.running,
+                queued: w.heartbeat.queued,
+                in_flight: self.in_flight(*id),
+                kv_used_bytes: w.heartbeat.kv_used_bytes,
+                kv_budget_bytes: w.heartbeat.kv_budget_bytes,
+                draining: w.heartbeat.draining,
+                version: w.heartbeat.version.clone(),
+                last_seen_ms: now.saturating_duration_since(w.last_seen).as_millis() as u64,
+            })
+            .collect();
+        workers.sort_by_key(|w| w.id.0);
+        ClusterView {
+            synced: self.synced,
+            workers,
+        }
+    }
+
     /// The models live workers serve, sorted by name.
     pub fn models(&self, now: Instant) -> Vec<ModelEntry> {
         let mut by_name: HashMap<&str, u32> = HashMap::new();
@@ -276,6 +343,14 @@ impl Handler<ForgetWorker> for Registry {
         if let Some(r) = &self.on_lost {
             r.do_send(WorkerLost { worker: msg.worker });
         }
+    }
+}
+
+impl Handler<ClusterStatus> for Registry {
+    type Result = ClusterView;
+
+    fn handle(&mut self, _: ClusterStatus, _: &mut Context<Self>) -> Self::Result {
+        self.membership.status(Instant::now())
     }
 }
 

@@ -27,6 +27,7 @@
 //!   client, so that a client reconnecting to the new process gets its whole text.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
@@ -43,6 +44,7 @@ use tracing::{debug, info, warn};
 use super::messages::{DispatchTokens, ForgetWorker, ReleaseWorker, WorkerLost};
 use super::registry::Registry;
 use crate::dispatch::{Bound, DispatchError, Dispatcher};
+use crate::metrics::Metrics;
 use crate::nats::{NatsHandle, Probe};
 use crate::store::{Store, StoredToken, StreamEnd, StreamRecord};
 
@@ -228,6 +230,8 @@ pub struct Sessions {
     /// Whether a flush is running; updates arriving meanwhile wait for the next one
     /// (group commit).
     flushing: bool,
+    /// Resumes, reattaches and flush times are counted here.
+    metrics: Arc<Metrics>,
 }
 
 fn unix_now() -> u64 {
@@ -239,7 +243,12 @@ fn unix_now() -> u64 {
 
 impl Sessions {
     /// No session yet. `store` is `None` when checkpoints are off.
-    pub fn new(settings: SessionSettings, dispatcher: Dispatcher, store: Option<Store>) -> Self {
+    pub fn new(
+        settings: SessionSettings,
+        dispatcher: Dispatcher,
+        store: Option<Store>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             sessions: HashMap::new(),
             nats: dispatcher.nats.clone(),
@@ -252,6 +261,7 @@ impl Sessions {
             recovered: Vec::new(),
             pending: Vec::new(),
             flushing: false,
+            metrics,
         }
     }
 
@@ -483,6 +493,7 @@ impl Sessions {
             return self.fail(stream, ErrorKind::Internal, message);
         }
         s.resumes += 1;
+        self.metrics.resumed(why);
         self.unbind(stream, true);
         let Some(s) = self.sessions.get_mut(&stream) else {
             return;
@@ -765,7 +776,7 @@ impl Actor for Sessions {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        let tick = (self.settings.stall_probe / 2)
+        let tick = (self.settings.stall_probe / 4)
             .clamp(Duration::from_millis(20), Duration::from_millis(250));
         ctx.run_interval(tick, |this, ctx| this.check_stalls(ctx));
         ctx.run_interval(Duration::from_secs(30), |this, _| this.collect());
@@ -799,6 +810,7 @@ impl Handler<Attach> for Sessions {
     type Result = Result<Attached, AttachError>;
 
     fn handle(&mut self, msg: Attach, ctx: &mut Context<Self>) -> Self::Result {
+        self.metrics.reattached.inc();
         let Some(s) = self.sessions.get_mut(&msg.stream) else {
             return self.replay_ended(msg.stream, msg.after, &msg.subscriber);
         };
@@ -852,8 +864,12 @@ impl Sessions {
         }
         self.flushing = true;
         let batch = std::mem::take(&mut self.pending);
+        let started = Instant::now();
         ctx.spawn(async move { store.flush().await }.into_actor(self).map(
             move |flushed, this, ctx| {
+                this.metrics
+                    .checkpoint_flush
+                    .observe(started.elapsed().as_secs_f64());
                 if let Err(e) = flushed {
                     warn!(error = %e, "checkpoint flush failed");
                 }

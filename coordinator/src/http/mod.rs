@@ -5,12 +5,14 @@
 //! - [`openai`]: request and response bodies.
 //! - [`validate`]: request validation into a [`validate::ValidRequest`].
 //! - [`sse`]: Server-Sent Events framing and chunks.
+//! - [`status`]: `/metrics`, `/v1/status` and the live status page at `/`.
 //! - [`error`]: the one mapping from errors to status codes.
 
 pub mod error;
 pub mod openai;
 pub mod routes;
 pub mod sse;
+pub mod status;
 pub mod validate;
 
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use baton_common::config::CoordinatorConfig;
 
 use crate::actors::registry::Registry;
 use crate::actors::sessions::Sessions;
+use crate::metrics::Metrics;
 use crate::nats::NatsHandle;
 
 /// What every handler shares.
@@ -33,4 +36,6 @@ pub struct AppState {
     pub sessions: Addr<Sessions>,
     /// The NATS connection.
     pub nats: NatsHandle,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
 }

@@ -7,7 +7,7 @@
 //! `GET /v1/streams/{id}` — reattaches to a stream instead: what came after that
 //! position, then the live rest.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::web::{self, Bytes, BytesMut};
@@ -30,6 +30,7 @@ use crate::actors::messages::{CheckHealth, ListModels};
 use crate::actors::registry::HealthStatus;
 use crate::actors::sessions::{Attach, AttachError, StartStream, Update};
 use crate::dispatch::DispatchError;
+use crate::metrics::StreamTracker;
 use crate::store::StreamRecord;
 
 /// Registers every route on `cfg`.
@@ -38,7 +39,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/v1/completions", web::post().to(completions))
         .route("/v1/models", web::get().to(models))
         .route("/v1/streams/{id}", web::get().to(stream_events))
-        .route("/health", web::get().to(health));
+        .route("/health", web::get().to(health))
+        .route("/v1/status", web::get().to(super::status::status))
+        .route("/metrics", web::get().to(super::status::metrics))
+        .route("/", web::get().to(super::status::page));
 }
 
 /// Any other URL: an OpenAI-shaped 404.
@@ -55,12 +59,17 @@ async fn chat_completions(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    if let Some((stream, after)) = last_event_id(&req)? {
-        return reattach(&state, stream, after).await;
+    let started = Instant::now();
+    let result = async {
+        if let Some((stream, after)) = last_event_id(&req)? {
+            return reattach(&state, stream, after, started).await;
+        }
+        let body = read_body(&req, payload, state.config.max_body_bytes).await?;
+        let request = ValidRequest::chat(&body, &state.config)?;
+        generate(&state, request, started).await
     }
-    let body = read_body(&req, payload, state.config.max_body_bytes).await?;
-    let request = ValidRequest::chat(&body, &state.config)?;
-    generate(&state, request).await
+    .await;
+    counted(&state, "chat", result)
 }
 
 async fn completions(
@@ -68,12 +77,36 @@ async fn completions(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    if let Some((stream, after)) = last_event_id(&req)? {
-        return reattach(&state, stream, after).await;
+    let started = Instant::now();
+    let result = async {
+        if let Some((stream, after)) = last_event_id(&req)? {
+            return reattach(&state, stream, after, started).await;
+        }
+        let body = read_body(&req, payload, state.config.max_body_bytes).await?;
+        let request = ValidRequest::completion(&body, &state.config)?;
+        generate(&state, request, started).await
     }
-    let body = read_body(&req, payload, state.config.max_body_bytes).await?;
-    let request = ValidRequest::completion(&body, &state.config)?;
-    generate(&state, request).await
+    .await;
+    counted(&state, "completion", result)
+}
+
+/// Counts a request that failed before its answer started (its stream counts itself).
+fn counted(
+    state: &AppState,
+    endpoint: &str,
+    result: Result<HttpResponse, ApiError>,
+) -> Result<HttpResponse, ApiError> {
+    if let Err(e) = &result {
+        state.metrics.request_done(endpoint, e.code());
+    }
+    result
+}
+
+fn endpoint_label(endpoint: Endpoint) -> &'static str {
+    match endpoint {
+        Endpoint::Chat => "chat",
+        Endpoint::Completion => "completion",
+    }
 }
 
 async fn models(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
@@ -142,9 +175,14 @@ struct Answer {
     prompt_tokens: u32,
     events: UnboundedReceiver<Update>,
     guard: StreamGuard,
+    started: Instant,
 }
 
-async fn generate(state: &AppState, request: ValidRequest) -> Result<HttpResponse, ApiError> {
+async fn generate(
+    state: &AppState,
+    request: ValidRequest,
+    started: Instant,
+) -> Result<HttpResponse, ApiError> {
     let stream = StreamId::random();
     let created = unix_now();
     let record = StreamRecord {
@@ -189,6 +227,7 @@ async fn generate(state: &AppState, request: ValidRequest) -> Result<HttpRespons
         prompt_tokens,
         events,
         guard,
+        started,
     };
     if request.stream {
         Ok(sse_response(state, answer, false))
@@ -208,13 +247,20 @@ fn dispatch_error(e: DispatchError, model: &str) -> ApiError {
 }
 
 fn sse_response(state: &AppState, answer: Answer, resumed: bool) -> HttpResponse {
+    let request_id = answer.stream.to_string();
     let mut writer = ChunkWriter::new(answer.endpoint, answer.stream, answer.model, answer.created);
     if resumed {
         writer.role_sent();
     }
+    let tracker = StreamTracker::new(
+        state.metrics.clone(),
+        endpoint_label(answer.endpoint),
+        answer.started,
+    );
     let body = SseStream {
         events: answer.events,
         guard: answer.guard,
+        tracker,
         writer,
         idle_timeout: Duration::from_millis(state.config.stream_timeout_ms),
         include_usage: answer.include_usage,
@@ -222,6 +268,7 @@ fn sse_response(state: &AppState, answer: Answer, resumed: bool) -> HttpResponse
     };
     HttpResponse::Ok()
         .content_type("text/event-stream")
+        .insert_header(("X-Request-Id", request_id))
         .insert_header((header::CACHE_CONTROL, HeaderValue::from_static("no-cache")))
         .insert_header(("X-Accel-Buffering", HeaderValue::from_static("no")))
         .streaming(body.into_body())
@@ -230,10 +277,27 @@ fn sse_response(state: &AppState, answer: Answer, resumed: bool) -> HttpResponse
 async fn respond_whole(state: &AppState, answer: Answer) -> Result<HttpResponse, ApiError> {
     let idle_timeout = Duration::from_millis(state.config.stream_timeout_ms);
     let id = response_id(answer.endpoint, answer.stream);
+    let request_id = answer.stream.to_string();
     let (endpoint, model, created) = (answer.endpoint, answer.model.clone(), answer.created);
-    let (text, reason, usage) = collect(answer, idle_timeout).await?;
+    let mut tracker = StreamTracker::new(
+        state.metrics.clone(),
+        endpoint_label(endpoint),
+        answer.started,
+    );
+    let (text, reason, usage) = match collect(answer, idle_timeout, &mut tracker).await {
+        Ok(done) => {
+            tracker.finish("finished");
+            done
+        }
+        Err(e) => {
+            tracker.finish(e.code());
+            return Err(e);
+        }
+    };
+    let mut ok = HttpResponse::Ok();
+    ok.insert_header(("X-Request-Id", request_id));
     Ok(match endpoint {
-        Endpoint::Chat => HttpResponse::Ok().json(ChatCompletion {
+        Endpoint::Chat => ok.json(ChatCompletion {
             id,
             object: "chat.completion",
             created,
@@ -249,7 +313,7 @@ async fn respond_whole(state: &AppState, answer: Answer) -> Result<HttpResponse,
             }],
             usage,
         }),
-        Endpoint::Completion => HttpResponse::Ok().json(Completion {
+        Endpoint::Completion => ok.json(Completion {
             id,
             object: "text_completion",
             created,
@@ -269,6 +333,7 @@ async fn respond_whole(state: &AppState, answer: Answer) -> Result<HttpResponse,
 async fn collect(
     mut answer: Answer,
     idle_timeout: Duration,
+    tracker: &mut StreamTracker,
 ) -> Result<(String, FinishReason, Usage), ApiError> {
     let mut text = String::new();
     loop {
@@ -281,7 +346,10 @@ async fn collect(
             }
         };
         match event {
-            Update::Token { text: t, .. } => text.push_str(&t),
+            Update::Token { text: t, .. } => {
+                tracker.token();
+                text.push_str(&t);
+            }
             Update::Finished(f) => {
                 let prompt = if f.prompt_tokens > 0 {
                     f.prompt_tokens
@@ -330,6 +398,7 @@ async fn reattach(
     state: &AppState,
     stream: StreamId,
     after: Option<u32>,
+    started: Instant,
 ) -> Result<HttpResponse, ApiError> {
     let (tx, events) = unbounded_channel();
     let guard = StreamGuard::new(stream, state.sessions.clone());
@@ -356,6 +425,7 @@ async fn reattach(
         prompt_tokens: attached.prompt_tokens,
         events,
         guard,
+        started,
     };
     Ok(sse_response(state, answer, after.is_some()))
 }
@@ -380,7 +450,7 @@ async fn stream_events(
         }
         None => None,
     };
-    reattach(&state, stream, after).await
+    reattach(&state, stream, after, Instant::now()).await
 }
 
 fn unix_now() -> u64 {

@@ -22,6 +22,7 @@ use super::error::ApiError;
 use super::openai::{ChatChunk, ChatChunkChoice, Completion, CompletionChoice, Delta, Usage};
 use super::validate::Endpoint;
 use crate::actors::sessions::{Detach, Sessions, Update};
+use crate::metrics::StreamTracker;
 
 /// Tells the sessions when a client's answer is dropped (finished, or the client went
 /// away): a stream nobody listens to any more stops on its worker.
@@ -212,6 +213,8 @@ pub struct SseStream {
     pub events: UnboundedReceiver<Update>,
     /// Detaches from the session when the body is dropped.
     pub guard: StreamGuard,
+    /// Latencies and outcome, for the metrics.
+    pub tracker: StreamTracker,
     /// Shapes the chunks.
     pub writer: ChunkWriter,
     /// Longest wait for the next event.
@@ -267,6 +270,7 @@ impl State {
         };
         match event {
             Update::Token { index, text } => {
+                self.s.tracker.token();
                 if !text.is_empty() {
                     let id = format!("{stream}:{index}");
                     let data = self.s.writer.text(&text);
@@ -274,6 +278,7 @@ impl State {
                 }
             }
             Update::Finished(f) => {
+                self.s.tracker.finish("finished");
                 let id = format!("{stream}:{}", f.completion_tokens);
                 let data = self.s.writer.finish(f.reason);
                 self.pending.push_back(frame(None, Some(&id), &data));
@@ -297,6 +302,7 @@ impl State {
     }
 
     fn fail(&mut self, error: ApiError) {
+        self.s.tracker.finish(error.code());
         tracing::warn!(stream = %self.s.guard.stream(), code = error.code(), %error, "stream failed");
         self.pending.push_back(error_frame(&error));
         self.ended = true;

@@ -9,7 +9,8 @@ use actix::prelude::*;
 use baton_common::{
     ids::{StreamId, WorkerId},
     protocol::{
-        Body, Heartbeat, ModelInfo, ProbeReply, Sequencer, StreamAttempt, Submit, SubmitReply,
+        Body, Heartbeat, ModelInfo, ProbeReply, Sequencer, StreamAttempt, Submit, SubmitOutcome,
+        SubmitReply,
     },
     subjects::Subjects,
 };
@@ -33,6 +34,8 @@ pub struct Worker {
     pub(crate) heartbeat_interval: Duration,
     /// Taking no new work; set on drain.
     pub(crate) draining: bool,
+    /// Submit outcomes, cancels and probes are counted here.
+    pub(crate) metrics: Arc<super::metrics::WorkerMetrics>,
 }
 
 impl Worker {
@@ -96,11 +99,25 @@ impl Handler<SubmitMsg> for Worker {
             tracing::error!("engine thread is gone; submit dropped");
             return;
         }
-        let Some(reply) = msg.reply else { return };
+        let reply = msg.reply;
         let client = self.client.clone();
         let sequencer = self.sequencer.clone();
+        let metrics = self.metrics.clone();
         actix::spawn(async move {
             if let Ok(outcomes) = rx.await {
+                for o in &outcomes {
+                    match o {
+                        SubmitOutcome::Accepted(a) => {
+                            tracing::info!(stream = %a.stream, prompt_tokens = a.prompt_tokens, "sequence accepted");
+                            metrics.submitted("accepted");
+                        }
+                        SubmitOutcome::Refused(r) => {
+                            tracing::info!(stream = %r.stream, kind = r.error.kind.as_str(), "sequence refused");
+                            metrics.submitted(r.error.kind.as_str());
+                        }
+                    }
+                }
+                let Some(reply) = reply else { return };
                 let payload = sequencer.encode(Body::SubmitReply(SubmitReply { outcomes }));
                 if let Err(e) = client.publish(reply, payload.into()).await {
                     tracing::warn!(error = %e, "submit reply not published");
@@ -124,6 +141,7 @@ impl Handler<ProbeMsg> for Worker {
     type Result = ();
 
     fn handle(&mut self, msg: ProbeMsg, _: &mut Self::Context) {
+        self.metrics.probes.inc();
         let payload = self.sequencer.encode(Body::ProbeReply(ProbeReply {
             worker: self.id,
             running: self.load.running.load(Ordering::Relaxed) as u32,
@@ -155,6 +173,7 @@ impl Handler<CancelMsg> for Worker {
     type Result = ();
 
     fn handle(&mut self, msg: CancelMsg, _: &mut Self::Context) {
+        self.metrics.cancels.inc();
         let _ = self.commands.send(Command::Cancel(msg.streams));
     }
 }

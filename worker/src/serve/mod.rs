@@ -7,6 +7,7 @@
 //! - [`sim`]: a simulated engine for routing and failover tests.
 
 pub mod actor;
+pub mod metrics;
 pub mod real;
 pub mod scheduler;
 pub mod sim;
@@ -201,7 +202,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let sequencer = Arc::new(Sequencer::new(id.0));
         let submits = client.subscribe(subjects.submit(id)).await?;
         let cancels = client.subscribe(subjects.cancel(id)).await?;
+        let metrics = metrics::WorkerMetrics::new(load.clone(), limits.kv_budget);
+        match metrics::serve(&cfg.metrics_listen, metrics.clone()) {
+            Ok(Some(addr)) => tracing::info!(%addr, "metrics listening"),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, listen = %cfg.metrics_listen, "cannot serve metrics")
+            }
+        }
         let worker = Worker {
+            metrics,
             id,
             client: client.clone(),
             subjects: subjects.clone(),
@@ -290,6 +300,13 @@ fn listen(
 ) {
     actix::spawn(async move {
         while let Some(msg) = sub.next().await {
+            if let Some(id) = msg
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(baton_common::subjects::REQUEST_ID_HEADER))
+            {
+                tracing::info!(request_id = %id, "{what} received");
+            }
             match decode(&msg.payload) {
                 Ok(wire) => {
                     if !handle(wire.body, msg.reply) {

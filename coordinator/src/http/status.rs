@@ -1,0 +1,86 @@
+//! What an operator looks at: `GET /metrics` (Prometheus), `GET /v1/status` (JSON) and
+//! the live status page at `GET /` (HTML that polls `/v1/status` every second).
+
+use actix_web::{web, HttpResponse};
+use serde::Serialize;
+
+use super::error::ApiError;
+use super::AppState;
+use crate::actors::messages::ClusterStatus;
+use crate::actors::registry::WorkerView;
+use crate::metrics::WorkerLabel;
+
+/// The status page: one self-contained HTML file, no external assets.
+const PAGE: &str = include_str!("status.html");
+
+/// `GET /v1/status`.
+#[derive(Debug, Serialize)]
+struct Status {
+    /// This coordinator's id.
+    coordinator: String,
+    /// Whether any worker was ever heard.
+    synced: bool,
+    /// Live workers.
+    workers: Vec<WorkerView>,
+    /// Streams with a client attached.
+    streams_in_flight: i64,
+    /// Tokens sent since start.
+    tokens_total: u64,
+    /// Tokens per second, one sample a second: `[unix seconds, rate]`.
+    tokens_per_second: Vec<(u64, f64)>,
+}
+
+/// `GET /`.
+pub async fn page() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .body(PAGE)
+}
+
+/// `GET /v1/status`.
+pub async fn status(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let view = state.registry.send(ClusterStatus).await?;
+    Ok(HttpResponse::Ok().json(Status {
+        coordinator: state.nats.coordinator().to_string(),
+        synced: view.synced,
+        workers: view.workers,
+        streams_in_flight: state.metrics.streams_in_flight.get(),
+        tokens_total: state.metrics.tokens.get(),
+        tokens_per_second: state.metrics.history(),
+    }))
+}
+
+/// `GET /metrics`: refreshes the cluster gauges, then encodes everything.
+pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let view = state.registry.send(ClusterStatus).await?;
+    let m = &state.metrics;
+    m.sync_wire(state.nats.counters());
+    m.workers_live.set(view.workers.len() as i64);
+    // Workers that left must not linger with their last values.
+    m.worker_running.clear();
+    m.worker_queued.clear();
+    m.worker_kv_used_bytes.clear();
+    m.worker_kv_budget_bytes.clear();
+    for w in &view.workers {
+        let label = WorkerLabel {
+            worker: w.id.to_string(),
+            model: w.models.join(","),
+        };
+        m.worker_running
+            .get_or_create(&label)
+            .set(i64::from(w.running));
+        m.worker_queued
+            .get_or_create(&label)
+            .set(i64::from(w.queued));
+        let bytes = |b: u64| i64::try_from(b).unwrap_or(i64::MAX);
+        m.worker_kv_used_bytes
+            .get_or_create(&label)
+            .set(bytes(w.kv_used_bytes));
+        m.worker_kv_budget_bytes
+            .get_or_create(&label)
+            .set(bytes(w.kv_budget_bytes));
+    }
+    Ok(HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(m.encode()))
+}
