@@ -72,6 +72,13 @@ pub struct CoordinatorConfig {
     pub resume_deadline_ms: u64,
     /// Most times one stream is resumed before it fails.
     pub max_resumes: u32,
+    /// Most new streams of one model sent to a worker in one submit message.
+    pub max_batch: u32,
+    /// How long a new stream may wait for others to share its submit, in milliseconds.
+    /// A stream never waits when no submit for its model is in flight.
+    pub max_wait_ms: u64,
+    /// Most streams this coordinator holds at once; beyond, requests get 429.
+    pub max_streams: u32,
 }
 
 /// When tokens reach clients, relative to the checkpoint store.
@@ -117,6 +124,9 @@ impl Default for CoordinatorConfig {
             stall_timeout_ms: 30_000,
             resume_deadline_ms: 30_000,
             max_resumes: 10,
+            max_batch: 16,
+            max_wait_ms: 5,
+            max_streams: 4096,
         }
     }
 }

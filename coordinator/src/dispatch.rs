@@ -106,6 +106,7 @@ impl Dispatcher {
                 .send(RouteStream {
                     model: req.model.clone(),
                     exclude: exclude.clone(),
+                    count: 1,
                 })
                 .await?;
             let worker = match route {
@@ -157,6 +158,97 @@ impl Dispatcher {
                 req.model.clone(),
             ))),
         )
+    }
+
+    /// Sends new sequences of one model to one worker in one submit message. Returns
+    /// the worker tried (if any) and each sequence's outcome, in order; the caller
+    /// retries refused ones one by one elsewhere.
+    pub async fn dispatch_batch(
+        &self,
+        reqs: Vec<SeqRequest>,
+    ) -> (
+        Option<WorkerId>,
+        Vec<(SeqRequest, Result<Bound, DispatchError>)>,
+    ) {
+        let Some(model) = reqs.first().map(|r| r.model.clone()) else {
+            return (None, Vec::new());
+        };
+        let route = self
+            .registry
+            .send(RouteStream {
+                model,
+                exclude: Vec::new(),
+                count: reqs.len() as u32,
+            })
+            .await;
+        let worker = match route {
+            Ok(Ok(w)) => w,
+            Ok(Err(e)) => {
+                return (
+                    None,
+                    reqs.into_iter()
+                        .map(|r| (r, Err(DispatchError::Route(e.clone()))))
+                        .collect(),
+                )
+            }
+            Err(e) => {
+                let message = e.to_string();
+                return (
+                    None,
+                    reqs.into_iter()
+                        .map(|r| {
+                            let e = DispatchError::Submit(SubmitError::Request(message.clone()));
+                            (r, Err(e))
+                        })
+                        .collect(),
+                );
+            }
+        };
+        let reply = self
+            .nats
+            .submit(worker, reqs.clone(), self.submit_timeout)
+            .await;
+        let results: Vec<(SeqRequest, Result<Bound, DispatchError>)> = match reply {
+            Ok(reply) => reqs
+                .into_iter()
+                .map(|r| {
+                    let outcome = reply.outcomes.iter().find(|o| match o {
+                        SubmitOutcome::Accepted(a) => a.stream == r.stream,
+                        SubmitOutcome::Refused(x) => x.stream == r.stream,
+                    });
+                    let result = match outcome {
+                        Some(SubmitOutcome::Accepted(a)) => Ok(Bound {
+                            worker,
+                            prompt_tokens: a.prompt_tokens,
+                        }),
+                        Some(SubmitOutcome::Refused(x)) => {
+                            Err(DispatchError::Refused(x.error.clone()))
+                        }
+                        None => Err(SubmitError::Unexpected("no outcome for the stream").into()),
+                    };
+                    (r, result)
+                })
+                .collect(),
+            Err(e) => {
+                let message = e.to_string();
+                reqs.into_iter()
+                    .map(|r| {
+                        let e = match &e {
+                            SubmitError::NoResponders => SubmitError::NoResponders,
+                            SubmitError::Timeout(d) => SubmitError::Timeout(*d),
+                            _ => SubmitError::Request(message.clone()),
+                        };
+                        (r, Err(e.into()))
+                    })
+                    .collect()
+            }
+        };
+        for (_, result) in &results {
+            if result.is_err() {
+                self.registry.do_send(ReleaseWorker { worker });
+            }
+        }
+        (Some(worker), results)
     }
 
     /// Rounds until a worker takes the sequence, an error that waiting cannot fix, or

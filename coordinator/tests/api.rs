@@ -28,6 +28,14 @@ struct Started {
 
 /// A coordinator (its server spawned on this test's system) and its address.
 async fn coordinator(nats: &NatsServer, prefix: &str) -> (Started, SocketAddr) {
+    coordinator_with(nats, prefix, |_| {}).await
+}
+
+async fn coordinator_with(
+    nats: &NatsServer,
+    prefix: &str,
+    tweak: impl FnOnce(&mut ClusterConfig),
+) -> (Started, SocketAddr) {
     let mut cluster = ClusterConfig::default();
     cluster.nats.url = nats.url.clone();
     cluster.nats.subject_prefix = prefix.into();
@@ -38,6 +46,7 @@ async fn coordinator(nats: &NatsServer, prefix: &str) -> (Started, SocketAddr) {
     cluster.coordinator.resume_deadline_ms = 300;
     let store = tempfile::tempdir().expect("tempdir");
     cluster.coordinator.store_path = store.path().display().to_string();
+    tweak(&mut cluster);
     let running = baton_coordinator::start(cluster)
         .await
         .expect("coordinator starts");
@@ -364,6 +373,68 @@ async fn silent_workers_leave_the_registry() {
     assert_eq!(
         (r.status, r.json()["error"]["code"].clone()),
         (503, json!("no_live_workers"))
+    );
+    running.handle.stop(false).await;
+}
+
+#[actix_web::test]
+async fn requests_arriving_during_a_submit_share_the_next_one_and_max_streams_is_429() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (running, addr) = coordinator_with(&nats, "batch", |c| {
+        c.coordinator.max_wait_ms = 2_000;
+        c.coordinator.max_batch = 8;
+        c.coordinator.max_streams = 6;
+    })
+    .await;
+    let worker = FakeWorker::start(&nats.url, Subjects::new("batch")).await;
+    wait_healthy(addr).await;
+    // The first submit stays in flight for 300 ms; four requests arrive meanwhile.
+    let first = actix_rt::spawn(post(
+        addr,
+        "/v1/chat/completions",
+        chat("LATE_REPLY", json!({"max_tokens": 2})),
+    ));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let rest: Vec<_> = (0..4)
+        .map(|i| {
+            actix_rt::spawn(post(
+                addr,
+                "/v1/chat/completions",
+                chat(&format!("next {i}"), json!({"max_tokens": 2})),
+            ))
+        })
+        .collect();
+    assert_eq!(first.await.expect("join").status, 200);
+    for r in rest {
+        let r = r.await.expect("join");
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    assert_eq!(
+        worker.log.submits.load(Ordering::SeqCst),
+        2,
+        "one submit, then one batch"
+    );
+    assert_eq!(worker.log.largest_submit.load(Ordering::SeqCst), 4);
+
+    // Six slow streams fill max_streams: the seventh request gets 429.
+    let body = chat("SLOW", json!({"stream": true})).to_string();
+    let mut open = Vec::new();
+    for _ in 0..6 {
+        open.push(open_stream(addr, "/v1/chat/completions", &body, "data: ").await);
+    }
+    let r = post(addr, "/v1/chat/completions", chat("hi", json!({}))).await;
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "overloaded");
+    assert_eq!(r.header("retry-after"), Some("1"));
+    drop(open);
+    let cancelled = || worker.log.cancelled.lock().expect("lock").len();
+    // The six streams, and the four of the batch (their events beat the submit reply).
+    assert!(
+        eventually(5, || cancelled() >= 6).await,
+        "cancelled {}",
+        cancelled()
     );
     running.handle.stop(false).await;
 }

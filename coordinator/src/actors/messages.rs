@@ -25,6 +25,8 @@ pub struct RouteStream {
     pub model: String,
     /// Workers not to pick (they already refused this request).
     pub exclude: Vec<WorkerId>,
+    /// Streams that go to the chosen worker (a batch counts each).
+    pub count: u32,
 }
 
 /// A stream routed by [`RouteStream`] is over (registry).

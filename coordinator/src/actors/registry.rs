@@ -178,6 +178,17 @@ impl Membership {
         exclude: &[WorkerId],
         now: Instant,
     ) -> Result<WorkerId, RouteError> {
+        self.route_many(model, exclude, 1, now)
+    }
+
+    /// Picks a worker for `count` streams of `model` and counts them on it.
+    pub fn route_many(
+        &mut self,
+        model: &str,
+        exclude: &[WorkerId],
+        count: u32,
+        now: Instant,
+    ) -> Result<WorkerId, RouteError> {
         let loads = self.live(now).map(|(id, w)| WorkerLoad {
             worker: *id,
             models: &w.model_names,
@@ -188,7 +199,7 @@ impl Membership {
             in_flight: self.in_flight.get(id).copied().unwrap_or(0),
         });
         let picked = router::choose(self.synced, loads, model, exclude)?;
-        *self.in_flight.entry(picked).or_insert(0) += 1;
+        *self.in_flight.entry(picked).or_insert(0) += count;
         Ok(picked)
     }
 
@@ -321,7 +332,7 @@ impl Handler<RouteStream> for Registry {
 
     fn handle(&mut self, msg: RouteStream, _: &mut Context<Self>) -> Self::Result {
         self.membership
-            .route(&msg.model, &msg.exclude, Instant::now())
+            .route_many(&msg.model, &msg.exclude, msg.count.max(1), Instant::now())
     }
 }
 

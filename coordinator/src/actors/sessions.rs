@@ -45,7 +45,7 @@ use super::messages::{DispatchTokens, ForgetWorker, ReleaseWorker, WorkerLost};
 use super::registry::Registry;
 use crate::dispatch::{Bound, DispatchError, Dispatcher};
 use crate::metrics::Metrics;
-use crate::nats::{NatsHandle, Probe};
+use crate::nats::{NatsHandle, Probe, SubmitError};
 use crate::store::{Store, StoredToken, StreamEnd, StreamRecord};
 
 /// What a stream's clients receive.
@@ -79,7 +79,16 @@ pub struct SessionSettings {
     pub resume_deadline: Duration,
     /// Most resumes per stream.
     pub max_resumes: u32,
+    /// Most new streams in one submit.
+    pub max_batch: usize,
+    /// Longest wait of a new stream for others to share its submit.
+    pub max_wait: Duration,
+    /// Most streams held at once.
+    pub max_streams: usize,
 }
+
+/// A new stream's answer channel: whether a worker took it.
+type Reply = oneshot::Sender<Result<u32, DispatchError>>;
 
 /// Where a session stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,6 +241,10 @@ pub struct Sessions {
     flushing: bool,
     /// Resumes, reattaches and flush times are counted here.
     metrics: Arc<Metrics>,
+    /// New streams waiting to share a submit, by model.
+    waiting: HashMap<String, Vec<(StreamId, Reply)>>,
+    /// Models with a batch submit in flight.
+    submitting: HashSet<String>,
 }
 
 fn unix_now() -> u64 {
@@ -262,6 +275,8 @@ impl Sessions {
             pending: Vec::new(),
             flushing: false,
             metrics,
+            waiting: HashMap::new(),
+            submitting: HashSet::new(),
         }
     }
 
@@ -397,6 +412,87 @@ impl Sessions {
         ctx.spawn(fut.into_actor(self).map(move |result, this, _| {
             this.dispatched(stream, attempt, result, reply);
         }));
+    }
+
+    /// Queues a new stream for its model's next submit; sends the batch at once when no
+    /// submit for the model is in flight or the batch is full, else within `max_wait`.
+    fn enqueue(&mut self, stream: StreamId, model: String, reply: Reply, ctx: &mut Context<Self>) {
+        let queue = self.waiting.entry(model.clone()).or_default();
+        queue.push((stream, reply));
+        let first = queue.len() == 1;
+        if !self.submitting.contains(&model) || queue.len() >= self.settings.max_batch {
+            self.send_batch(model, ctx);
+        } else if first {
+            ctx.run_later(self.settings.max_wait, move |this, ctx| {
+                this.send_batch(model, ctx)
+            });
+        }
+    }
+
+    /// Sends up to `max_batch` waiting streams of `model` in one submit.
+    fn send_batch(&mut self, model: String, ctx: &mut Context<Self>) {
+        let Some(queue) = self.waiting.get_mut(&model) else {
+            return;
+        };
+        let take = queue.len().min(self.settings.max_batch);
+        let batch: Vec<(StreamId, Reply)> = queue.drain(..take).collect();
+        if queue.is_empty() {
+            self.waiting.remove(&model);
+        }
+        let mut reqs = Vec::with_capacity(batch.len());
+        let mut replies = HashMap::with_capacity(batch.len());
+        for (stream, reply) in batch {
+            if let Some(s) = self.sessions.get_mut(&stream) {
+                s.last_progress = Instant::now();
+                reqs.push(s.request());
+                replies.insert(stream, reply);
+            }
+        }
+        if reqs.is_empty() {
+            return;
+        }
+        self.submitting.insert(model.clone());
+        let dispatcher = self.dispatcher.clone();
+        let fut = async move { dispatcher.dispatch_batch(reqs).await };
+        ctx.spawn(
+            fut.into_actor(self)
+                .map(move |(worker, results), this, ctx| {
+                    this.submitting.remove(&model);
+                    for (req, result) in results {
+                        let Some(reply) = replies.remove(&req.stream) else {
+                            continue;
+                        };
+                        let elsewhere = match &result {
+                            Err(DispatchError::Refused(e)) => {
+                                matches!(e.kind, ErrorKind::Overloaded | ErrorKind::Draining)
+                            }
+                            Err(DispatchError::Submit(SubmitError::NoResponders)) => true,
+                            _ => false,
+                        };
+                        if elsewhere {
+                            // One more round, one by one, avoiding the worker that refused; with
+                            // no other worker, the refusal is the answer.
+                            let dispatcher = this.dispatcher.clone();
+                            let (stream, attempt) = (req.stream, req.attempt);
+                            let fut = async move {
+                                let mut exclude: Vec<WorkerId> = worker.into_iter().collect();
+                                match dispatcher.dispatch(&req, &mut exclude).await {
+                                    Err(DispatchError::Route(_)) => result,
+                                    other => other,
+                                }
+                            };
+                            ctx.spawn(fut.into_actor(this).map(move |result, this, _| {
+                                this.dispatched(stream, attempt, result, Some(reply));
+                            }));
+                        } else {
+                            this.dispatched(req.stream, req.attempt, result, Some(reply));
+                        }
+                    }
+                    if this.waiting.contains_key(&model) {
+                        this.send_batch(model, ctx);
+                    }
+                }),
+        );
     }
 
     fn dispatched(
@@ -797,11 +893,26 @@ impl Handler<StartStream> for Sessions {
 
     fn handle(&mut self, msg: StartStream, ctx: &mut Context<Self>) -> Self::Result {
         let (tx, rx) = oneshot::channel();
+        if self.sessions.len() >= self.settings.max_streams {
+            let _ = tx.send(Err(DispatchError::Refused(WireError {
+                kind: ErrorKind::Overloaded,
+                message: format!(
+                    "the coordinator holds {} streams, its limit (max_streams)",
+                    self.sessions.len()
+                ),
+            })));
+            return MessageResult(rx);
+        }
+        let model = msg.record.request.model.clone();
         let mut session = Session::new(msg.record, Vec::new(), 0);
         session.subscribers.push(msg.subscriber);
         self.persist(msg.stream, &session.record);
         self.sessions.insert(msg.stream, session);
-        self.dispatch(msg.stream, None, Some(tx), ctx);
+        if self.settings.max_batch <= 1 {
+            self.dispatch(msg.stream, None, Some(tx), ctx);
+        } else {
+            self.enqueue(msg.stream, model, tx, ctx);
+        }
         MessageResult(rx)
     }
 }

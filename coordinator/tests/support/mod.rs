@@ -81,13 +81,16 @@ impl Drop for NatsServer {
 #[derive(Default)]
 pub struct FakeLog {
     pub submits: AtomicU32,
+    /// Most sequences one submit carried.
+    pub largest_submit: AtomicU32,
     pub cancelled: Mutex<Vec<StreamId>>,
 }
 
 /// A worker that serves model `fake`. Its answer to any prompt is the words "Hello",
 /// " world", "!" repeated up to `max_tokens`. Prompts containing `TOO_LONG`, `BUSY` or
 /// `BROKEN` are refused (context length) or overloaded, or fail after one token; `SLOW`
-/// prompts produce a token every 20 ms until cancelled.
+/// prompts produce a token every 20 ms until cancelled; `LATE_REPLY` prompts answer
+/// their submit after 300 ms.
 pub struct FakeWorker {
     pub id: WorkerId,
     pub log: Arc<FakeLog>,
@@ -172,6 +175,16 @@ impl FakeWorker {
                     continue;
                 };
                 l.submits.fetch_add(1, Ordering::SeqCst);
+                l.largest_submit
+                    .fetch_max(submit.sequences.len() as u32, Ordering::SeqCst);
+                // `LATE_REPLY` prompts keep the submit in flight for 300 ms.
+                let slow_reply = submit.sequences.iter().any(|sr| match &sr.prompt {
+                    PromptSpec::Chat(turns) => {
+                        turns.iter().any(|t| t.content.contains("LATE_REPLY"))
+                    }
+                    PromptSpec::Text(t) => t.contains("LATE_REPLY"),
+                    PromptSpec::Tokens(_) => false,
+                });
                 let mut outcomes = Vec::new();
                 let mut runs = Vec::new();
                 for sr in submit.sequences {
@@ -258,7 +271,8 @@ impl FakeWorker {
                     });
                 }
                 if let Some(reply_to) = msg.reply {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    let pause = if slow_reply { 300 } else { 5 };
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
                     let _ = c.publish(reply_to, reply.into()).await;
                 }
             }
