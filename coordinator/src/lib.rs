@@ -12,6 +12,7 @@
 //! - [`dispatch`]: routing and submitting a sequence, with retries on other workers.
 //! - [`store`]: the sled checkpoint store.
 //! - [`http`]: routes, OpenAI bodies, validation, SSE, and the error → status mapping.
+//! - [`public`]: the public NATS API (completions, replays, admin) in a queue group.
 //!
 //! [`start`] wires them together inside an actix system; [`run`] also waits for the
 //! HTTP server to stop (SIGINT/SIGTERM stop it gracefully).
@@ -21,6 +22,7 @@ pub mod config;
 pub mod dispatch;
 pub mod http;
 pub mod nats;
+pub mod public;
 pub mod store;
 
 use std::net::SocketAddr;
@@ -82,6 +84,8 @@ pub struct Running {
     pub addrs: Vec<SocketAddr>,
     /// Wire error counters.
     pub counters: Arc<Counters>,
+    /// What the public NATS API has taken (malformed requests among it).
+    pub public: Arc<public::PublicCounters>,
     /// Stops the HTTP server.
     pub handle: actix_web::dev::ServerHandle,
     /// The HTTP server: it serves only while awaited (or spawned), until shutdown.
@@ -157,6 +161,13 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
     }
     let sessions = sessions_ctx.run(sessions);
     nats.listen(registry.clone(), sessions.clone()).await?;
+    let public = public::PublicApi::new(
+        nats.clone(),
+        config.clone(),
+        registry.clone(),
+        sessions.clone(),
+    );
+    public.serve().await?;
     let state = AppState {
         config: config.clone(),
         registry,
@@ -183,6 +194,7 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
         id,
         addrs,
         counters: nats.counters().clone(),
+        public: public.counters().clone(),
         handle,
         server,
     })

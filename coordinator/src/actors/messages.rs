@@ -4,7 +4,7 @@ use actix::Message;
 use baton_common::ids::WorkerId;
 use baton_common::protocol::{Heartbeat, TokenBatch};
 
-use super::registry::{HealthStatus, ModelEntry};
+use super::registry::{HealthStatus, ModelEntry, WorkerView};
 use super::router::RouteError;
 
 /// A worker's heartbeat arrived (registry).
@@ -39,6 +39,11 @@ pub struct ReleaseWorker {
 #[derive(Debug, Message)]
 #[rtype(result = "Vec<ModelEntry>")]
 pub struct ListModels;
+
+/// Every live worker, with its last heartbeat (registry).
+#[derive(Debug, Message)]
+#[rtype(result = "Vec<WorkerView>")]
+pub struct ListWorkers;
 
 /// Whether the cluster can serve (registry).
 #[derive(Debug, Message)]
