@@ -183,21 +183,17 @@ impl NatsTransport {
                     return Err(api_error(&body));
                 }
                 if meta.last {
-                    if let Some(finish) = finish_of(&body) {
-                        if body
-                            .get("object")
-                            .and_then(Value::as_str)
-                            .is_some_and(|o| o.ends_with("chunk"))
-                        {
-                            return Ok(Decoded::Finished(finish));
-                        }
-                        return Ok(Decoded::Whole(Completion {
+                    // A stream's final chunk or a whole answer (a completion's chunks
+                    // and whole answers share `"object": "text_completion"`): a stream
+                    // reads a whole answer as its end.
+                    return Ok(match finish_of(&body) {
+                        Some(finish) => Decoded::Whole(Completion {
                             id: body["id"].as_str().unwrap_or_default().to_string(),
                             text: choice_text(&body).unwrap_or_default().to_string(),
                             finish,
-                        }));
-                    }
-                    return Ok(Decoded::Value(body));
+                        }),
+                        None => Decoded::Value(body),
+                    });
                 }
                 Ok(Decoded::Text(
                     choice_text(&body).unwrap_or_default().to_string(),
@@ -310,7 +306,9 @@ impl StreamState {
                     self.last_position = Some(position);
                     return Ok(Event::Text { position, text });
                 }
-                Decoded::Finished(f) => return Ok(Event::Finished(f)),
+                Decoded::Finished(f) | Decoded::Whole(Completion { finish: f, .. }) => {
+                    return Ok(Event::Finished(f))
+                }
                 other => {
                     return Err(ClientError::Protocol(format!(
                         "unexpected message in a stream: {other:?}"

@@ -59,6 +59,12 @@ fn the_cli_streams_shows_status_and_drains() {
     json_chat.extend(args);
     json_chat.push("hi");
     assert_eq!(stdout(&baton(&json_chat)).split_whitespace().count(), 8);
+    // JSON replies of a text completion: its final chunk and a whole answer share
+    // `"object": "text_completion"`.
+    let mut json_complete = vec!["--nats", &nats, "--json", "complete"];
+    json_complete.extend(args);
+    json_complete.push("Count to eight");
+    assert_eq!(stdout(&baton(&json_complete)), streamed);
 
     let status: Value =
         serde_json::from_str(&stdout(&baton(&["--nats", &nats, "status"]))).expect("JSON");
