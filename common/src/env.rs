@@ -4,6 +4,8 @@
 pub const CONFIG: &str = "BATON_CONFIG";
 /// NATS server URL (overrides `nats.url`).
 pub const NATS_URL: &str = "BATON_NATS_URL";
+/// Coordinator HTTP base URL the `baton` client uses (`http://host:port`).
+pub const URL: &str = "BATON_URL";
 /// Subject prefix (overrides `nats.subject_prefix`).
 pub const SUBJECT_PREFIX: &str = "BATON_SUBJECT_PREFIX";
 /// Coordinator HTTP listen address (overrides `coordinator.listen`).

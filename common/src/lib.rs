@@ -6,6 +6,7 @@
 //! - [`ids`]: worker, coordinator and stream ids.
 //! - [`subjects`]: NATS subject names, built in one place.
 //! - [`protocol`]: coordinator ⇄ worker messages (rkyv), checked decoding.
+//! - [`public`]: the public NATS API's headers, admin bodies and rkyv replies.
 //! - [`config`]: `cluster.toml` types.
 //! - [`env`](mod@env): the names of every environment variable Baton reads.
 
@@ -16,4 +17,5 @@ pub mod config;
 pub mod env;
 pub mod ids;
 pub mod protocol;
+pub mod public;
 pub mod subjects;

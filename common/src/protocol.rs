@@ -53,6 +53,29 @@ pub enum Body {
     Probe(Probe),
     /// A worker's answer to a [`Body::Probe`].
     ProbeReply(ProbeReply),
+    /// Stop taking work, finish what runs, then leave (request/reply on a worker's
+    /// submit subject; an operator's drain, forwarded by a coordinator).
+    Drain(DrainWorker),
+    /// A worker's answer to a [`Body::Drain`].
+    DrainReply(DrainReply),
+}
+
+/// An order to drain.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct DrainWorker {
+    /// Why, for the worker's log.
+    pub reason: String,
+}
+
+/// A worker took a drain order.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct DrainReply {
+    /// The worker.
+    pub worker: WorkerId,
+    /// Sequences still running, which it finishes before it leaves.
+    pub running: u32,
+    /// Sequences accepted but not yet running.
+    pub queued: u32,
 }
 
 /// A coordinator's liveness probe.

@@ -8,6 +8,14 @@
 //! | `<p>.v1.worker.<id>.submit` | coordinators | [`crate::protocol::Submit`] (request/reply: [`crate::protocol::SubmitReply`]) |
 //! | `<p>.v1.worker.<id>.cancel` | coordinators | [`crate::protocol::Cancel`] |
 //! | `<p>.v1.coord.<id>.tokens` | workers | [`crate::protocol::TokenBatch`] |
+//! | `<p>.v1.completions` | NATS clients | public API, JSON (queue group [`crate::public::QUEUE_GROUP`]) |
+//! | `<p>.v1.chat.completions` | NATS clients | public API, JSON (queue group) |
+//! | `<p>.v1.streams.replay` | NATS clients | a stream again, after a position (queue group) |
+//! | `<p>.v1.coord.<id>.replay` | coordinators | a replay forwarded to the stream's coordinator |
+//! | `<p>.v1.admin.status` | operators | workers, models, load (queue group) |
+//! | `<p>.v1.admin.drain` | operators | drain one worker (queue group) |
+//!
+//! `docs/protocol.md` describes every message.
 
 use crate::ids::{CoordinatorId, WorkerId};
 
@@ -62,6 +70,36 @@ impl Subjects {
     pub fn tokens(&self, coordinator: CoordinatorId) -> String {
         format!("{}.v1.coord.{coordinator}.tokens", self.prefix)
     }
+
+    /// Public API: text completions (`/v1/completions` over NATS).
+    pub fn completions(&self) -> String {
+        format!("{}.v1.completions", self.prefix)
+    }
+
+    /// Public API: chat completions (`/v1/chat/completions` over NATS).
+    pub fn chat_completions(&self) -> String {
+        format!("{}.v1.chat.completions", self.prefix)
+    }
+
+    /// Public API: replay a stream after a position, served by any coordinator.
+    pub fn replay(&self) -> String {
+        format!("{}.v1.streams.replay", self.prefix)
+    }
+
+    /// A replay addressed to the coordinator that holds the stream.
+    pub fn coordinator_replay(&self, coordinator: CoordinatorId) -> String {
+        format!("{}.v1.coord.{coordinator}.replay", self.prefix)
+    }
+
+    /// Admin: the cluster's state as one coordinator sees it.
+    pub fn admin_status(&self) -> String {
+        format!("{}.v1.admin.status", self.prefix)
+    }
+
+    /// Admin: drain one worker.
+    pub fn admin_drain(&self) -> String {
+        format!("{}.v1.admin.drain", self.prefix)
+    }
 }
 
 #[cfg(test)]
@@ -80,5 +118,14 @@ mod tests {
         assert!(s.cancel(w).ends_with(".cancel"));
         assert!(s.tokens(CoordinatorId(1)).starts_with("acme.v1.coord."));
         assert_eq!(Subjects::default().prefix(), "baton");
+        assert_eq!(s.completions(), "acme.v1.completions");
+        assert_eq!(s.chat_completions(), "acme.v1.chat.completions");
+        assert_eq!(s.replay(), "acme.v1.streams.replay");
+        assert_eq!(
+            s.coordinator_replay(CoordinatorId(2)),
+            "acme.v1.coord.00000000000000000000000000000002.replay"
+        );
+        assert_eq!(s.admin_status(), "acme.v1.admin.status");
+        assert_eq!(s.admin_drain(), "acme.v1.admin.drain");
     }
 }

@@ -13,6 +13,7 @@
 //! - [`store`]: the sled checkpoint store.
 //! - [`metrics`]: Prometheus metrics (`/metrics`).
 //! - [`http`]: routes, OpenAI bodies, validation, SSE, and the error → status mapping.
+//! - [`public`]: the public NATS API (completions, replays, admin) in a queue group.
 //!
 //! [`start`] wires them together inside an actix system; [`run`] also waits for the
 //! HTTP server to stop (SIGINT/SIGTERM stop it gracefully).
@@ -23,6 +24,7 @@ pub mod dispatch;
 pub mod http;
 pub mod metrics;
 pub mod nats;
+pub mod public;
 pub mod store;
 
 use std::net::SocketAddr;
@@ -87,6 +89,8 @@ pub struct Running {
     pub counters: Arc<Counters>,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
+    /// What the public NATS API has taken (malformed requests among it).
+    pub public: Arc<public::PublicCounters>,
     /// Stops the HTTP server.
     pub handle: actix_web::dev::ServerHandle,
     /// The HTTP server: it serves only while awaited (or spawned), until shutdown.
@@ -184,6 +188,13 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
             }
         });
     }
+    let public = public::PublicApi::new(
+        nats.clone(),
+        config.clone(),
+        registry.clone(),
+        sessions.clone(),
+    );
+    public.serve().await?;
     let state = AppState {
         config: config.clone(),
         registry,
@@ -212,6 +223,7 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
         addrs,
         counters: nats.counters().clone(),
         metrics,
+        public: public.counters().clone(),
         handle,
         server,
     })

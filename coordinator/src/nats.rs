@@ -13,8 +13,8 @@ use actix::Addr;
 use async_nats::{Client, RequestErrorKind};
 use baton_common::ids::{CoordinatorId, StreamId, WorkerId};
 use baton_common::protocol::{
-    decode, Body, Cancel, DecodeError, SeqRequest, Sequencer, StreamAttempt, Submit, SubmitReply,
-    Wire,
+    decode, Body, Cancel, DecodeError, DrainReply, DrainWorker, SeqRequest, Sequencer,
+    StreamAttempt, Submit, SubmitReply, Wire,
 };
 use baton_common::subjects::{Subjects, REQUEST_ID_HEADER};
 use futures::{FutureExt, StreamExt};
@@ -173,6 +173,16 @@ impl NatsHandle {
         &self.counters
     }
 
+    /// The connection (the public API publishes its replies on it).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Subject names of this cluster.
+    pub fn subjects(&self) -> &Subjects {
+        &self.subjects
+    }
+
     /// Subscribes to heartbeats and to this coordinator's tokens, and feeds them to the
     /// actors from two tasks on the current arbiter.
     pub async fn listen(
@@ -312,6 +322,38 @@ impl NatsHandle {
         }
     }
 
+    /// Tells `worker` to drain (request/reply on its submit subject), waiting up to
+    /// `timeout` for it to confirm.
+    pub async fn drain(
+        &self,
+        worker: WorkerId,
+        reason: String,
+        timeout: Duration,
+    ) -> Result<DrainReply, SubmitError> {
+        let subject = self.subjects.submit(worker);
+        let payload = self
+            .sequencers
+            .encode(&subject, Body::Drain(DrainWorker { reason }));
+        let request = async_nats::Request::new()
+            .payload(payload.into())
+            .timeout(Some(timeout));
+        let reply = self
+            .client
+            .send_request(subject, request)
+            .await
+            .map_err(|e| match e.kind() {
+                RequestErrorKind::NoResponders => SubmitError::NoResponders,
+                RequestErrorKind::TimedOut => SubmitError::Timeout(timeout),
+                RequestErrorKind::InvalidSubject
+                | RequestErrorKind::MaxPayloadExceeded
+                | RequestErrorKind::Other => SubmitError::Request(e.to_string()),
+            })?;
+        match decode(&reply.payload)?.body {
+            Body::DrainReply(reply) => Ok(reply),
+            _ => Err(SubmitError::Unexpected("not a drain reply")),
+        }
+    }
+
     /// Tells `worker` to stop `streams` (each up to the attempt given).
     pub async fn cancel(
         &self,
@@ -360,6 +402,8 @@ fn unexpected(counters: &Counters, subject: &str, body: &Body) {
         Body::Tokens(_) => "tokens",
         Body::Probe(_) => "probe",
         Body::ProbeReply(_) => "probe reply",
+        Body::Drain(_) => "drain",
+        Body::DrainReply(_) => "drain reply",
     };
     warn!(subject, kind, "dropping a message of the wrong kind");
 }

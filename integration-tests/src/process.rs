@@ -47,6 +47,7 @@ pub fn bin(name: &str) -> PathBuf {
         let crates: &[&str] = match name {
             "baton-worker" => &["common", "worker"],
             "baton-coordinator" => &["common", "coordinator"],
+            "baton" => &["common", "client"],
             _ => &["common", "worker", "coordinator"],
         };
         let newest = crates

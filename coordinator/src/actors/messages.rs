@@ -4,7 +4,7 @@ use actix::Message;
 use baton_common::ids::WorkerId;
 use baton_common::protocol::{Heartbeat, TokenBatch};
 
-use super::registry::{HealthStatus, ModelEntry};
+use super::registry::{HealthStatus, LiveWorker, ModelEntry};
 use super::router::RouteError;
 
 /// A worker's heartbeat arrived (registry).
@@ -46,6 +46,11 @@ pub struct ListModels;
 #[derive(Debug, Message)]
 #[rtype(result = "super::registry::ClusterView")]
 pub struct ClusterStatus;
+
+/// Every live worker, with its last heartbeat (registry).
+#[derive(Debug, Message)]
+#[rtype(result = "Vec<LiveWorker>")]
+pub struct ListWorkers;
 
 /// Whether the cluster can serve (registry).
 #[derive(Debug, Message)]

@@ -15,8 +15,8 @@ use baton_common::protocol::Heartbeat;
 use tracing::{info, warn};
 
 use super::messages::{
-    CheckHealth, ClusterStatus, ForgetWorker, ListModels, ReleaseWorker, RouteStream,
-    WorkerHeartbeat, WorkerLost,
+    CheckHealth, ClusterStatus, ForgetWorker, ListModels, ListWorkers, ReleaseWorker,
+    RouteStream,    WorkerHeartbeat, WorkerLost,
 };
 use super::router::{self, RouteError, WorkerLoad};
 
@@ -29,6 +29,17 @@ pub struct ModelEntry {
     pub created: u64,
     /// Longest sequence any live worker allows for it.
     pub context_length: u32,
+}
+
+/// A live worker as the NATS admin status shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveWorker {
+    /// Its last heartbeat.
+    pub heartbeat: Heartbeat,
+    /// Time since that heartbeat.
+    pub silent_for: Duration,
+    /// Streams this coordinator runs on it.
+    pub in_flight: u32,
 }
 
 /// Whether the cluster can serve.
@@ -264,6 +275,20 @@ impl Membership {
         list
     }
 
+    /// The live workers at `now`, by id.
+    pub fn workers(&self, now: Instant) -> Vec<LiveWorker> {
+        let mut list: Vec<LiveWorker> = self
+            .live(now)
+            .map(|(id, w)| LiveWorker {
+                heartbeat: w.heartbeat.clone(),
+                silent_for: now.saturating_duration_since(w.last_seen),
+                in_flight: self.in_flight(*id),
+            })
+            .collect();
+        list.sort_by_key(|w| w.heartbeat.worker);
+        list
+    }
+
     /// Whether the cluster can serve at `now`.
     pub fn health(&self, now: Instant) -> HealthStatus {
         if !self.synced {
@@ -373,6 +398,14 @@ impl Handler<ListModels> for Registry {
     }
 }
 
+impl Handler<ListWorkers> for Registry {
+    type Result = Vec<LiveWorker>;
+
+    fn handle(&mut self, _: ListWorkers, _: &mut Context<Self>) -> Self::Result {
+        self.membership.workers(Instant::now())
+    }
+}
+
 impl Handler<CheckHealth> for Registry {
     type Result = HealthStatus;
 
@@ -415,6 +448,9 @@ mod tests {
         assert_eq!(m.health(t0), HealthStatus::Live { workers: 1 });
         assert_eq!(m.models(t0)[0].id, "m");
         assert_eq!(m.models(t0)[0].context_length, 2048);
+        let workers = m.workers(t0);
+        assert_eq!(workers.len(), 1);
+        assert_eq!(workers[0].heartbeat.worker, WorkerId(1));
     }
 
     #[test]

@@ -25,7 +25,7 @@ use baton_common::{
     config::ClusterConfig,
     env,
     ids::{CoordinatorId, WorkerId},
-    protocol::{decode, Body, ModelInfo, Sequencer, TokenBatch},
+    protocol::{decode, Body, DrainReply, ModelInfo, Sequencer, TokenBatch},
     subjects::Subjects,
 };
 use clap::Args;
@@ -210,6 +210,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 tracing::warn!(error = %e, listen = %cfg.metrics_listen, "cannot serve metrics")
             }
         }
+        let drain_load = load.clone();
         let worker = Worker {
             metrics,
             id,
@@ -226,6 +227,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .start();
 
         let addr = worker.clone();
+        let (drain_client, drain_sequencer) = (client.clone(), sequencer.clone());
         listen(submits, "submit", move |body, reply| match body {
             Body::Submit(submit) => {
                 addr.do_send(SubmitMsg { submit, reply });
@@ -236,6 +238,28 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     addr.do_send(ProbeMsg {
                         streams: probe.streams,
                         reply,
+                    });
+                }
+                true
+            }
+            // An operator's drain, forwarded by a coordinator: the same drain as SIGTERM's.
+            Body::Drain(order) => {
+                tracing::info!(worker = %id, reason = %order.reason, "drain requested over NATS");
+                addr.do_send(Drain);
+                if let Some(reply) = reply {
+                    let payload = drain_sequencer.encode(Body::DrainReply(DrainReply {
+                        worker: id,
+                        running: drain_load
+                            .running
+                            .load(std::sync::atomic::Ordering::Relaxed)
+                            as u32,
+                        queued: drain_load.queued.load(std::sync::atomic::Ordering::Relaxed) as u32,
+                    }));
+                    let client = drain_client.clone();
+                    actix::spawn(async move {
+                        if let Err(e) = client.publish(reply, payload.into()).await {
+                            tracing::warn!(error = %e, "drain reply not published");
+                        }
                     });
                 }
                 true
@@ -278,11 +302,20 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             })
         };
 
-        shutdown_signal().await;
-        worker.do_send(Drain);
-        // Finish what was accepted; bounded, so a worker whose NATS is gone still leaves.
-        if tokio::time::timeout(DRAIN_LIMIT, publisher).await.is_err() {
-            tracing::warn!(worker = %id, "drain did not finish in time; leaving anyway");
+        // The publisher ends by itself only after a drain requested over NATS (the
+        // engine thread then stops once its work is done).
+        let mut publisher = publisher;
+        let drained = tokio::select! {
+            _ = shutdown_signal() => false,
+            _ = &mut publisher => true,
+        };
+        if !drained {
+            worker.do_send(Drain);
+            // Finish what was accepted; bounded, so a worker whose NATS is gone still
+            // leaves.
+            if tokio::time::timeout(DRAIN_LIMIT, publisher).await.is_err() {
+                tracing::warn!(worker = %id, "drain did not finish in time; leaving anyway");
+            }
         }
         let _ = tokio::time::timeout(Duration::from_secs(2), client.flush()).await;
         tracing::info!(worker = %id, "drained; leaving");

@@ -1,0 +1,170 @@
+//! The `baton` command line.
+//!
+//! ```text
+//! baton [--nats URL | --url URL] chat --model M "prompt"      # streams to the terminal
+//! baton [--nats URL | --url URL] complete --model M "prompt"
+//! baton [--nats URL] status
+//! baton [--nats URL] drain WORKER
+//! baton --nats URL --url URL bench --model M                 # NATS vs HTTP per token
+//! ```
+
+use std::io::Write;
+
+use baton_common::env;
+use clap::{Args, Parser, Subcommand};
+use futures::StreamExt;
+
+use crate::{Client, ClientError, Event, Request};
+
+/// The default NATS URL when neither `--nats` nor `--url` is given.
+pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
+
+/// A client of a Baton cluster.
+#[derive(Debug, Parser)]
+#[command(name = "baton", version, about)]
+pub struct Cli {
+    /// NATS server URL (the public NATS API); used unless `--url` is given.
+    #[arg(long, global = true, env = env::NATS_URL)]
+    pub nats: Option<String>,
+    /// Coordinator HTTP base URL (`http://host:port`); when given, `chat`, `complete`
+    /// and `status` use HTTP.
+    #[arg(long, global = true, env = env::URL)]
+    pub url: Option<String>,
+    /// Subject prefix of the cluster.
+    #[arg(long, global = true, env = env::SUBJECT_PREFIX, default_value = baton_common::subjects::DEFAULT_PREFIX)]
+    pub prefix: String,
+    /// Over NATS, ask for JSON replies instead of rkyv.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Chat: the prompt is one user message.
+    Chat(Generate),
+    /// Text completion.
+    Complete(Generate),
+    /// The cluster's workers, models and load, as JSON.
+    Status,
+    /// Drain a worker: it takes no new work, finishes what it runs, and leaves.
+    Drain {
+        /// The worker's id (from `baton status`).
+        worker: String,
+    },
+    /// Per-token overhead of NATS (JSON, rkyv) and HTTP SSE, in one run; needs both
+    /// `--nats` and `--url`.
+    Bench(crate::bench::BenchArgs),
+}
+
+/// Arguments of `chat` and `complete`.
+#[derive(Debug, Args)]
+pub struct Generate {
+    /// Model name.
+    #[arg(long, short)]
+    pub model: String,
+    /// Most tokens to generate.
+    #[arg(long)]
+    pub max_tokens: Option<u32>,
+    /// Temperature (0: greedy).
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Sampler seed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Print the whole answer at once instead of streaming it.
+    #[arg(long)]
+    pub no_stream: bool,
+    /// Print how the stream ended and its token counts on stderr.
+    #[arg(long, short)]
+    pub verbose: bool,
+    /// The prompt.
+    pub prompt: String,
+}
+
+/// Runs the command line.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Command::Bench(args) = &cli.command {
+        return crate::bench::run(&cli, args).await;
+    }
+    let client = connect(&cli).await?;
+    match cli.command {
+        Command::Chat(g) => {
+            let mut r = Request::chat(&g.model, &g.prompt);
+            fill(&mut r, &g);
+            generate(&client, &r, &g).await
+        }
+        Command::Complete(g) => {
+            let mut r = Request::completion(&g.model, &g.prompt);
+            fill(&mut r, &g);
+            generate(&client, &r, &g).await
+        }
+        Command::Status => {
+            let status = client.status().await?;
+            println!("{}", serde_json::to_string_pretty(&status)?);
+            Ok(())
+        }
+        Command::Drain { worker } => {
+            let answer = client.drain(&worker).await?;
+            println!("{}", serde_json::to_string_pretty(&answer)?);
+            Ok(())
+        }
+        Command::Bench(_) => unreachable!("handled above"),
+    }
+}
+
+/// The client `--url` / `--nats` ask for (NATS by default).
+pub async fn connect(cli: &Cli) -> Result<Client, ClientError> {
+    match (&cli.url, &cli.nats) {
+        (Some(url), _) => Client::http(url),
+        (None, nats) => Ok(Client::connect_nats(
+            nats.as_deref().unwrap_or(DEFAULT_NATS_URL),
+            &cli.prefix,
+        )
+        .await?
+        .json_replies(cli.json)),
+    }
+}
+
+fn fill(r: &mut Request, g: &Generate) {
+    r.max_tokens = g.max_tokens;
+    r.temperature = g.temperature;
+    r.seed = g.seed;
+}
+
+async fn generate(client: &Client, r: &Request, g: &Generate) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    if g.no_stream {
+        let c = client.generate(r).await?;
+        writeln!(out, "{}", c.text)?;
+        if g.verbose {
+            eprintln!(
+                "[{}; {} prompt + {} generated tokens]",
+                c.finish.reason, c.finish.prompt_tokens, c.finish.completion_tokens
+            );
+        }
+        return Ok(());
+    }
+    let mut events = client.stream(r).await?;
+    while let Some(event) = events.next().await {
+        match event? {
+            Event::Text { text, .. } => {
+                write!(out, "{text}")?;
+                out.flush()?;
+            }
+            Event::Finished(f) => {
+                writeln!(out)?;
+                if g.verbose {
+                    eprintln!(
+                        "[{}; {} prompt + {} generated tokens]",
+                        f.reason, f.prompt_tokens, f.completion_tokens
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,9 @@
+//! `baton`: chat, complete, status and drain from the terminal (see `baton --help`).
+
+use baton_client::cli::{run, Cli};
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    run(Cli::parse()).await
+}

@@ -1,0 +1,744 @@
+//! The public NATS API: completions, chat completions, replays and admin requests for
+//! clients that speak NATS instead of HTTP.
+//!
+//! Every coordinator serves the public subjects in one queue group
+//! ([`baton_common::public::QUEUE_GROUP`]), so NATS spreads requests over them. A
+//! request is validated exactly as the HTTP API does ([`ValidRequest`]) and opens a
+//! stream session the same way; its answer goes to the request's reply inbox, one
+//! message per chunk, numbered by `Baton-Seq`, ending with a `Baton-Final` or a
+//! `Baton-Error` message. Replays attach to a stream's session ([`Attach`]); one that
+//! names another coordinator is forwarded to that coordinator's own replay subject.
+//!
+//! Nothing a client sends can stop this loop: every request that fails validation is
+//! counted in [`PublicCounters`] and answered with an error message (when it has a reply
+//! inbox). `docs/protocol.md` describes the messages.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use actix::Addr;
+use async_nats::{Client, HeaderMap, Message, Subject, Subscriber};
+use baton_common::config::CoordinatorConfig;
+use baton_common::ids::{CoordinatorId, StreamId};
+use baton_common::protocol::{FinishReason, SeqRequest};
+use baton_common::public::{
+    encode_reply, headers, Chunk, ClusterStatus, CoordinatorStatus, DrainRequest, Drained,
+    ErrorReply, Final, LoadStatus, ModelStatus, ReplayRequest, Reply, Whole, WorkerStatus,
+    CONTENT_TYPE_JSON, CONTENT_TYPE_RKYV, QUEUE_GROUP,
+};
+use futures::StreamExt;
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tracing::{debug, info, warn};
+
+use crate::actors::messages::{CheckHealth, ListModels, ListWorkers};
+use crate::actors::registry::{HealthStatus, Registry};
+use crate::actors::sessions::{Attach, AttachError, Sessions, StartStream, Update};
+use crate::dispatch::DispatchError;
+use crate::http::error::ApiError;
+use crate::http::openai::Usage;
+use crate::http::sse::{response_id, ChunkWriter, StreamGuard};
+use crate::http::validate::{Endpoint, ValidRequest};
+use crate::nats::{NatsHandle, SubmitError};
+use crate::store::StreamRecord;
+
+/// What the public API has taken.
+#[derive(Debug, Default)]
+pub struct PublicCounters {
+    /// Requests received on the public subjects.
+    pub requests: AtomicU64,
+    /// Requests refused as malformed: not JSON, wrong fields, out-of-range values,
+    /// unknown model or stream, no reply inbox.
+    pub malformed: AtomicU64,
+}
+
+impl PublicCounters {
+    /// Requests so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Malformed requests so far.
+    pub fn malformed(&self) -> u64 {
+        self.malformed.load(Ordering::Relaxed)
+    }
+}
+
+/// Which public subject a request came on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Generate(Endpoint),
+    /// The shared replay subject (may forward).
+    Replay,
+    /// This coordinator's own replay subject (never forwards).
+    OwnReplay,
+    Status,
+    Drain,
+}
+
+/// The public API of one coordinator.
+#[derive(Clone)]
+pub struct PublicApi {
+    /// This coordinator's NATS connection.
+    nats: NatsHandle,
+    /// Limits and timeouts, as for HTTP.
+    config: Arc<CoordinatorConfig>,
+    /// Workers, for routing and status.
+    registry: Addr<Registry>,
+    /// Stream sessions.
+    sessions: Addr<Sessions>,
+    /// What the API has taken.
+    counters: Arc<PublicCounters>,
+}
+
+impl PublicApi {
+    /// The API over these actors; nothing is subscribed until [`PublicApi::serve`].
+    pub fn new(
+        nats: NatsHandle,
+        config: Arc<CoordinatorConfig>,
+        registry: Addr<Registry>,
+        sessions: Addr<Sessions>,
+    ) -> Self {
+        Self {
+            nats,
+            config,
+            registry,
+            sessions,
+            counters: Arc::new(PublicCounters::default()),
+        }
+    }
+
+    /// Its counters.
+    pub fn counters(&self) -> &Arc<PublicCounters> {
+        &self.counters
+    }
+
+    /// Subscribes to the public subjects and serves them from tasks on the current
+    /// arbiter, one task per request.
+    pub async fn serve(&self) -> Result<(), async_nats::SubscribeError> {
+        let client = self.nats.client().clone();
+        let subjects = self.nats.subjects().clone();
+        let own = self.nats.coordinator();
+        let shared = [
+            (
+                subjects.completions(),
+                Route::Generate(Endpoint::Completion),
+            ),
+            (subjects.chat_completions(), Route::Generate(Endpoint::Chat)),
+            (subjects.replay(), Route::Replay),
+            (subjects.admin_status(), Route::Status),
+            (subjects.admin_drain(), Route::Drain),
+        ];
+        for (subject, route) in shared {
+            let sub = client
+                .queue_subscribe(subject.clone(), QUEUE_GROUP.into())
+                .await?;
+            self.spawn_loop(sub, route, subject);
+        }
+        let subject = subjects.coordinator_replay(own);
+        let sub = client.subscribe(subject.clone()).await?;
+        self.spawn_loop(sub, Route::OwnReplay, subject);
+        if let Err(e) = client.flush().await {
+            warn!(error = %e, "NATS flush failed");
+        }
+        info!(prefix = subjects.prefix(), "public NATS API serving");
+        Ok(())
+    }
+
+    fn spawn_loop(&self, mut sub: Subscriber, route: Route, subject: String) {
+        let api = self.clone();
+        actix::spawn(async move {
+            while let Some(msg) = sub.next().await {
+                actix::spawn(api.clone().handle(route, msg));
+            }
+            warn!(%subject, "public subscription ended");
+        });
+    }
+
+    /// Answers one request; never fails (errors become error messages).
+    async fn handle(self, route: Route, msg: Message) {
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let Some(inbox) = msg.reply.clone() else {
+            self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+            warn!(subject = %msg.subject, bytes = msg.payload.len(), "public request without a reply inbox dropped");
+            return;
+        };
+        let mut out = Replier::new(
+            self.nats.client().clone(),
+            inbox,
+            Format::of(msg.headers.as_ref()),
+            self.nats.coordinator(),
+        );
+        let result = if msg.payload.len() > self.config.max_body_bytes {
+            Err(ApiError::BodyTooLarge {
+                limit: self.config.max_body_bytes,
+            })
+        } else {
+            match route {
+                Route::Generate(endpoint) => self.generate(endpoint, &msg.payload, &mut out).await,
+                Route::Replay => self.replay(&msg, true, &mut out).await,
+                Route::OwnReplay => self.replay(&msg, false, &mut out).await,
+                Route::Status => self.status(&mut out).await,
+                Route::Drain => self.drain(&msg.payload, &mut out).await,
+            }
+        };
+        if let Err(error) = result {
+            if malformed(&error) {
+                self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+            }
+            debug!(subject = %msg.subject, code = error.code(), %error, "public request failed");
+            out.error(&error).await;
+        }
+    }
+
+    async fn generate(
+        &self,
+        endpoint: Endpoint,
+        body: &[u8],
+        out: &mut Replier,
+    ) -> Result<(), ApiError> {
+        let request = match endpoint {
+            Endpoint::Chat => ValidRequest::chat(body, &self.config)?,
+            Endpoint::Completion => ValidRequest::completion(body, &self.config)?,
+        };
+        let stream = StreamId::random();
+        let created = unix_now();
+        let record = StreamRecord {
+            request: SeqRequest {
+                stream,
+                model: request.model.clone(),
+                prompt: request.prompt.clone(),
+                params: request.params.clone(),
+                attempt: 0,
+                resume: None,
+            },
+            endpoint,
+            include_usage: request.include_usage,
+            created,
+            attempt: 0,
+            worker: None,
+            end: None,
+            ended_at: 0,
+        };
+        let (tx, events) = unbounded_channel();
+        // Held until the answer is out: then the session may stop the stream.
+        let _guard = StreamGuard::new(stream, self.sessions.clone());
+        let accepted = self
+            .sessions
+            .send(StartStream {
+                stream,
+                record,
+                subscriber: tx,
+            })
+            .await?;
+        let prompt_tokens = match accepted.await {
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) => return Err(dispatch_error(e, &request.model)),
+            Err(_) => return Err(ApiError::Internal("the stream's session closed".into())),
+        };
+        out.stream = Some(stream);
+        let writer = ChunkWriter::new(endpoint, stream, request.model.clone(), created);
+        let answer = Answer {
+            writer,
+            endpoint,
+            stream,
+            model: request.model,
+            created,
+            prompt_tokens,
+            events,
+        };
+        if request.stream {
+            self.forward(answer, out).await
+        } else {
+            self.whole(answer, out).await
+        }
+    }
+
+    /// Sends every update as a chunk, then the final message.
+    async fn forward(&self, mut answer: Answer, out: &mut Replier) -> Result<(), ApiError> {
+        loop {
+            match self.next(&mut answer.events).await? {
+                Update::Token { index, text } => {
+                    if text.is_empty() {
+                        continue;
+                    }
+                    let payload = match out.format {
+                        Format::Json => answer.writer.text(&text).into_bytes(),
+                        Format::Rkyv => encode_reply(&Reply::Chunk(Chunk { text })),
+                    };
+                    out.send(Kind::Chunk(index), payload).await;
+                }
+                Update::Finished(f) => {
+                    let prompt = if f.prompt_tokens > 0 {
+                        f.prompt_tokens
+                    } else {
+                        answer.prompt_tokens
+                    };
+                    let usage = Usage::new(prompt, f.completion_tokens);
+                    let payload = match out.format {
+                        Format::Json => {
+                            let chunk = answer.writer.finish(f.reason);
+                            let mut value: Value = serde_json::from_str(&chunk)
+                                .map_err(|e| ApiError::Internal(e.to_string()))?;
+                            value["usage"] = json!(usage);
+                            value.to_string().into_bytes()
+                        }
+                        Format::Rkyv => encode_reply(&Reply::Final(final_of(f.reason, usage))),
+                    };
+                    out.send(Kind::Final(f.completion_tokens), payload).await;
+                    return Ok(());
+                }
+                Update::Failed(error) => return Err(ApiError::from_worker(error, &answer.model)),
+            }
+        }
+    }
+
+    /// Gathers the whole answer and sends it as one message.
+    async fn whole(&self, mut answer: Answer, out: &mut Replier) -> Result<(), ApiError> {
+        let mut text = String::new();
+        loop {
+            match self.next(&mut answer.events).await? {
+                Update::Token { text: t, .. } => text.push_str(&t),
+                Update::Finished(f) => {
+                    let prompt = if f.prompt_tokens > 0 {
+                        f.prompt_tokens
+                    } else {
+                        answer.prompt_tokens
+                    };
+                    let usage = Usage::new(prompt, f.completion_tokens);
+                    let id = response_id(answer.endpoint, answer.stream);
+                    let reason = f.reason.openai();
+                    let payload = match out.format {
+                        Format::Json => whole_json(&answer, id, text, reason, usage),
+                        Format::Rkyv => encode_reply(&Reply::Whole(Whole {
+                            id,
+                            model: answer.model,
+                            text,
+                            end: final_of(f.reason, usage),
+                        })),
+                    };
+                    out.send(Kind::Final(f.completion_tokens), payload).await;
+                    return Ok(());
+                }
+                Update::Failed(error) => return Err(ApiError::from_worker(error, &answer.model)),
+            }
+        }
+    }
+
+    async fn next(&self, events: &mut UnboundedReceiver<Update>) -> Result<Update, ApiError> {
+        let idle = Duration::from_millis(self.config.stream_timeout_ms);
+        match tokio::time::timeout(idle, events.recv()).await {
+            Ok(Some(update)) => Ok(update),
+            Ok(None) => Err(ApiError::Internal("the stream's session closed".into())),
+            Err(_) => Err(ApiError::StreamTimeout(self.config.stream_timeout_ms)),
+        }
+    }
+
+    async fn replay(&self, msg: &Message, shared: bool, out: &mut Replier) -> Result<(), ApiError> {
+        let request: ReplayRequest = serde_json::from_slice(&msg.payload)
+            .map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+        let own = self.nats.coordinator();
+        if let Some(owner) = request.coordinator.filter(|c| shared && *c != own) {
+            // Another coordinator holds the stream: it answers the same inbox.
+            let subject = self.nats.subjects().coordinator_replay(owner);
+            let headers = msg.headers.clone().unwrap_or_default();
+            return self
+                .nats
+                .client()
+                .publish_with_reply_and_headers(
+                    subject,
+                    out.inbox.clone(),
+                    headers,
+                    msg.payload.clone(),
+                )
+                .await
+                .map_err(|e| ApiError::Internal(format!("cannot forward the replay: {e}")));
+        }
+        let stream = request.stream;
+        let (tx, events) = unbounded_channel();
+        let _guard = StreamGuard::new(stream, self.sessions.clone());
+        let attached = self
+            .sessions
+            .send(Attach {
+                stream,
+                after: request.after,
+                subscriber: tx,
+            })
+            .await?
+            .map_err(|e| match e {
+                AttachError::Unknown(_) => ApiError::StreamNotFound(e.to_string()),
+                AttachError::Store(m) => ApiError::Internal(m),
+            })?;
+        debug!(%stream, after = ?request.after, "NATS client replays a stream");
+        out.stream = Some(stream);
+        let record = attached.record;
+        let model = record.request.model;
+        let mut writer = ChunkWriter::new(record.endpoint, stream, model.clone(), record.created);
+        if request.after.is_some() {
+            writer.role_sent();
+        }
+        let answer = Answer {
+            writer,
+            endpoint: record.endpoint,
+            stream,
+            model,
+            created: record.created,
+            prompt_tokens: attached.prompt_tokens,
+            events,
+        };
+        self.forward(answer, out).await
+    }
+
+    async fn status(&self, out: &mut Replier) -> Result<(), ApiError> {
+        let workers = self.registry.send(ListWorkers).await?;
+        let health = self.registry.send(CheckHealth).await?;
+        let models = self.registry.send(ListModels).await?;
+        let mut load = LoadStatus::default();
+        let workers: Vec<WorkerStatus> = workers
+            .into_iter()
+            .map(|w| {
+                let h = w.heartbeat;
+                load.capacity += u64::from(h.capacity);
+                load.running += u64::from(h.running);
+                load.queued += u64::from(h.queued);
+                load.kv_used_bytes += h.kv_used_bytes;
+                load.kv_budget_bytes += h.kv_budget_bytes;
+                WorkerStatus {
+                    id: h.worker,
+                    models: h.models.into_iter().map(|m| m.name).collect(),
+                    capacity: h.capacity,
+                    running: h.running,
+                    queued: h.queued,
+                    kv_used_bytes: h.kv_used_bytes,
+                    kv_budget_bytes: h.kv_budget_bytes,
+                    draining: h.draining,
+                    version: h.version,
+                    last_seen_ms: u64::try_from(w.silent_for.as_millis()).unwrap_or(u64::MAX),
+                    in_flight: w.in_flight,
+                }
+            })
+            .collect();
+        let models = models
+            .into_iter()
+            .map(|m| ModelStatus {
+                workers: workers.iter().filter(|w| w.models.contains(&m.id)).count() as u32,
+                name: m.id,
+                context_length: m.context_length,
+            })
+            .collect();
+        let status = ClusterStatus {
+            coordinator: CoordinatorStatus {
+                id: self.nats.coordinator(),
+                requests: self.counters.requests(),
+                malformed_requests: self.counters.malformed(),
+                garbage: self.nats.counters().garbage(),
+            },
+            health: match health {
+                HealthStatus::Live { .. } => "ok",
+                HealthStatus::NotSynced => "not synced",
+                HealthStatus::NoLiveWorkers => "no live workers",
+            }
+            .to_string(),
+            workers,
+            models,
+            load,
+        };
+        let payload = match out.format {
+            Format::Json => to_json_bytes(&status),
+            Format::Rkyv => encode_reply(&Reply::Status(status)),
+        };
+        out.send(Kind::Single, payload).await;
+        Ok(())
+    }
+
+    async fn drain(&self, body: &[u8], out: &mut Replier) -> Result<(), ApiError> {
+        let value: Value =
+            serde_json::from_slice(body).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+        if value.get("worker").is_none_or(Value::is_null) {
+            return Err(ApiError::MissingField("worker"));
+        }
+        let request: DrainRequest = serde_json::from_value(value).map_err(|e| {
+            ApiError::invalid("worker", format!("`worker` must be a worker id: {e}"))
+        })?;
+        let worker = request.worker;
+        let timeout = Duration::from_millis(self.config.submit_timeout_ms);
+        let reply = self
+            .nats
+            .drain(worker, "an operator asked over NATS".into(), timeout)
+            .await
+            .map_err(|e| match e {
+                SubmitError::NoResponders => {
+                    ApiError::invalid("worker", format!("no worker {worker} answers"))
+                }
+                other => ApiError::from(other),
+            })?;
+        info!(%worker, running = reply.running, queued = reply.queued, "worker drains on an operator's request");
+        let drained = Drained {
+            worker: reply.worker,
+            draining: true,
+            running: reply.running,
+            queued: reply.queued,
+        };
+        let payload = match out.format {
+            Format::Json => to_json_bytes(&drained),
+            Format::Rkyv => encode_reply(&Reply::Drained(drained)),
+        };
+        out.send(Kind::Single, payload).await;
+        Ok(())
+    }
+}
+
+/// An accepted stream and how to shape its answer.
+struct Answer {
+    writer: ChunkWriter,
+    endpoint: Endpoint,
+    stream: StreamId,
+    model: String,
+    created: u64,
+    prompt_tokens: u32,
+    events: UnboundedReceiver<Update>,
+}
+
+/// Whether a failed request counts as malformed (the client's fault).
+fn malformed(error: &ApiError) -> bool {
+    match error {
+        ApiError::MalformedJson(_)
+        | ApiError::MissingField(_)
+        | ApiError::InvalidRequest { .. }
+        | ApiError::ModelNotFound(_)
+        | ApiError::ContextLengthExceeded(_)
+        | ApiError::BodyTooLarge { .. }
+        | ApiError::UnknownRoute(_)
+        | ApiError::StreamNotFound(_) => true,
+        ApiError::Overloaded(_)
+        | ApiError::NotSynced
+        | ApiError::NoLiveWorkers
+        | ApiError::ModelUnavailable(_)
+        | ApiError::WorkerTimeout(_)
+        | ApiError::StreamTimeout(_)
+        | ApiError::WorkerFailed(_)
+        | ApiError::Internal(_) => false,
+    }
+}
+
+/// The error of a new stream that no worker took (as HTTP answers it).
+fn dispatch_error(e: DispatchError, model: &str) -> ApiError {
+    match e {
+        DispatchError::Route(e) => e.into(),
+        DispatchError::Submit(e) => e.into(),
+        DispatchError::Refused(e) => ApiError::from_worker(e, model),
+        DispatchError::Mailbox(e) => e.into(),
+    }
+}
+
+fn final_of(reason: FinishReason, usage: Usage) -> Final {
+    Final {
+        finish_reason: reason.openai().to_string(),
+        prompt_tokens: usage.prompt_tokens,
+        completion_tokens: usage.completion_tokens,
+    }
+}
+
+/// The whole OpenAI body, as `stream: false` over HTTP gives it.
+fn whole_json(answer: &Answer, id: String, text: String, reason: &str, usage: Usage) -> Vec<u8> {
+    let body = match answer.endpoint {
+        Endpoint::Chat => json!({
+            "id": id, "object": "chat.completion", "created": answer.created,
+            "model": answer.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "logprobs": null, "finish_reason": reason}],
+            "usage": usage,
+        }),
+        Endpoint::Completion => json!({
+            "id": id, "object": "text_completion", "created": answer.created,
+            "model": answer.model,
+            "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": reason}],
+            "usage": usage,
+        }),
+    };
+    body.to_string().into_bytes()
+}
+
+fn to_json_bytes<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).unwrap_or_else(|e| {
+        format!(r#"{{"error":{{"message":"serialization failed: {e}","type":"server_error","param":null,"code":"internal_error"}}}}"#).into_bytes()
+    })
+}
+
+/// The body encoding a client asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Json,
+    Rkyv,
+}
+
+impl Format {
+    /// rkyv when the request's `Content-Type` (any case) says so; JSON otherwise.
+    fn of(headers: Option<&HeaderMap>) -> Format {
+        let rkyv = headers.is_some_and(|h| {
+            h.iter().any(|(name, values)| {
+                let name: &str = name.as_ref();
+                name.eq_ignore_ascii_case(headers::CONTENT_TYPE)
+                    && values
+                        .iter()
+                        .any(|v| v.as_str().trim().eq_ignore_ascii_case(CONTENT_TYPE_RKYV))
+            })
+        });
+        if rkyv {
+            Format::Rkyv
+        } else {
+            Format::Json
+        }
+    }
+
+    fn content_type(self) -> &'static str {
+        match self {
+            Format::Json => CONTENT_TYPE_JSON,
+            Format::Rkyv => CONTENT_TYPE_RKYV,
+        }
+    }
+}
+
+/// What a reply message is.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// A chunk at this token position.
+    Chunk(u32),
+    /// The last message of a stream or a whole answer; generated tokens.
+    Final(u32),
+    /// The only message of an admin answer.
+    Single,
+}
+
+/// Publishes the messages of one answer to one inbox, numbering them.
+struct Replier {
+    client: Client,
+    inbox: Subject,
+    format: Format,
+    coordinator: CoordinatorId,
+    /// The stream, once there is one.
+    stream: Option<StreamId>,
+    /// The next message's `Baton-Seq`.
+    seq: u64,
+}
+
+impl Replier {
+    fn new(client: Client, inbox: Subject, format: Format, coordinator: CoordinatorId) -> Self {
+        Self {
+            client,
+            inbox,
+            format,
+            coordinator,
+            stream: None,
+            seq: 0,
+        }
+    }
+
+    fn headers(&mut self) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(headers::CONTENT_TYPE, self.format.content_type());
+        h.insert(headers::COORDINATOR, self.coordinator.to_string());
+        if let Some(stream) = self.stream {
+            h.insert(headers::STREAM_ID, stream.to_string());
+        }
+        h.insert(headers::SEQ, self.seq.to_string());
+        self.seq += 1;
+        h
+    }
+
+    async fn send(&mut self, kind: Kind, payload: Vec<u8>) {
+        let mut h = self.headers();
+        match kind {
+            Kind::Chunk(position) => h.insert(headers::POSITION, position.to_string()),
+            Kind::Final(tokens) => {
+                h.insert(headers::POSITION, tokens.to_string());
+                h.insert(headers::FINAL, "true");
+            }
+            Kind::Single => h.insert(headers::FINAL, "true"),
+        }
+        self.publish(h, payload).await;
+    }
+
+    async fn error(&mut self, error: &ApiError) {
+        let mut h = self.headers();
+        h.insert(headers::ERROR, error.code());
+        let payload = match self.format {
+            Format::Json => to_json_bytes(&error.body()),
+            Format::Rkyv => encode_reply(&Reply::Error(ErrorReply {
+                code: error.code().to_string(),
+                kind: error.error_type().to_string(),
+                param: error.param().map(str::to_string),
+                message: error.to_string(),
+            })),
+        };
+        self.publish(h, payload).await;
+    }
+
+    async fn publish(&self, headers: HeaderMap, payload: Vec<u8>) {
+        if let Err(e) = self
+            .client
+            .publish_with_headers(self.inbox.clone(), headers, payload.into())
+            .await
+        {
+            warn!(inbox = %self.inbox, error = %e, "public reply not published");
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_format_follows_the_content_type_in_any_case() {
+        assert_eq!(Format::of(None), Format::Json);
+        let mut h = HeaderMap::new();
+        h.insert("content-type", "Application/X-Baton-Rkyv");
+        assert_eq!(Format::of(Some(&h)), Format::Rkyv);
+        let mut h = HeaderMap::new();
+        h.insert(headers::CONTENT_TYPE, CONTENT_TYPE_JSON);
+        assert_eq!(Format::of(Some(&h)), Format::Json);
+    }
+
+    #[test]
+    fn client_faults_are_malformed_and_server_faults_are_not() {
+        assert!(malformed(&ApiError::MalformedJson("x".into())));
+        assert!(malformed(&ApiError::ModelNotFound("m".into())));
+        assert!(malformed(&ApiError::MissingField("model")));
+        assert!(!malformed(&ApiError::NoLiveWorkers));
+        assert!(!malformed(&ApiError::Overloaded("full".into())));
+    }
+
+    #[test]
+    fn whole_bodies_have_the_http_shape() {
+        let (_tx, events) = unbounded_channel();
+        let answer = Answer {
+            writer: ChunkWriter::new(Endpoint::Chat, StreamId(1), "m".into(), 7),
+            endpoint: Endpoint::Chat,
+            stream: StreamId(1),
+            model: "m".into(),
+            created: 7,
+            prompt_tokens: 2,
+            events,
+        };
+        let body: Value = serde_json::from_slice(&whole_json(
+            &answer,
+            "chatcmpl-1".into(),
+            "Hi".into(),
+            "stop",
+            Usage::new(2, 1),
+        ))
+        .expect("json");
+        assert_eq!(body["object"], "chat.completion");
+        assert_eq!(body["choices"][0]["message"]["content"], "Hi");
+        assert_eq!(body["usage"]["total_tokens"], 3);
+    }
+}

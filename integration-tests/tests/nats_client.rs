@@ -1,0 +1,129 @@
+//! A Python client of the public NATS API (`nats-py`, written from `docs/protocol.md`)
+//! against a cluster running the real model: its streamed greedy text must equal the
+//! HTTP API's answer to the same request, and a replay must give the rest of a stream.
+
+use std::process::Command;
+
+use baton_integration_tests::{workspace_root, Cluster, ClusterOptions};
+use serde_json::{json, Value};
+
+const CHAT_PROMPT: &str = "Tell me a short story about a robot.";
+const TEXT_PROMPT: &str = "Once upon a time, there was a little robot who";
+const MAX_TOKENS: u32 = 24;
+
+/// Whether `python3` can import `nats` (nats-py); prints a note when it cannot.
+fn nats_py_available() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import nats"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("note: skipped: python3 cannot import nats (scripts/setup installs nats-py)");
+    }
+    ok
+}
+
+/// The text of the HTTP API's whole answer to a greedy request.
+fn http_text(cluster: &Cluster, path: &str, body: Value) -> String {
+    let reply = cluster.api.post_json(path, &body).expect("HTTP request");
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let choice = &reply.body["choices"][0];
+    choice["text"]
+        .as_str()
+        .or_else(|| choice["message"]["content"].as_str())
+        .expect("a text")
+        .to_string()
+}
+
+#[test]
+fn python_nats_client_gets_the_http_greedy_text() {
+    if !nats_py_available() {
+        return;
+    }
+    let Some(cluster) = Cluster::start(ClusterOptions::real(1)) else {
+        return;
+    };
+    let script = workspace_root().join("integration-tests/python/nats_client.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .args([&cluster.nats.url, &cluster.model, CHAT_PROMPT, TEXT_PROMPT])
+        .arg(MAX_TOKENS.to_string())
+        .output()
+        .expect("running python3");
+    assert!(
+        out.status.success(),
+        "{} failed ({}):\n{}\n{}",
+        script.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        cluster.logs()
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "the script printed no JSON ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+
+    let greedy = json!({"model": cluster.model, "max_tokens": MAX_TOKENS, "temperature": 0});
+    let mut text_body = greedy.clone();
+    text_body["prompt"] = json!(TEXT_PROMPT);
+    let mut chat_body = greedy;
+    chat_body["messages"] = json!([{"role": "user", "content": CHAT_PROMPT}]);
+    let http_completion = http_text(&cluster, "/v1/completions", text_body);
+    let http_chat = http_text(&cluster, "/v1/chat/completions", chat_body);
+    assert!(!http_completion.is_empty() && !http_chat.is_empty());
+
+    let streamed = &r["completion_stream"];
+    assert_eq!(streamed["text"].as_str(), Some(http_completion.as_str()));
+    assert_eq!(
+        r["completion"]["text"].as_str(),
+        Some(http_completion.as_str())
+    );
+    assert_eq!(r["chat_stream"]["text"].as_str(), Some(http_chat.as_str()));
+    assert_eq!(r["completion"]["object"], "text_completion");
+    assert_eq!(r["completion"]["final"], "true");
+    for key in ["completion_stream", "chat_stream"] {
+        let usage = &r[key]["usage"];
+        let completion = usage["completion_tokens"].as_u64().unwrap_or(0);
+        assert!(
+            usage["prompt_tokens"].as_u64().unwrap_or(0) > 0,
+            "{key}: {usage}"
+        );
+        assert!(
+            (1..=u64::from(MAX_TOKENS)).contains(&completion),
+            "{key}: {usage}"
+        );
+        let reason = r[key]["finish_reason"].as_str().unwrap_or_default();
+        assert!(["length", "stop"].contains(&reason), "{key}: {reason:?}");
+    }
+
+    // The replay after the third chunk is the rest of the text, nothing repeated.
+    let texts: Vec<&str> = streamed["texts"]
+        .as_array()
+        .expect("texts")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let prefix: String = texts[..3].concat();
+    let replayed = r["replay"]["text"].as_str().expect("replay text");
+    assert_eq!(format!("{prefix}{replayed}"), http_completion);
+    let after = r["replay"]["after"].as_u64().expect("after");
+    assert!(
+        r["replay"]["positions"]
+            .as_array()
+            .expect("positions")
+            .iter()
+            .all(|p| p.as_u64().is_some_and(|p| p > after)),
+        "{}",
+        r["replay"]
+    );
+
+    assert_eq!(r["status"]["health"], "ok");
+    assert_eq!(r["status"]["workers"].as_array().map(Vec::len), Some(1));
+    assert_eq!(r["status"]["models"][0]["name"], cluster.model.as_str());
+    assert_eq!(
+        r["unknown_model"],
+        json!({"header": "model_not_found", "code": "model_not_found"})
+    );
+}
