@@ -1,18 +1,20 @@
-//! The prefix cache on a tiny random-weight model: a sequence started from cached keys
-//! and values produces the tokens of a cold start, fresh or resumed, greedy or sampled.
+//! The prefix cache: a sequence started from cached keys and values produces the tokens
+//! of a cold start, fresh or resumed, greedy or sampled. On a tiny random-weight model,
+//! and on the default model when it is in `models/`.
 
 use std::path::PathBuf;
 
 use baton_worker::{
     backend::CpuBackend as B,
     engine::{
+        chat::ChatMessage,
         gguf::GgmlType,
         llama::{
             synthetic::{write_synthetic_llama, SyntheticSpec},
             WeightDtype,
         },
         prefix::BLOCK_TOKENS,
-        Engine, GenerateParams,
+        Engine, GenerateParams, Prompt,
     },
 };
 use tempfile::TempDir;
@@ -171,5 +173,48 @@ fn a_resumed_stream_reuses_its_blocks_and_goes_on_as_before() {
             (7 * BLOCK_TOKENS) as u64
         );
         engine.set_prefix_cache(0);
+    }
+}
+
+/// The default model, when `scripts/setup` has put it in `models/`: a long shared
+/// system prompt, cold and cached, greedy and sampled.
+#[test]
+fn the_default_model_gives_the_same_tokens_from_cached_blocks() {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !path.exists() {
+        eprintln!("skipping: {} is absent (run scripts/setup)", path.display());
+        return;
+    }
+    let engine = Engine::<B>::load(&path, WeightDtype::Native, &Default::default()).expect("load");
+    let system = baton_worker::bench::system_prompt(&engine, 300).expect("system prompt");
+    let prompts: Vec<Vec<u32>> = (0..2)
+        .map(|i| {
+            engine
+                .encode_prompt(&Prompt::Chat(vec![
+                    ChatMessage {
+                        role: "system".into(),
+                        content: system.clone(),
+                    },
+                    ChatMessage {
+                        role: "user".into(),
+                        content: baton_worker::bench::serving_prompt(i),
+                    },
+                ]))
+                .expect("encode")
+        })
+        .collect();
+    for (temperature, seed) in [(0.0, 0), (0.8, 5)] {
+        let mut p = params(temperature, seed);
+        p.max_tokens = 16;
+        engine.set_prefix_cache(0);
+        let cold: Vec<Vec<u32>> = prompts.iter().map(|x| run(&engine, x, &p)).collect();
+        engine.set_prefix_cache(256 << 20);
+        let before = engine.prefix_stats();
+        for (x, want) in prompts.iter().zip(&cold) {
+            assert_eq!(&run(&engine, x, &p), want, "temperature {temperature}");
+        }
+        // The second prompt reuses the system prompt's blocks.
+        assert_eq!(engine.prefix_stats().hits - before.hits, 1);
     }
 }
