@@ -149,6 +149,9 @@ pub struct WorkerConfig {
     pub max_queued: u32,
     /// KV cache budget, in MiB.
     pub kv_budget_mib: u64,
+    /// Budget of the prefix cache (keys and values of prompt blocks kept across
+    /// requests), in MiB; 0 disables it.
+    pub prefix_cache_mib: u64,
     /// Heartbeat period, in milliseconds.
     pub heartbeat_interval_ms: u64,
     /// Address of the worker's Prometheus `/metrics` (port 0: any free port, logged at
@@ -166,6 +169,7 @@ impl Default for WorkerConfig {
             max_running: 16,
             max_queued: 64,
             kv_budget_mib: 1024,
+            prefix_cache_mib: 256,
             heartbeat_interval_ms: 500,
             metrics_listen: "127.0.0.1:0".into(),
         }

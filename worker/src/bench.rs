@@ -41,6 +41,14 @@ pub struct BenchArgs {
     /// Skip the prefill test.
     #[arg(long)]
     pub no_prefill: bool,
+    /// Time to first token of chat requests that share a system prompt of about this
+    /// many tokens, with the prefix cache and without it, alternating (`baton ttft …`
+    /// lines, median of `--reps` requests each). 0: skip.
+    #[arg(long, default_value_t = 0)]
+    pub shared_prefix: usize,
+    /// Prefix cache budget of the shared-prefix test, in MiB.
+    #[arg(long, default_value_t = 256)]
+    pub prefix_cache_mib: usize,
 }
 
 /// Peak resident set size of this process, in bytes (Linux `VmHWM`).
@@ -150,12 +158,101 @@ pub fn run<B: Backend>(args: &BenchArgs, device: &B::Device) -> anyhow::Result<(
             (n * args.gen_tokens) as f64 / best
         );
     }
+    if args.shared_prefix > 0 {
+        shared_prefix_ttft(&engine, args, &tag)?;
+    }
     if let Some(rss) = peak_rss_bytes() {
         println!(
             "baton peak_rss {tag} mib={:.0}",
             rss as f64 / (1024.0 * 1024.0)
         );
     }
+    Ok(())
+}
+
+/// A system prompt of at least `tokens` tokens, from real text.
+pub fn system_prompt<B: Backend>(engine: &Engine<B>, tokens: usize) -> anyhow::Result<String> {
+    let sentences = [
+        "You are a careful assistant for a shipping company.",
+        "Answer in plain English, in short paragraphs, and say when you are unsure.",
+        "Never invent tracking numbers, prices or delivery dates.",
+        "Customers may write about parcels, pallets, containers, customs forms and refunds.",
+        "Ask for the order number before discussing an order.",
+        "Be polite, and keep every answer under two hundred words.",
+    ];
+    let mut text = String::new();
+    for s in sentences.iter().cycle() {
+        if engine.tokenizer().encode(&text, false)?.len() >= tokens {
+            break;
+        }
+        if !text.is_empty() {
+            text.push(' ');
+        }
+        text.push_str(s);
+    }
+    Ok(text)
+}
+
+/// The shared-prefix test: time to first token (tokenize, start, first step) of chat
+/// requests with one long system prompt and their own user message, with the prefix
+/// cache off and on, alternating request by request. With the cache on, each timed
+/// request follows one untimed request with the same system prompt, so it finds the
+/// prompt's blocks cached, as every request after the first would in a server.
+fn shared_prefix_ttft<B: Backend>(
+    engine: &Engine<B>,
+    args: &BenchArgs,
+    tag: &str,
+) -> anyhow::Result<()> {
+    use crate::engine::{chat::ChatMessage, Prompt};
+    let system = system_prompt(engine, args.shared_prefix)?;
+    let request = |i: usize| {
+        Prompt::Chat(vec![
+            ChatMessage {
+                role: "system".into(),
+                content: system.clone(),
+            },
+            ChatMessage {
+                role: "user".into(),
+                content: serving_prompt(i),
+            },
+        ])
+    };
+    let ttft = |i: usize| -> anyhow::Result<(f64, usize)> {
+        let t = Instant::now();
+        let ids = engine.encode_prompt(&request(i))?;
+        let n = ids.len();
+        let mut seq = engine.start(ids, GenerateParams::default())?;
+        engine.step(&mut [&mut seq])?;
+        Ok((t.elapsed().as_secs_f64() * 1e3, n))
+    };
+    let budget = args.prefix_cache_mib.saturating_mul(1 << 20);
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    let mut prompt_tokens = 0;
+    let reused_before = engine.prefix_stats().reused_tokens;
+    // One untimed round first: page in, warm the allocator.
+    for i in 0..args.reps.max(1) + 1 {
+        engine.set_prefix_cache(0);
+        let (ms, n) = ttft(2 * i)?;
+        prompt_tokens = n;
+        engine.set_prefix_cache(budget);
+        ttft(1_000_000 + i)?;
+        let (ms_on, _) = ttft(2 * i + 1)?;
+        if i > 0 {
+            off.push(ms);
+            on.push(ms_on);
+        }
+    }
+    engine.set_prefix_cache(0);
+    off.sort_by(f64::total_cmp);
+    on.sort_by(f64::total_cmp);
+    let (off, on) = (percentile(&off, 50.0), percentile(&on, 50.0));
+    let reused = engine.prefix_stats().reused_tokens - reused_before;
+    let per_request = reused as f64 / (args.reps.max(1) + 1) as f64;
+    println!("baton ttft prefix_cache=off prompt={prompt_tokens} {tag} ms={off:.1}");
+    println!(
+        "baton ttft prefix_cache=on prompt={prompt_tokens} reused={per_request:.0} {tag} ms={on:.1}"
+    );
+    println!("baton ttft ratio off/on={:.2}", off / on);
     Ok(())
 }
 

@@ -4,8 +4,18 @@
 //! sampler, its stop state). [`Engine::step`] advances any number of sequences by one
 //! token with one batched forward pass, so a scheduler can add and remove sequences
 //! between steps (continuous batching); [`Engine::generate`] is the one-sequence loop.
+//!
+//! With a prefix cache ([`Engine::set_prefix_cache`]), a sequence's first step starts
+//! from the cached keys and values of its longest cached run of leading blocks and
+//! runs only the rest of its prompt; after that step its full blocks are stored, and
+//! those of prompt and output once it finishes.
 
-use std::{path::Path, sync::Arc};
+use std::{
+    path::Path,
+    sync::{Arc, Mutex, PoisonError},
+};
+
+use baton_common::chain::block_hashes;
 
 use burn_tensor::backend::Backend;
 
@@ -13,6 +23,7 @@ use super::{
     chat::{ChatError, ChatMessage, ChatTemplate},
     gguf::{GgufError, GgufFile},
     llama::{load::load_llama, model::ForwardError, KvCache, Llama, LoadError, WeightDtype},
+    prefix::{PrefixCache, PrefixStats, BLOCK_TOKENS},
     sampler::{SamplingError, SamplingParams},
     stops::StopMatcher,
     tokenizer::{StreamDecoder, Tokenizer, TokenizerError},
@@ -177,6 +188,10 @@ pub struct Engine<B: Backend> {
     /// Hash of the weight file and tokenizer; two workers agree on a stream's state only
     /// when their fingerprints are equal.
     fingerprint: u64,
+    /// Keys and values of prompt blocks kept across sequences (disabled until
+    /// [`Engine::set_prefix_cache`] gives it a budget). Behind a lock because
+    /// [`Engine::step`] takes `&self`; only the thread that steps uses it.
+    prefix: Mutex<PrefixCache>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -222,7 +237,25 @@ impl<B: Backend> Engine<B> {
             chat,
             end_tokens,
             fingerprint: hasher.digest(),
+            prefix: Mutex::new(PrefixCache::new(0)),
         })
+    }
+
+    /// Sets the prefix cache's budget in bytes (0 disables it and frees what it holds).
+    /// Only the host forward path (weights in block form) uses it; with the burn path
+    /// (`f32`, `f16`, cuda) every prompt is run in full whatever the budget.
+    pub fn set_prefix_cache(&self, bytes: usize) {
+        self.prefix_cache().set_budget(bytes);
+    }
+
+    /// The prefix cache's counters and size.
+    pub fn prefix_stats(&self) -> PrefixStats {
+        self.prefix_cache().stats()
+    }
+
+    fn prefix_cache(&self) -> std::sync::MutexGuard<'_, PrefixCache> {
+        // The cache holds no invariant a panic elsewhere could break half-way.
+        self.prefix.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The network.
@@ -346,6 +379,32 @@ impl<B: Backend> Engine<B> {
         if active.is_empty() {
             return Ok(events);
         }
+        // Sequences whose prefill this step is, with the block hashes of what it runs.
+        let prefix = self.model.host_path() && self.prefix_cache().enabled();
+        let mut fresh: Vec<(usize, Vec<u64>)> = Vec::new();
+        if prefix {
+            let mut cache = self.prefix_cache();
+            for &i in &active {
+                let s = &mut *seqs[i];
+                if !s.cache.is_empty() {
+                    continue;
+                }
+                let hashes = block_hashes(self.fingerprint, &s.pending);
+                // The last token always runs: its logits give the first output token.
+                let usable = (s.pending.len() - 1) / BLOCK_TOKENS;
+                let found = cache.lookup(&hashes[..usable]);
+                let mut loaded = 0;
+                for &h in &hashes[..found] {
+                    let kv = cache.get(h).expect("lookup found it");
+                    if !s.cache.push_host_span(BLOCK_TOKENS, kv) {
+                        break;
+                    }
+                    loaded += BLOCK_TOKENS;
+                }
+                s.pending.drain(..loaded);
+                fresh.push((i, hashes));
+            }
+        }
         let logits = {
             let mut inputs: Vec<SeqInput<'_, B>> = Vec::with_capacity(active.len());
             let mut rest: Vec<Option<&mut Sequence<B>>> =
@@ -361,6 +420,30 @@ impl<B: Backend> Engine<B> {
         };
         for (&i, mut row) in active.iter().zip(logits) {
             events[i] = Some(seqs[i].accept(self, &mut row)?);
+        }
+        if prefix {
+            let mut cache = self.prefix_cache();
+            for (i, hashes) in &fresh {
+                store_blocks(&mut cache, &seqs[*i].cache, hashes);
+            }
+            for &i in &active {
+                let s = &*seqs[i];
+                if s.finish.is_some() && s.cache.len() >= BLOCK_TOKENS {
+                    let run = s.cache.len();
+                    let tokens: Vec<u32> = s
+                        .prompt_ids
+                        .iter()
+                        .chain(&s.generated)
+                        .take(run)
+                        .copied()
+                        .collect();
+                    store_blocks(
+                        &mut cache,
+                        &s.cache,
+                        &block_hashes(self.fingerprint, &tokens),
+                    );
+                }
+            }
         }
         Ok(events)
     }
@@ -379,6 +462,20 @@ impl<B: Backend> Engine<B> {
             }
         }
         Ok(seq.into_completion())
+    }
+}
+
+/// Stores the full blocks of `kv` named by `hashes` (block *i* is positions
+/// `16i..16i + 16`), last to first, so that a run's first block is its most recently
+/// used and the last to be evicted.
+fn store_blocks<B: Backend>(cache: &mut PrefixCache, kv: &KvCache<B>, hashes: &[u64]) {
+    let full = (kv.len() / BLOCK_TOKENS).min(hashes.len());
+    for (b, &h) in hashes[..full].iter().enumerate().rev() {
+        if !cache.touch(h) {
+            if let Some(values) = kv.host_span(b * BLOCK_TOKENS, BLOCK_TOKENS) {
+                cache.insert(h, values);
+            }
+        }
     }
 }
 

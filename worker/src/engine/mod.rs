@@ -7,12 +7,14 @@
 //! - [`llama`]: the Llama forward pass in burn and its KV cache.
 //! - [`sampler`]: greedy and seeded sampling, counter-based per position.
 //! - [`stops`]: stop strings over streamed text.
+//! - [`prefix`]: the prefix cache, keys and values of shared prompt blocks.
 //! - [`generate`]: sequences, stop conditions, the batched step and the decode loop.
 
 pub mod chat;
 pub mod generate;
 pub mod gguf;
 pub mod llama;
+pub mod prefix;
 pub mod sampler;
 pub mod stops;
 pub mod tokenizer;

@@ -65,6 +65,9 @@ pub struct ServeArgs {
     /// Most sequences running at once.
     #[arg(long)]
     pub max_running: Option<u32>,
+    /// Prefix cache budget in MiB (0: disabled).
+    #[arg(long)]
+    pub prefix_cache_mib: Option<u64>,
     /// Run the simulated engine (no model; a test tool).
     #[arg(long)]
     pub simulated: bool,
@@ -122,6 +125,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(r) = args.max_running {
         cfg.max_running = r;
     }
+    if let Some(m) = args.prefix_cache_mib {
+        cfg.prefix_cache_mib = m;
+    }
+    let prefix_bytes =
+        usize::try_from(cfg.prefix_cache_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
     let nats_url = args.nats_url.clone().unwrap_or(file.nats.url.clone());
     let subjects = Subjects::new(
         args.subject_prefix
@@ -161,6 +169,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 move || {
                     let engine =
                         Engine::<CpuBackend>::load(&model_path, weights, &Default::default())?;
+                    engine.set_prefix_cache(prefix_bytes);
                     Ok(real::RealEngine::new(engine, name))
                 },
                 limits,
@@ -179,6 +188,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                                 weights,
                                 &Default::default(),
                             )?;
+                            engine.set_prefix_cache(prefix_bytes);
                             Ok(real::RealEngine::new(engine, name))
                         },
                         limits,

@@ -139,4 +139,8 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
     fn kv_bytes(&self, seq: &Self::Seq) -> u64 {
         seq.cache().bytes() as u64
     }
+
+    fn prefix_stats(&self) -> crate::engine::prefix::PrefixStats {
+        self.engine.prefix_stats()
+    }
 }

@@ -22,6 +22,8 @@ use baton_common::{
     },
 };
 
+use crate::engine::prefix::PrefixStats;
+
 /// A sequence an engine started, with the prompt it tokenized.
 pub struct Started<S> {
     /// The sequence, ready for its first step (a resumed one has replayed its tokens).
@@ -52,6 +54,11 @@ pub trait SeqEngine {
 
     /// Bytes of KV cache a sequence holds.
     fn kv_bytes(&self, seq: &Self::Seq) -> u64;
+
+    /// The prefix cache's counters (zero for an engine without one).
+    fn prefix_stats(&self) -> PrefixStats {
+        PrefixStats::default()
+    }
 }
 
 /// What the engine thread is asked to do.
@@ -82,6 +89,16 @@ pub struct Load {
     pub kv_bytes: AtomicU64,
     /// Tokens generated since start.
     pub tokens: AtomicU64,
+    /// Sequences that started from cached prefix blocks.
+    pub prefix_hits: AtomicU64,
+    /// Sequences with a full prompt block that found none cached.
+    pub prefix_misses: AtomicU64,
+    /// Prompt tokens whose keys and values came from the prefix cache.
+    pub prefix_reused_tokens: AtomicU64,
+    /// Blocks the prefix cache holds.
+    pub prefix_blocks: AtomicU64,
+    /// Bytes the prefix cache holds.
+    pub prefix_bytes: AtomicU64,
     /// Every (stream, attempt) held, running or queued.
     pub held: std::sync::Mutex<std::collections::HashSet<(StreamId, u32)>>,
 }
@@ -93,6 +110,15 @@ impl Load {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .contains(&(stream, attempt))
+    }
+
+    fn set_prefix(&self, p: PrefixStats) {
+        self.prefix_hits.store(p.hits, Ordering::Relaxed);
+        self.prefix_misses.store(p.misses, Ordering::Relaxed);
+        self.prefix_reused_tokens
+            .store(p.reused_tokens, Ordering::Relaxed);
+        self.prefix_blocks.store(p.blocks, Ordering::Relaxed);
+        self.prefix_bytes.store(p.bytes, Ordering::Relaxed);
     }
 
     fn set_held<'a>(&self, slots: impl Iterator<Item = (StreamId, u32)> + 'a) {
@@ -348,6 +374,7 @@ pub fn run<E: SeqEngine>(
             running.iter().map(|s| engine.kv_bytes(&s.seq)).sum(),
             Ordering::Relaxed,
         );
+        load.set_prefix(engine.prefix_stats());
         if !outbox.is_empty() && out.send(outbox.into_iter().collect()).is_err() {
             return;
         }

@@ -84,6 +84,50 @@ impl<B: Backend> KvCache<B> {
         self.len += n;
     }
 
+    /// Whether the host store holds this cache's positions (the host forward path
+    /// filled it), or the cache is empty.
+    pub(crate) fn host_backed(&self) -> bool {
+        self.layers.iter().all(Option::is_none)
+    }
+
+    /// Keys and values of positions `start..start + n` of every layer, packed for the
+    /// prefix cache: per layer, the keys then the values, position-major. `None` when
+    /// the positions are not cached or the store is the burn one.
+    pub(crate) fn host_span(&self, start: usize, n: usize) -> Option<Box<[f32]>> {
+        if start + n > self.len || n == 0 || !self.host_backed() {
+            return None;
+        }
+        let width = self.host.first()?.k.len() / self.len;
+        let mut out = Vec::with_capacity(self.host.len() * 2 * n * width);
+        for kv in &self.host {
+            out.extend_from_slice(&kv.k[start * width..(start + n) * width]);
+            out.extend_from_slice(&kv.v[start * width..(start + n) * width]);
+        }
+        Some(out.into_boxed_slice())
+    }
+
+    /// Appends `n` positions packed by [`KvCache::host_span`] to the host store of every
+    /// layer. Returns false, changing nothing, when the values do not fit this cache's
+    /// shape or the cache is not on the host store.
+    pub(crate) fn push_host_span(&mut self, n: usize, kv: &[f32]) -> bool {
+        let layers = self.host.len();
+        if n == 0 || layers == 0 || !self.host_backed() || !kv.len().is_multiple_of(layers * 2 * n)
+        {
+            return false;
+        }
+        let width = kv.len() / (layers * 2 * n);
+        if self.len > 0 && self.host[0].k.len() != self.len * width {
+            return false;
+        }
+        for (layer, chunk) in self.host.iter_mut().zip(kv.chunks_exact(2 * n * width)) {
+            let (k, v) = chunk.split_at(n * width);
+            layer.k.extend_from_slice(k);
+            layer.v.extend_from_slice(v);
+        }
+        self.len += n;
+        true
+    }
+
     /// Forgets everything after the first `len` positions.
     pub fn truncate(&mut self, len: usize) {
         if len >= self.len {

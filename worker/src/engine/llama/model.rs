@@ -134,6 +134,12 @@ impl<B: Backend> Llama<B> {
                 .sum::<usize>()
     }
 
+    /// Whether the forward pass runs on the host (every matrix in block form): its KV
+    /// caches are then host vectors, which the prefix cache can copy.
+    pub fn host_path(&self) -> bool {
+        !self.force_burn && self.host_weights().is_some()
+    }
+
     /// A fresh cache for one sequence.
     pub fn new_cache(&self) -> KvCache<B> {
         KvCache::new(self.config.n_layers)

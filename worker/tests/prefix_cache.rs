@@ -1,0 +1,220 @@
+//! The prefix cache: a sequence started from cached keys and values produces the tokens
+//! of a cold start, fresh or resumed, greedy or sampled. On a tiny random-weight model,
+//! and on the default model when it is in `models/`.
+
+use std::path::PathBuf;
+
+use baton_worker::{
+    backend::CpuBackend as B,
+    engine::{
+        chat::ChatMessage,
+        gguf::GgmlType,
+        llama::{
+            synthetic::{write_synthetic_llama, SyntheticSpec},
+            WeightDtype,
+        },
+        prefix::BLOCK_TOKENS,
+        Engine, GenerateParams, Prompt,
+    },
+};
+use tempfile::TempDir;
+
+/// A tiny model in block form (so the host forward path runs), with room for long
+/// prompts.
+fn engine(dir: &TempDir) -> Engine<B> {
+    let path: PathBuf = dir.path().join("tiny.gguf");
+    let mut spec = SyntheticSpec::tiny(21);
+    spec.weight_type = GgmlType::Q8_0;
+    spec.config.context_length = 256;
+    write_synthetic_llama(&path, &spec).expect("write tiny model");
+    let engine = Engine::<B>::load(&path, WeightDtype::Native, &Default::default()).expect("load");
+    assert!(engine.model().host_path());
+    engine
+}
+
+/// A shared prefix of 2.5 blocks, then a tail of its own per prompt.
+fn prompts() -> Vec<Vec<u32>> {
+    let shared: Vec<u32> = (0..40).map(|i| (i * 37 % 290) as u32 + 3).collect();
+    let tails: [&[u32]; 4] = [
+        &[11, 12, 13, 14, 15, 16, 17, 18, 19, 20],
+        &[200, 201, 202],
+        // Ends on a block boundary (48 tokens): its last block is run, not reused.
+        &[5, 6, 7, 8, 9, 10, 11, 12],
+        // Shorter than the shared prefix: only its first block can be reused.
+        &[],
+    ];
+    let mut out: Vec<Vec<u32>> = tails
+        .iter()
+        .map(|t| shared.iter().chain(t.iter()).copied().collect())
+        .collect();
+    out[3].truncate(20);
+    out
+}
+
+fn params(temperature: f32, seed: u64) -> GenerateParams {
+    let mut p = GenerateParams {
+        max_tokens: 24,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    p.sampling.temperature = temperature;
+    p.sampling.seed = seed;
+    p
+}
+
+fn run(engine: &Engine<B>, prompt: &[u32], params: &GenerateParams) -> Vec<u32> {
+    engine
+        .generate(prompt.to_vec(), params.clone(), &mut |_| {})
+        .expect("generate")
+        .ids
+}
+
+#[test]
+fn cached_prefixes_give_the_tokens_of_a_cold_start() {
+    let dir = TempDir::new().expect("tempdir");
+    let engine = engine(&dir);
+    let prompts = prompts();
+    for (temperature, seed) in [(0.0, 0), (1.0, 7)] {
+        let p = params(temperature, seed);
+        engine.set_prefix_cache(0);
+        let disabled = engine.prefix_stats();
+        let cold: Vec<Vec<u32>> = prompts.iter().map(|x| run(&engine, x, &p)).collect();
+        assert_eq!(
+            engine.prefix_stats(),
+            disabled,
+            "a disabled cache does nothing"
+        );
+
+        engine.set_prefix_cache(1 << 20);
+        let before = engine.prefix_stats();
+        // Twice over: the first pass fills the cache, the second finds whole prompts.
+        for pass in 0..2 {
+            for (x, want) in prompts.iter().zip(&cold) {
+                assert_eq!(
+                    &run(&engine, x, &p),
+                    want,
+                    "temperature {temperature}, pass {pass}, prompt of {} tokens",
+                    x.len()
+                );
+            }
+        }
+        let s = engine.prefix_stats();
+        // Pass 0: a miss, then three hits on the shared blocks (2, 2 and 1 of them).
+        // Pass 1: four hits, each on every full block before the prompt's last token.
+        assert_eq!(s.misses - before.misses, 1);
+        assert_eq!(s.hits - before.hits, 7);
+        let blocks_reused = (2 + 2 + 1) + (3 + 2 + 2 + 1);
+        assert_eq!(
+            s.reused_tokens - before.reused_tokens,
+            (blocks_reused * BLOCK_TOKENS) as u64
+        );
+        assert!(s.blocks > 0 && s.bytes > 0);
+    }
+}
+
+#[test]
+fn a_batch_mixing_cached_and_cold_prefills_matches_cold_starts() {
+    let dir = TempDir::new().expect("tempdir");
+    let engine = engine(&dir);
+    let prompts = prompts();
+    let p = params(0.0, 0);
+    let cold: Vec<Vec<u32>> = prompts.iter().map(|x| run(&engine, x, &p)).collect();
+
+    engine.set_prefix_cache(1 << 20);
+    run(&engine, &prompts[0], &p);
+    // All four start in one step, each from the blocks the first run stored.
+    let mut seqs: Vec<_> = prompts
+        .iter()
+        .map(|x| engine.start(x.clone(), p.clone()).expect("start"))
+        .collect();
+    while seqs.iter().any(|s| s.finish_reason().is_none()) {
+        let mut refs: Vec<_> = seqs.iter_mut().collect();
+        engine.step(&mut refs).expect("step");
+    }
+    for (s, want) in seqs.iter().zip(&cold) {
+        assert_eq!(s.generated(), &want[..]);
+    }
+    assert_eq!(engine.prefix_stats().hits, 4);
+}
+
+#[test]
+fn a_resumed_stream_reuses_its_blocks_and_goes_on_as_before() {
+    let dir = TempDir::new().expect("tempdir");
+    let engine = engine(&dir);
+    let prompt = &prompts()[0];
+    for (temperature, seed) in [(0.0, 0), (1.0, 3)] {
+        let p = params(temperature, seed);
+        engine.set_prefix_cache(0);
+        let cold = run(&engine, prompt, &p);
+
+        engine.set_prefix_cache(1 << 20);
+        // A first run stores the blocks of its prompt and, once finished, of its output.
+        assert_eq!(run(&engine, prompt, &p), cold);
+        let before = engine.prefix_stats();
+        for cut in [5, 20] {
+            let mut seq = engine
+                .resume(prompt.clone(), &cold[..cut], p.clone())
+                .expect("resume");
+            while seq.finish_reason().is_none() {
+                engine.step(&mut [&mut seq]).expect("step");
+            }
+            assert_eq!(
+                seq.generated(),
+                &cold[..],
+                "temperature {temperature}, cut {cut}"
+            );
+        }
+        // 50 prompt + 5 tokens: three blocks; 50 + 20: four blocks (the fourth holds
+        // output tokens).
+        let s = engine.prefix_stats();
+        assert_eq!(s.hits - before.hits, 2);
+        assert_eq!(
+            s.reused_tokens - before.reused_tokens,
+            (7 * BLOCK_TOKENS) as u64
+        );
+        engine.set_prefix_cache(0);
+    }
+}
+
+/// The default model, when `scripts/setup` has put it in `models/`: a long shared
+/// system prompt, cold and cached, greedy and sampled.
+#[test]
+fn the_default_model_gives_the_same_tokens_from_cached_blocks() {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !path.exists() {
+        eprintln!("skipping: {} is absent (run scripts/setup)", path.display());
+        return;
+    }
+    let engine = Engine::<B>::load(&path, WeightDtype::Native, &Default::default()).expect("load");
+    let system = baton_worker::bench::system_prompt(&engine, 300).expect("system prompt");
+    let prompts: Vec<Vec<u32>> = (0..2)
+        .map(|i| {
+            engine
+                .encode_prompt(&Prompt::Chat(vec![
+                    ChatMessage {
+                        role: "system".into(),
+                        content: system.clone(),
+                    },
+                    ChatMessage {
+                        role: "user".into(),
+                        content: baton_worker::bench::serving_prompt(i),
+                    },
+                ]))
+                .expect("encode")
+        })
+        .collect();
+    for (temperature, seed) in [(0.0, 0), (0.8, 5)] {
+        let mut p = params(temperature, seed);
+        p.max_tokens = 16;
+        engine.set_prefix_cache(0);
+        let cold: Vec<Vec<u32>> = prompts.iter().map(|x| run(&engine, x, &p)).collect();
+        engine.set_prefix_cache(256 << 20);
+        let before = engine.prefix_stats();
+        for (x, want) in prompts.iter().zip(&cold) {
+            assert_eq!(&run(&engine, x, &p), want, "temperature {temperature}");
+        }
+        // The second prompt reuses the system prompt's blocks.
+        assert_eq!(engine.prefix_stats().hits - before.hits, 1);
+    }
+}
