@@ -15,8 +15,8 @@ use baton_common::protocol::Heartbeat;
 use tracing::{info, warn};
 
 use super::messages::{
-    CheckHealth, ClusterStatus, ForgetWorker, ListModels, ListWorkers, ReleaseWorker,
-    RouteStream,    WorkerHeartbeat, WorkerLost,
+    CheckHealth, ClusterStatus, ForgetWorker, ListModels, ListWorkers, ReleaseWorker, RouteStream,
+    WorkerHeartbeat, WorkerLost,
 };
 use super::router::{self, RouteError, WorkerLoad};
 
