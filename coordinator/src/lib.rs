@@ -201,6 +201,7 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
         sessions,
         nats: nats.clone(),
         metrics: metrics.clone(),
+        public: public.counters().clone(),
     };
     let data = web::Data::new(state);
     let server = HttpServer::new(move || {

@@ -70,6 +70,10 @@ pub struct Metrics {
     pub wire_malformed: Counter,
     /// Token messages lost (envelope sequence gaps).
     pub wire_missed: Counter,
+    /// Requests on the public NATS subjects.
+    pub public_requests: Counter,
+    /// Malformed requests on the public NATS subjects, answered with an error.
+    pub public_malformed: Counter,
     /// Live workers.
     pub workers_live: Gauge,
     /// Sequences running on each worker (its last heartbeat).
@@ -110,6 +114,8 @@ impl Metrics {
             checkpoint_flush: Histogram::new(latency_buckets()),
             wire_malformed: Counter::default(),
             wire_missed: Counter::default(),
+            public_requests: Counter::default(),
+            public_malformed: Counter::default(),
             workers_live: Gauge::default(),
             worker_running: Family::default(),
             worker_queued: Family::default(),
@@ -174,6 +180,16 @@ impl Metrics {
             "wire_missed_messages",
             "Token messages lost (sequence gaps)",
             m.wire_missed.clone(),
+        );
+        r.register(
+            "public_requests",
+            "Requests on the public NATS subjects",
+            m.public_requests.clone(),
+        );
+        r.register(
+            "public_malformed_requests",
+            "Malformed requests on the public NATS subjects",
+            m.public_malformed.clone(),
         );
         r.register("workers_live", "Live workers", m.workers_live.clone());
         r.register(
@@ -253,6 +269,19 @@ impl Metrics {
             .iter()
             .copied()
             .collect()
+    }
+
+    /// Brings the public API's counters up to `requests` and `malformed`.
+    pub fn sync_public(&self, requests: u64, malformed: u64) {
+        for (metric, now) in [
+            (&self.public_requests, requests),
+            (&self.public_malformed, malformed),
+        ] {
+            let seen = metric.get();
+            if now > seen {
+                metric.inc_by(now - seen);
+            }
+        }
     }
 
     /// The text exposition of every metric.

@@ -62,7 +62,7 @@ fn malformed_public_requests_get_errors_and_are_counted() {
     let client = runtime
         .block_on(async_nats::connect(&cluster.nats.url))
         .expect("connect");
-    runtime.block_on(async {
+    let malformed = runtime.block_on(async {
         let mut malformed = 0u64;
         // Without a reply inbox: nothing to answer, but counted.
         for i in 0..20u8 {
@@ -215,8 +215,17 @@ fn malformed_public_requests_get_errors_and_are_counted() {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        malformed
     });
     cluster.assert_alive();
+    // The same count in Prometheus' metrics.
+    let metrics = cluster.api.get("/metrics").expect("GET /metrics");
+    let text = metrics.body.as_str().expect("text").to_string();
+    assert!(
+        text.lines()
+            .any(|l| l == format!("baton_public_malformed_requests_total {malformed}")),
+        "{text}"
+    );
     // HTTP still serves.
     let body = json!({"model": model, "prompt": "still there?", "max_tokens": 4, "stream": true});
     let summary = summarize(&cluster.api.stream("/v1/completions", &body).collect_all());

@@ -38,4 +38,6 @@ pub struct AppState {
     pub nats: NatsHandle,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
+    /// The public NATS API's counters.
+    pub public: Arc<crate::public::PublicCounters>,
 }

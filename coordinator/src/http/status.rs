@@ -55,6 +55,7 @@ pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiErro
     let view = state.registry.send(ClusterStatus).await?;
     let m = &state.metrics;
     m.sync_wire(state.nats.counters());
+    m.sync_public(state.public.requests(), state.public.malformed());
     m.workers_live.set(view.workers.len() as i64);
     // Workers that left must not linger with their last values.
     m.worker_running.clear();

@@ -38,6 +38,10 @@ pub struct WorkerMetrics {
     kv_used: Gauge,
     kv_budget: Gauge,
     tokens: Counter,
+    prefix_hits: Counter,
+    prefix_misses: Counter,
+    prefix_reused_tokens: Counter,
+    prefix_blocks: Gauge,
 }
 
 impl WorkerMetrics {
@@ -55,6 +59,10 @@ impl WorkerMetrics {
             kv_used: Gauge::default(),
             kv_budget: Gauge::default(),
             tokens: Counter::default(),
+            prefix_hits: Counter::default(),
+            prefix_misses: Counter::default(),
+            prefix_reused_tokens: Counter::default(),
+            prefix_blocks: Gauge::default(),
         };
         m.kv_budget
             .set(i64::try_from(kv_budget).unwrap_or(i64::MAX));
@@ -79,6 +87,26 @@ impl WorkerMetrics {
         r.register("kv_used_bytes", "KV cache bytes in use", m.kv_used.clone());
         r.register("kv_budget_bytes", "KV cache budget", m.kv_budget.clone());
         r.register("generation_tokens", "Tokens generated", m.tokens.clone());
+        r.register(
+            "prefix_cache_hits",
+            "Sequences that started from cached prefix blocks",
+            m.prefix_hits.clone(),
+        );
+        r.register(
+            "prefix_cache_misses",
+            "Sequences that found no cached prefix",
+            m.prefix_misses.clone(),
+        );
+        r.register(
+            "prefix_cache_reused_tokens",
+            "Prompt tokens whose KV came from the prefix cache",
+            m.prefix_reused_tokens.clone(),
+        );
+        r.register(
+            "prefix_cache_blocks",
+            "Blocks the prefix cache holds",
+            m.prefix_blocks.clone(),
+        );
         Arc::new(Self { registry, ..m })
     }
 
@@ -99,11 +127,19 @@ impl WorkerMetrics {
         self.running.set(read(&self.load.running));
         self.queued.set(read(&self.load.queued));
         self.kv_used.set(read(&self.load.kv_bytes));
-        let tokens = self.load.tokens.load(Ordering::Relaxed);
-        let seen = self.tokens.get();
-        if tokens > seen {
-            self.tokens.inc_by(tokens - seen);
+        for (metric, source) in [
+            (&self.tokens, &self.load.tokens),
+            (&self.prefix_hits, &self.load.prefix_hits),
+            (&self.prefix_misses, &self.load.prefix_misses),
+            (&self.prefix_reused_tokens, &self.load.prefix_reused_tokens),
+        ] {
+            let now = source.load(Ordering::Relaxed);
+            let seen = metric.get();
+            if now > seen {
+                metric.inc_by(now - seen);
+            }
         }
+        self.prefix_blocks.set(read(&self.load.prefix_blocks));
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();
