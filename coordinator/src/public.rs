@@ -510,7 +510,8 @@ fn malformed(error: &ApiError) -> bool {
         | ApiError::ContextLengthExceeded(_)
         | ApiError::BodyTooLarge { .. }
         | ApiError::UnknownRoute(_)
-        | ApiError::StreamNotFound(_) => true,
+        | ApiError::StreamNotFound(_)
+        | ApiError::WorkerNotFound(_) => true,
         ApiError::Overloaded(_)
         | ApiError::NotSynced
         | ApiError::NoLiveWorkers

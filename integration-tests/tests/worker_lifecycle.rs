@@ -101,3 +101,59 @@ fn requests_during_a_drain_are_served_by_another_worker() {
         cluster.logs()
     );
 }
+
+#[test]
+fn drain_over_http_lets_a_worker_finish_and_leave() {
+    let Some(mut cluster) = Cluster::start(ClusterOptions::simulated(2).step_ms(20)) else {
+        return;
+    };
+    let body =
+        json!({"model": cluster.model, "prompt": "drain me", "max_tokens": 30, "stream": true});
+    let mut reader = cluster.api.stream("/v1/completions", &body);
+    let first = reader.next_event().expect("a first event");
+    let stream = first.stream_id().expect("a stream id").to_string();
+    let mut w = None;
+    for _ in 0..100 {
+        w = cluster.worker_of(&stream);
+        if w.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let w = w.expect("the serving worker");
+    let id = cluster.worker_id(w).expect("its id");
+    let reply = cluster
+        .api
+        .post_json(&format!("/admin/workers/{id}/drain"), &json!({}))
+        .expect("POST drain");
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.body["draining"], true);
+    // Its stream finishes; new requests go to the other worker; then it leaves.
+    let mut events = vec![first];
+    events.extend(reader.collect_all());
+    let summary = summarize(&events);
+    assert!(summary.done && summary.errors.is_empty(), "{summary:?}");
+    assert_eq!(summary.text_chunks, 30);
+    let after = json!({"model": cluster.model, "prompt": "after", "max_tokens": 2});
+    assert_eq!(
+        cluster
+            .api
+            .post_json("/v1/completions", &after)
+            .expect("POST")
+            .status,
+        200
+    );
+    let status = cluster.workers[w].wait_timeout(Duration::from_secs(20));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}\n{}",
+        cluster.logs()
+    );
+    // An unknown worker is a 404 in OpenAI's shape.
+    let gone = cluster
+        .api
+        .post_json(&format!("/admin/workers/{id}/drain"), &json!({}))
+        .expect("POST drain");
+    assert_eq!(gone.status, 404);
+    assert_eq!(gone.body["error"]["code"], "worker_not_found");
+}

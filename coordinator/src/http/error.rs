@@ -78,6 +78,9 @@ pub enum ApiError {
     /// A reconnect names a stream this coordinator does not have.
     #[error("{0}")]
     StreamNotFound(String),
+    /// An admin request names a worker nobody answers for.
+    #[error("{0}")]
+    WorkerNotFound(String),
 }
 
 /// OpenAI's error body.
@@ -112,6 +115,7 @@ impl ApiError {
             ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::UnknownRoute(_) => StatusCode::NOT_FOUND,
             ApiError::StreamNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::WorkerNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -143,6 +147,7 @@ impl ApiError {
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::UnknownRoute(_) => "unknown_url",
             ApiError::StreamNotFound(_) => "stream_not_found",
+            ApiError::WorkerNotFound(_) => "worker_not_found",
             ApiError::BodyTooLarge { .. } => "request_too_large",
             ApiError::Overloaded(_) => "overloaded",
             ApiError::Internal(_) => "internal_error",
@@ -270,6 +275,7 @@ mod tests {
         assert_eq!(status(ApiError::ModelNotFound("m".into())), 404);
         assert_eq!(status(ApiError::UnknownRoute("/x".into())), 404);
         assert_eq!(status(ApiError::StreamNotFound("s".into())), 404);
+        assert_eq!(status(ApiError::WorkerNotFound("w".into())), 404);
         assert_eq!(status(ApiError::BodyTooLarge { limit: 1 }), 413);
         assert_eq!(status(ApiError::Overloaded("full".into())), 429);
         assert_eq!(status(ApiError::Internal("x".into())), 500);

@@ -42,6 +42,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/health", web::get().to(health))
         .route("/v1/status", web::get().to(super::status::status))
         .route("/metrics", web::get().to(super::status::metrics))
+        .route(
+            "/admin/workers/{id}/drain",
+            web::post().to(super::status::drain),
+        )
         .route("/", web::get().to(super::status::page));
 }
 

@@ -1,5 +1,6 @@
-//! What an operator looks at: `GET /metrics` (Prometheus), `GET /v1/status` (JSON) and
-//! the live status page at `GET /` (HTML that polls `/v1/status` every second).
+//! What an operator looks at and does: `GET /metrics` (Prometheus), `GET /v1/status`
+//! (JSON), the live status page at `GET /` (HTML that polls `/v1/status` every second),
+//! and `POST /admin/workers/{id}/drain`.
 
 use actix_web::{web, HttpResponse};
 use serde::Serialize;
@@ -9,6 +10,8 @@ use super::AppState;
 use crate::actors::messages::ClusterStatus;
 use crate::actors::registry::WorkerView;
 use crate::metrics::WorkerLabel;
+use crate::nats::SubmitError;
+use baton_common::ids::WorkerId;
 
 /// The status page: one self-contained HTML file, no external assets.
 const PAGE: &str = include_str!("status.html");
@@ -48,6 +51,35 @@ pub async fn status(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
         tokens_total: state.metrics.tokens.get(),
         tokens_per_second: state.metrics.history(),
     }))
+}
+
+/// `POST /admin/workers/{id}/drain`: the worker stops taking work, finishes what it
+/// runs and leaves.
+pub async fn drain(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let worker = path
+        .parse::<WorkerId>()
+        .map_err(|_| ApiError::WorkerNotFound(format!("{:?} is not a worker id", path.as_str())))?;
+    let timeout = std::time::Duration::from_millis(state.config.submit_timeout_ms);
+    let reply = state
+        .nats
+        .drain(worker, "drain requested over HTTP".into(), timeout)
+        .await
+        .map_err(|e| match e {
+            SubmitError::NoResponders => {
+                ApiError::WorkerNotFound(format!("no worker {worker} answers"))
+            }
+            other => other.into(),
+        })?;
+    tracing::info!(%worker, running = reply.running, queued = reply.queued, "worker draining (HTTP)");
+    Ok(HttpResponse::Ok().json(serde_json::json!({
+        "worker": worker.to_string(),
+        "draining": true,
+        "running": reply.running,
+        "queued": reply.queued,
+    })))
 }
 
 /// `GET /metrics`: refreshes the cluster gauges, then encodes everything.
