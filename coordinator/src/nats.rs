@@ -97,6 +97,19 @@ pub enum SubmitError {
     Unexpected(&'static str),
 }
 
+impl SubmitError {
+    /// The error of a request to a worker that waited up to `timeout`.
+    fn from_request(e: &async_nats::RequestError, timeout: Duration) -> Self {
+        match e.kind() {
+            RequestErrorKind::NoResponders => SubmitError::NoResponders,
+            RequestErrorKind::TimedOut => SubmitError::Timeout(timeout),
+            RequestErrorKind::InvalidSubject
+            | RequestErrorKind::MaxPayloadExceeded
+            | RequestErrorKind::Other => SubmitError::Request(e.to_string()),
+        }
+    }
+}
+
 /// Why a publish failed.
 #[derive(Debug, thiserror::Error)]
 #[error("publish failed: {0}")]
@@ -276,13 +289,7 @@ impl NatsHandle {
             .client
             .send_request(subject, request)
             .await
-            .map_err(|e| match e.kind() {
-                RequestErrorKind::NoResponders => SubmitError::NoResponders,
-                RequestErrorKind::TimedOut => SubmitError::Timeout(timeout),
-                RequestErrorKind::InvalidSubject
-                | RequestErrorKind::MaxPayloadExceeded
-                | RequestErrorKind::Other => SubmitError::Request(e.to_string()),
-            })?;
+            .map_err(|e| SubmitError::from_request(&e, timeout))?;
         match decode(&reply.payload)?.body {
             Body::SubmitReply(reply) => Ok(reply),
             _ => Err(SubmitError::Unexpected("not a submit reply")),
@@ -341,13 +348,7 @@ impl NatsHandle {
             .client
             .send_request(subject, request)
             .await
-            .map_err(|e| match e.kind() {
-                RequestErrorKind::NoResponders => SubmitError::NoResponders,
-                RequestErrorKind::TimedOut => SubmitError::Timeout(timeout),
-                RequestErrorKind::InvalidSubject
-                | RequestErrorKind::MaxPayloadExceeded
-                | RequestErrorKind::Other => SubmitError::Request(e.to_string()),
-            })?;
+            .map_err(|e| SubmitError::from_request(&e, timeout))?;
         match decode(&reply.payload)?.body {
             Body::DrainReply(reply) => Ok(reply),
             _ => Err(SubmitError::Unexpected("not a drain reply")),

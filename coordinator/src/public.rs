@@ -15,13 +15,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use actix::Addr;
 use async_nats::{Client, HeaderMap, Message, Subject, Subscriber};
 use baton_common::config::CoordinatorConfig;
 use baton_common::ids::{CoordinatorId, StreamId};
-use baton_common::protocol::{FinishReason, SeqRequest};
+use baton_common::protocol::FinishReason;
 use baton_common::public::{
     encode_reply, headers, Chunk, ClusterStatus, CoordinatorStatus, DrainRequest, Drained,
     ErrorReply, Final, LoadStatus, ModelStatus, ReplayRequest, Reply, Whole, WorkerStatus,
@@ -34,14 +34,13 @@ use tracing::{debug, info, warn};
 
 use crate::actors::messages::{CheckHealth, ListModels, ListWorkers};
 use crate::actors::registry::{HealthStatus, Registry};
-use crate::actors::sessions::{Attach, AttachError, Sessions, StartStream, Update};
-use crate::dispatch::DispatchError;
+use crate::actors::sessions::{Attach, AttachError, Sessions, Update};
 use crate::http::error::ApiError;
 use crate::http::openai::Usage;
+use crate::http::routes::open_stream;
 use crate::http::sse::{response_id, ChunkWriter, StreamGuard};
 use crate::http::validate::{Endpoint, ValidRequest};
 use crate::nats::{NatsHandle, SubmitError};
-use crate::store::StreamRecord;
 
 /// What the public API has taken.
 #[derive(Debug, Default)]
@@ -202,41 +201,11 @@ impl PublicApi {
             Endpoint::Chat => ValidRequest::chat(body, &self.config)?,
             Endpoint::Completion => ValidRequest::completion(body, &self.config)?,
         };
-        let stream = StreamId::random();
-        let created = unix_now();
-        let record = StreamRecord {
-            request: SeqRequest {
-                stream,
-                model: request.model.clone(),
-                prompt: request.prompt.clone(),
-                params: request.params.clone(),
-                attempt: 0,
-                resume: None,
-            },
-            endpoint,
-            include_usage: request.include_usage,
-            created,
-            attempt: 0,
-            worker: None,
-            end: None,
-            ended_at: 0,
-        };
-        let (tx, events) = unbounded_channel();
         // Held until the answer is out: then the session may stop the stream.
-        let _guard = StreamGuard::new(stream, self.sessions.clone());
-        let accepted = self
-            .sessions
-            .send(StartStream {
-                stream,
-                record,
-                subscriber: tx,
-            })
-            .await?;
-        let prompt_tokens = match accepted.await {
-            Ok(Ok(n)) => n,
-            Ok(Err(e)) => return Err(dispatch_error(e, &request.model)),
-            Err(_) => return Err(ApiError::Internal("the stream's session closed".into())),
-        };
+        let opened = open_stream(&self.sessions, &request).await?;
+        let (stream, created, prompt_tokens) =
+            (opened.stream, opened.created, opened.prompt_tokens);
+        let (events, _guard) = (opened.events, opened.guard);
         out.stream = Some(stream);
         let writer = ChunkWriter::new(endpoint, stream, request.model.clone(), created);
         let answer = Answer {
@@ -523,16 +492,6 @@ fn malformed(error: &ApiError) -> bool {
     }
 }
 
-/// The error of a new stream that no worker took (as HTTP answers it).
-fn dispatch_error(e: DispatchError, model: &str) -> ApiError {
-    match e {
-        DispatchError::Route(e) => e.into(),
-        DispatchError::Submit(e) => e.into(),
-        DispatchError::Refused(e) => ApiError::from_worker(e, model),
-        DispatchError::Mailbox(e) => e.into(),
-    }
-}
-
 fn final_of(reason: FinishReason, usage: Usage) -> Final {
     Final {
         finish_reason: reason.openai().to_string(),
@@ -685,13 +644,6 @@ impl Replier {
             warn!(inbox = %self.inbox, error = %e, "public reply not published");
         }
     }
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

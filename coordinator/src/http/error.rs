@@ -14,6 +14,7 @@ use baton_common::protocol::{ErrorKind, WireError};
 use serde::Serialize;
 
 use crate::actors::router::RouteError;
+use crate::dispatch::DispatchError;
 use crate::nats::SubmitError;
 
 /// Seconds a client should wait before retrying a 429 or a 503.
@@ -202,6 +203,16 @@ impl ApiError {
             ErrorKind::Overloaded => ApiError::Overloaded(error.message),
             ErrorKind::Draining => ApiError::ModelUnavailable(model.to_string()),
             ErrorKind::Internal | ErrorKind::ChainMismatch => ApiError::WorkerFailed(error.message),
+        }
+    }
+
+    /// The error of a new stream that no worker took.
+    pub fn from_dispatch(e: DispatchError, model: &str) -> Self {
+        match e {
+            DispatchError::Route(e) => e.into(),
+            DispatchError::Submit(e) => e.into(),
+            DispatchError::Refused(e) => ApiError::from_worker(e, model),
+            DispatchError::Mailbox(e) => e.into(),
         }
     }
 

@@ -9,6 +9,7 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use actix::Addr;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::web::{self, Bytes, BytesMut};
 use actix_web::{HttpRequest, HttpResponse};
@@ -28,8 +29,7 @@ use super::validate::{Endpoint, ValidRequest};
 use super::AppState;
 use crate::actors::messages::{CheckHealth, ListModels};
 use crate::actors::registry::HealthStatus;
-use crate::actors::sessions::{Attach, AttachError, StartStream, Update};
-use crate::dispatch::DispatchError;
+use crate::actors::sessions::{Attach, AttachError, Sessions, StartStream, Update};
 use crate::metrics::StreamTracker;
 use crate::store::StreamRecord;
 
@@ -187,6 +187,47 @@ async fn generate(
     request: ValidRequest,
     started: Instant,
 ) -> Result<HttpResponse, ApiError> {
+    let opened = open_stream(&state.sessions, &request).await?;
+    let (stream, created, prompt_tokens) = (opened.stream, opened.created, opened.prompt_tokens);
+    let (events, guard) = (opened.events, opened.guard);
+    let answer = Answer {
+        endpoint: request.endpoint,
+        stream,
+        model: request.model,
+        created,
+        include_usage: request.include_usage,
+        prompt_tokens,
+        events,
+        guard,
+        started,
+    };
+    if request.stream {
+        Ok(sse_response(state, answer, false))
+    } else {
+        respond_whole(state, answer).await
+    }
+}
+
+/// A new stream a worker took.
+pub struct OpenedStream {
+    /// Its id (the request id).
+    pub stream: StreamId,
+    /// Unix seconds, the `created` of every chunk.
+    pub created: u64,
+    /// Prompt tokens, as the worker counted.
+    pub prompt_tokens: u32,
+    /// Its updates.
+    pub events: UnboundedReceiver<Update>,
+    /// Stops the stream when the client goes away (dropped).
+    pub guard: StreamGuard,
+}
+
+/// Records a validated request as a new stream and waits until a worker takes it; the
+/// HTTP and NATS fronts both start streams here.
+pub async fn open_stream(
+    sessions: &Addr<Sessions>,
+    request: &ValidRequest,
+) -> Result<OpenedStream, ApiError> {
     let stream = StreamId::random();
     let created = unix_now();
     let record = StreamRecord {
@@ -208,9 +249,8 @@ async fn generate(
     };
     let (tx, events) = unbounded_channel();
     // From here on, a client that goes away stops the stream.
-    let guard = StreamGuard::new(stream, state.sessions.clone());
-    let accepted = state
-        .sessions
+    let guard = StreamGuard::new(stream, sessions.clone());
+    let accepted = sessions
         .send(StartStream {
             stream,
             record,
@@ -219,35 +259,16 @@ async fn generate(
         .await?;
     let prompt_tokens = match accepted.await {
         Ok(Ok(n)) => n,
-        Ok(Err(e)) => return Err(dispatch_error(e, &request.model)),
+        Ok(Err(e)) => return Err(ApiError::from_dispatch(e, &request.model)),
         Err(_) => return Err(ApiError::Internal("the stream's session closed".into())),
     };
-    let answer = Answer {
-        endpoint: request.endpoint,
+    Ok(OpenedStream {
         stream,
-        model: request.model,
         created,
-        include_usage: request.include_usage,
         prompt_tokens,
         events,
         guard,
-        started,
-    };
-    if request.stream {
-        Ok(sse_response(state, answer, false))
-    } else {
-        respond_whole(state, answer).await
-    }
-}
-
-/// The error of a new stream that no worker took.
-fn dispatch_error(e: DispatchError, model: &str) -> ApiError {
-    match e {
-        DispatchError::Route(e) => e.into(),
-        DispatchError::Submit(e) => e.into(),
-        DispatchError::Refused(e) => ApiError::from_worker(e, model),
-        DispatchError::Mailbox(e) => e.into(),
-    }
+    })
 }
 
 fn sse_response(state: &AppState, answer: Answer, resumed: bool) -> HttpResponse {
