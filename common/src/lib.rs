@@ -8,6 +8,7 @@
 //! - [`protocol`]: coordinator ⇄ worker messages (rkyv), checked decoding.
 //! - [`public`]: the public NATS API's headers, admin bodies and rkyv replies.
 //! - [`config`]: `cluster.toml` types.
+//! - [`secret`]: values that never print (keys, passwords).
 //! - [`env`](mod@env): the names of every environment variable Baton reads.
 
 #![deny(missing_docs)]
@@ -18,4 +19,5 @@ pub mod env;
 pub mod ids;
 pub mod protocol;
 pub mod public;
+pub mod secret;
 pub mod subjects;
