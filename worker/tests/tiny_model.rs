@@ -339,48 +339,55 @@ fn bad_model_files_give_clear_errors() {
     std::fs::write(&corrupt, &bad).expect("write");
     err(&corrupt);
 
-    // Another architecture, and a missing tensor, built by rewriting the metadata.
+    // Another architecture, a missing tensor and a damaged block count, built by
+    // rewriting the metadata.
     let src = GgufFile::open(&good).expect("open");
-    let rewrite = |name: &str, arch: &str, skip: Option<&str>, retype: Option<GgmlType>| {
-        let mut w = GgufWriter::new();
-        for (k, v) in src.metadata() {
-            let v = if k == "general.architecture" {
-                MetaValue::String(arch.into())
-            } else {
-                v.clone()
-            };
-            w.add_metadata(k.clone(), v).expect("metadata");
-        }
-        for t in src.tensors() {
-            if Some(t.name.as_str()) == skip {
-                continue;
+    let rewrite =
+        |name: &str, meta: (&str, MetaValue), skip: Option<&str>, retype: Option<GgmlType>| {
+            let mut w = GgufWriter::new();
+            for (k, v) in src.metadata() {
+                let v = if k == meta.0 {
+                    meta.1.clone()
+                } else {
+                    v.clone()
+                };
+                w.add_metadata(k.clone(), v).expect("metadata");
             }
-            if t.name == "blk.0.attn_q.weight" {
-                if let Some(ty) = retype {
-                    let n = t.dims.iter().product::<u64>();
-                    let size = ty.bytes_for(n).expect("known size") as usize;
-                    w.add_tensor_bytes(t.name.clone(), &t.dims, ty, vec![0; size])
-                        .expect("tensor");
+            for t in src.tensors() {
+                if Some(t.name.as_str()) == skip {
                     continue;
                 }
+                if t.name == "blk.0.attn_q.weight" {
+                    if let Some(ty) = retype {
+                        let n = t.dims.iter().product::<u64>();
+                        let size = ty.bytes_for(n).expect("known size") as usize;
+                        w.add_tensor_bytes(t.name.clone(), &t.dims, ty, vec![0; size])
+                            .expect("tensor");
+                        continue;
+                    }
+                }
+                let values = src.dequantize(&t.name).expect("dequantize");
+                w.add_tensor(t.name.clone(), &t.dims, t.ggml_type, &values)
+                    .expect("tensor");
             }
-            let values = src.dequantize(&t.name).expect("dequantize");
-            w.add_tensor(t.name.clone(), &t.dims, t.ggml_type, &values)
-                .expect("tensor");
-        }
-        let path = dir.path().join(name);
-        w.write_to(&path).expect("write");
-        path
-    };
-    let e = err(&rewrite("arch.gguf", "mamba", None, None));
+            let path = dir.path().join(name);
+            w.write_to(&path).expect("write");
+            path
+        };
+    let arch = |a: &str| ("general.architecture", MetaValue::String(a.into()));
+    let e = err(&rewrite("arch.gguf", arch("mamba"), None, None));
     assert!(e.to_string().contains("mamba"), "{e}");
     let e = err(&rewrite(
         "missing.gguf",
-        "llama",
+        arch("llama"),
         Some("blk.1.ffn_up.weight"),
         None,
     ));
     assert!(e.to_string().contains("blk.1.ffn_up.weight"), "{e}");
+    // A block count no tensor table backs is refused before anything is sized by it.
+    let blocks = ("llama.block_count", MetaValue::U32(u32::MAX));
+    let e = err(&rewrite("blocks.gguf", blocks, None, None));
+    assert_eq!(e.kind(), "invalid_config", "{e}");
 }
 
 /// Runs `ids` to completion and returns every token event.

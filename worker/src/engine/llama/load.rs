@@ -234,6 +234,15 @@ pub fn load_llama<B: Backend>(
     }
     let config = LlamaConfig::from_gguf(gguf)?;
     config.validate().map_err(LoadError::Config)?;
+    // Each block has 9 tensors: a block count the tensor table cannot back is refused
+    // before anything is sized by it (a damaged count would otherwise ask for terabytes).
+    let tensors = gguf.tensors().len();
+    if config.n_layers > tensors / 9 {
+        return Err(LoadError::Config(format!(
+            "block_count is {} but the file holds only {tensors} tensors (9 per block)",
+            config.n_layers
+        )));
+    }
     let tied = gguf.tensor("output.weight").is_none();
     let total = 2 + config.n_layers * 9 + usize::from(!tied);
     let mut l = Loader::<B> {
