@@ -119,18 +119,22 @@ impl ValidRequest {
             Some(n) => u32::try_from(n)
                 .map_err(|_| ApiError::invalid("max_tokens", "`max_tokens` is out of range"))?,
         };
+        // Ranges are checked on the f32 values workers get: 1e39 is a finite f64 but an
+        // infinite f32, and 1e-50 a positive f64 but a zero f32.
         let temperature = s.temperature.unwrap_or(1.0);
-        if !temperature.is_finite() || temperature < 0.0 {
+        if !(temperature as f32).is_finite() || temperature < 0.0 {
             return Err(ApiError::invalid(
                 "temperature",
-                format!("`temperature` must be a number ≥ 0, got {temperature}"),
+                format!(
+                    "`temperature` must be a number ≥ 0 that fits in an f32, got {temperature}"
+                ),
             ));
         }
         let top_p = s.top_p.unwrap_or(1.0);
-        if !top_p.is_finite() || top_p <= 0.0 || top_p > 1.0 {
+        if !top_p.is_finite() || (top_p as f32) <= 0.0 || top_p > 1.0 {
             return Err(ApiError::invalid(
                 "top_p",
-                format!("`top_p` must be in (0, 1], got {top_p}"),
+                format!("`top_p` must be in (0, 1] and not round to 0 as an f32, got {top_p}"),
             ));
         }
         let top_k = match s.top_k {
@@ -140,10 +144,14 @@ impl ValidRequest {
             })?,
         };
         let repetition_penalty = s.repetition_penalty.unwrap_or(1.0);
-        if !repetition_penalty.is_finite() || repetition_penalty <= 0.0 {
+        let penalty = repetition_penalty as f32;
+        if !penalty.is_finite() || penalty <= 0.0 {
             return Err(ApiError::invalid(
                 "repetition_penalty",
-                format!("`repetition_penalty` must be > 0 (1 is off), got {repetition_penalty}"),
+                format!(
+                    "`repetition_penalty` must be > 0 (1 is off) and fit in an f32, got \
+                     {repetition_penalty}"
+                ),
             ));
         }
         match s.n {
@@ -174,7 +182,7 @@ impl ValidRequest {
                 temperature: temperature as f32,
                 top_p: top_p as f32,
                 top_k,
-                repetition_penalty: repetition_penalty as f32,
+                repetition_penalty: penalty,
                 seed,
                 stop: stop(s.stop)?,
                 ignore_eos: s.ignore_eos.unwrap_or(false),
@@ -476,6 +484,18 @@ mod tests {
             param(with(json!({"repetition_penalty": 0}))),
             Some("repetition_penalty")
         );
+        // Values that pass as f64 but not as the f32 a worker gets.
+        assert_eq!(
+            param(with(json!({"temperature": 1e39}))),
+            Some("temperature")
+        );
+        assert_eq!(param(with(json!({"top_p": 1e-50}))), Some("top_p"));
+        for penalty in [1e39, 1e-50] {
+            assert_eq!(
+                param(with(json!({"repetition_penalty": penalty}))),
+                Some("repetition_penalty")
+            );
+        }
         assert_eq!(param(with(json!({"n": 2}))), Some("n"));
         assert_eq!(param(with(json!({"seed": 1.5}))), Some("seed"));
         assert_eq!(param(with(json!({"stop": [1]}))), Some("stop"));
