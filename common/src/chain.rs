@@ -165,6 +165,54 @@ mod tests {
         assert_ne!(prompt_hash(1, &[1]), prompt_hash(1, &[1, 0]));
     }
 
+    proptest::proptest! {
+        // Any tokens, cut anywhere: the chain over the whole equals the chain over the
+        // head continued over the tail, by `extend` and by `Chain::push` alike.
+        #[test]
+        fn chains_compose_at_any_cut(
+            fingerprint: u64,
+            tokens in proptest::collection::vec(proptest::num::u32::ANY, 0..80),
+            cut: proptest::sample::Index,
+        ) {
+            let cut = cut.index(tokens.len() + 1);
+            let (head, tail) = tokens.split_at(cut);
+            let whole = prompt_hash(fingerprint, &tokens);
+            proptest::prop_assert_eq!(extend(prompt_hash(fingerprint, head), tail), whole);
+            let mut chain = Chain::new(fingerprint, head);
+            for (i, &t) in tail.iter().enumerate() {
+                let value = chain.push(t);
+                proptest::prop_assert_eq!(value, prompt_hash(fingerprint, &tokens[..cut + i + 1]));
+            }
+            proptest::prop_assert_eq!(chain.hash(), whole);
+            proptest::prop_assert_eq!(chain.len(), tokens.len());
+        }
+
+        // Block hashes are the chain's values at block ends, so those of a head are the
+        // first ones of the whole, and a chain grown token by token meets each of them
+        // exactly where it says it is at a block boundary.
+        #[test]
+        fn block_hashes_agree_with_the_chain(
+            fingerprint: u64,
+            tokens in proptest::collection::vec(proptest::num::u32::ANY, 0..80),
+            cut: proptest::sample::Index,
+        ) {
+            let blocks = block_hashes(fingerprint, &tokens);
+            proptest::prop_assert_eq!(blocks.len(), tokens.len() / BLOCK_TOKENS);
+            let cut = cut.index(tokens.len() + 1);
+            let head = block_hashes(fingerprint, &tokens[..cut]);
+            proptest::prop_assert_eq!(&blocks[..head.len()], &head[..]);
+            let mut chain = Chain::new(fingerprint, &[]);
+            let mut seen = Vec::new();
+            for &t in &tokens {
+                let value = chain.push(t);
+                if chain.at_block_boundary() {
+                    seen.push(value);
+                }
+            }
+            proptest::prop_assert_eq!(seen, blocks);
+        }
+    }
+
     #[test]
     fn block_hashes_are_chain_values_at_block_ends() {
         let tokens: Vec<u32> = (0..40).collect();
