@@ -10,12 +10,14 @@
 //! - [`config`]: `cluster.toml` types.
 //! - [`secret`]: values that never print (keys, passwords).
 //! - [`env`](mod@env): the names of every environment variable Baton reads.
+//! - [`fuzz`]: what the `wire` fuzz target feeds arbitrary bytes to.
 
 #![deny(missing_docs)]
 
 pub mod chain;
 pub mod config;
 pub mod env;
+pub mod fuzz;
 pub mod ids;
 pub mod protocol;
 pub mod public;

@@ -14,6 +14,7 @@
 //! - [`metrics`]: Prometheus metrics (`/metrics`).
 //! - [`http`]: routes, OpenAI bodies, validation, SSE, and the error → status mapping.
 //! - [`public`]: the public NATS API (completions, replays, admin) in a queue group.
+//! - [`fuzz`]: what the `http` fuzz target feeds arbitrary bytes to.
 //!
 //! [`start`] wires them together inside an actix system; [`run`] also waits for the
 //! HTTP server to stop (SIGINT/SIGTERM stop it gracefully).
@@ -21,6 +22,7 @@
 pub mod actors;
 pub mod config;
 pub mod dispatch;
+pub mod fuzz;
 pub mod http;
 pub mod metrics;
 pub mod nats;

@@ -7,10 +7,12 @@
 //!   `cuda` feature) and how one is chosen.
 //! - [`bench`](mod@bench): `baton-worker bench`, the engine's speed and memory benchmark.
 //! - [`cli`]: the `baton-worker` command line.
+//! - [`fuzz`]: what the `gguf` fuzz target feeds arbitrary bytes to.
 //! - [`serve`]: `baton-worker serve`, the worker that joins a cluster over NATS.
 
 pub mod backend;
 pub mod bench;
 pub mod cli;
 pub mod engine;
+pub mod fuzz;
 pub mod serve;

@@ -389,7 +389,7 @@ async fn collect(
 }
 
 /// `Last-Event-ID: <stream id>:<position>` (or a bare stream id: from the start).
-fn parse_last_event_id(value: &str) -> Result<(StreamId, Option<u32>), ApiError> {
+pub fn parse_last_event_id(value: &str) -> Result<(StreamId, Option<u32>), ApiError> {
     let bad = || ApiError::InvalidRequest {
         param: None,
         message: format!(
