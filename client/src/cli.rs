@@ -7,10 +7,17 @@
 //! baton [--nats URL] drain WORKER
 //! baton --nats URL --url URL bench --model M                 # NATS vs HTTP per token
 //! ```
+//!
+//! NATS credentials and TLS come from `--nats-user`/`--nats-password`, `--nats-token`,
+//! `--nats-nkey`, `--nats-nkey-file`, `--nats-creds`, `--nats-tls-ca`,
+//! `--nats-tls-cert`/`--nats-tls-key`, `--nats-tls-required`, `--nats-inbox-prefix`, or
+//! their environment variables (`BATON_NATS_USER`, `BATON_NATS_PASSWORD`, …).
 
 use std::io::Write;
 
+use baton_common::config::NatsConfig;
 use baton_common::env;
+use baton_common::nats::NatsArgs;
 use clap::{Args, Parser, Subcommand};
 use futures::StreamExt;
 
@@ -36,6 +43,9 @@ pub struct Cli {
     /// Over NATS, ask for JSON replies instead of rkyv.
     #[arg(long, global = true)]
     pub json: bool,
+    /// NATS credentials and TLS.
+    #[command(flatten)]
+    pub auth: NatsArgs,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -120,13 +130,22 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 pub async fn connect(cli: &Cli) -> Result<Client, ClientError> {
     match (&cli.url, &cli.nats) {
         (Some(url), _) => Client::http(url),
-        (None, nats) => Ok(Client::connect_nats(
-            nats.as_deref().unwrap_or(DEFAULT_NATS_URL),
-            &cli.prefix,
-        )
-        .await?
-        .json_replies(cli.json)),
+        (None, _) => Ok(Client::connect_nats_with(&nats_config(cli))
+            .await?
+            .json_replies(cli.json)),
     }
+}
+
+/// The NATS settings of the command line: `--nats`, `--prefix` and the credentials and
+/// TLS flags (or their environment variables).
+pub fn nats_config(cli: &Cli) -> NatsConfig {
+    let mut config = NatsConfig {
+        url: cli.nats.as_deref().unwrap_or(DEFAULT_NATS_URL).to_string(),
+        subject_prefix: cli.prefix.clone(),
+        ..NatsConfig::default()
+    };
+    cli.auth.apply(&mut config);
+    config
 }
 
 fn fill(r: &mut Request, g: &Generate) {

@@ -31,6 +31,7 @@ pub mod nats;
 use std::pin::Pin;
 use std::time::Duration;
 
+use baton_common::config::NatsConfig;
 use futures::Stream;
 use serde_json::{json, Value};
 
@@ -48,6 +49,9 @@ pub enum ClientError {
     /// The connection failed.
     #[error("transport: {0}")]
     Transport(String),
+    /// NATS could not be reached, refused the credentials, or failed TLS.
+    #[error(transparent)]
+    Connect(#[from] baton_common::nats::NatsConnectError),
     /// The cluster answered something this client does not understand.
     #[error("protocol: {0}")]
     Protocol(String),
@@ -228,10 +232,19 @@ impl Client {
         })
     }
 
-    /// Connects to NATS at `url`; subjects under `prefix`. Replies come as rkyv.
+    /// Connects to NATS at `url` without credentials; subjects under `prefix`. Replies
+    /// come as rkyv.
     pub async fn connect_nats(url: &str, prefix: &str) -> Result<Self, ClientError> {
         Ok(Self {
             transport: Transport::Nats(nats::NatsTransport::connect(url, prefix).await?),
+        })
+    }
+
+    /// Connects to NATS as `config` says: its URL, subject prefix, credentials and TLS
+    /// settings (see [`baton_common::nats`]). Replies come as rkyv.
+    pub async fn connect_nats_with(config: &NatsConfig) -> Result<Self, ClientError> {
+        Ok(Self {
+            transport: Transport::Nats(nats::NatsTransport::connect_with(config).await?),
         })
     }
 

@@ -1,9 +1,11 @@
 //! `cluster.toml`: one file describes a cluster. Every field has a default; each binary's
 //! flags and environment variables (see [`crate::env`]) override what the file says.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::secret::Secret;
 
 /// The whole file.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -17,7 +19,11 @@ pub struct ClusterConfig {
     pub worker: WorkerConfig,
 }
 
-/// NATS connection.
+/// NATS connection: where, as whom, and over what.
+///
+/// At most one way to authenticate may be set (`user` with `password`, `token`, `nkey`,
+/// `nkey_file` or `creds`); [`crate::nats::connect_options`] refuses anything else.
+/// Relative paths are relative to the process's working directory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NatsConfig {
@@ -25,13 +31,63 @@ pub struct NatsConfig {
     pub url: String,
     /// Prefix of every subject.
     pub subject_prefix: String,
+    /// User name, with `password`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Password of `user`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password: Option<Secret>,
+    /// Authentication token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<Secret>,
+    /// NKey seed of a user (`SU…`); the server knows its public key (`U…`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nkey: Option<Secret>,
+    /// File holding the NKey seed, instead of `nkey`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nkey_file: Option<PathBuf>,
+    /// Credentials file (`.creds`: a user JWT and its NKey seed) for servers run with
+    /// operator JWTs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub creds: Option<PathBuf>,
+    /// CA certificate(s) (PEM) that signed the server's certificate; replaces the
+    /// system's roots. Implies TLS.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for servers that verify clients (mutual TLS), with
+    /// `tls_key`. Implies TLS.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of `tls_cert`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    /// Refuse a connection that is not TLS (also implied by `tls_ca`, `tls_cert` and a
+    /// `tls://` URL).
+    pub tls_required: bool,
+    /// First token of this process's reply subjects (`<inbox_prefix>.<random>`); a NATS
+    /// user allowed to subscribe only to `<inbox_prefix>.>` cannot read others' replies.
+    pub inbox_prefix: String,
 }
+
+/// NATS's own inbox prefix, the default of [`NatsConfig::inbox_prefix`].
+pub const DEFAULT_INBOX_PREFIX: &str = "_INBOX";
 
 impl Default for NatsConfig {
     fn default() -> Self {
         Self {
             url: "nats://127.0.0.1:4222".into(),
             subject_prefix: crate::subjects::DEFAULT_PREFIX.into(),
+            user: None,
+            password: None,
+            token: None,
+            nkey: None,
+            nkey_file: None,
+            creds: None,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_required: false,
+            inbox_prefix: DEFAULT_INBOX_PREFIX.into(),
         }
     }
 }
@@ -253,6 +309,25 @@ mod tests {
         assert_eq!(c.coordinator.listen, "0.0.0.0:9000");
         assert_eq!(c.worker.max_running, 4);
         assert_eq!(c.nats, NatsConfig::default());
+    }
+
+    #[test]
+    fn nats_credentials_and_tls_parse_and_secrets_never_print() {
+        let c = ClusterConfig::parse(
+            "[nats]\nuser = \"coordinator\"\npassword = \"hunter2\"\n\
+             tls_ca = \"certs/ca.pem\"\ntls_required = true\ninbox_prefix = \"_INBOX_c\"\n",
+        )
+        .expect("parse");
+        assert_eq!(c.nats.user.as_deref(), Some("coordinator"));
+        assert_eq!(
+            c.nats.password.as_ref().map(Secret::expose),
+            Some("hunter2")
+        );
+        assert_eq!(c.nats.tls_ca, Some(PathBuf::from("certs/ca.pem")));
+        assert!(c.nats.tls_required);
+        assert_eq!(c.nats.inbox_prefix, "_INBOX_c");
+        assert!(!format!("{c:?}").contains("hunter2"));
+        assert_eq!(NatsConfig::default().inbox_prefix, DEFAULT_INBOX_PREFIX);
     }
 
     #[test]

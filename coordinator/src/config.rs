@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use baton_common::config::{CheckpointMode, ClusterConfig, ConfigError};
 use baton_common::env;
+use baton_common::nats::NatsArgs;
 use clap::Parser;
 
 /// Default location of `cluster.toml`; a missing file there means "all defaults".
@@ -38,6 +39,9 @@ pub struct Config {
     /// Checkpoint mode: sync, async or off (overrides `coordinator.checkpoint`).
     #[arg(long, env = env::CHECKPOINT, value_parser = parse_checkpoint)]
     pub checkpoint: Option<CheckpointMode>,
+    /// NATS credentials and TLS (override `nats.user`, `nats.tls_ca`, …).
+    #[command(flatten)]
+    pub nats: NatsArgs,
 }
 
 fn parse_checkpoint(s: &str) -> Result<CheckpointMode, String> {
@@ -78,6 +82,7 @@ impl Config {
         if let Some(mode) = self.checkpoint {
             cluster.coordinator.checkpoint = mode;
         }
+        self.nats.apply(&mut cluster.nats);
         cluster
     }
 }
@@ -100,6 +105,10 @@ mod tests {
             "/srv/baton/store",
             "--checkpoint",
             "async",
+            "--nats-user",
+            "coordinator",
+            "--nats-password",
+            "hunter2",
         ])
         .expect("parse");
         let cluster = config.apply(ClusterConfig::default());
@@ -108,6 +117,11 @@ mod tests {
         assert_eq!(cluster.nats.subject_prefix, "acme");
         assert_eq!(cluster.coordinator.store_path, "/srv/baton/store");
         assert_eq!(cluster.coordinator.checkpoint, CheckpointMode::Async);
+        assert_eq!(cluster.nats.user.as_deref(), Some("coordinator"));
+        assert_eq!(
+            cluster.nats.password.as_ref().map(|p| p.expose()),
+            Some("hunter2")
+        );
         assert!(Config::try_parse_from(["baton-coordinator", "--checkpoint", "maybe"]).is_err());
     }
 

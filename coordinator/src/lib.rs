@@ -50,14 +50,10 @@ use baton_common::config::CheckpointMode;
 /// Why the coordinator could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// NATS is unreachable.
-    #[error("cannot connect to NATS at {url}: {source}")]
-    Connect {
-        /// The URL.
-        url: String,
-        /// Why.
-        source: async_nats::ConnectError,
-    },
+    /// NATS is unreachable, refused our credentials, failed TLS, or the NATS settings
+    /// contradict each other.
+    #[error(transparent)]
+    Connect(baton_common::nats::NatsConnectError),
     /// A subscription failed.
     #[error("cannot subscribe: {0}")]
     Subscribe(#[from] async_nats::SubscribeError),
@@ -125,12 +121,9 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
         None => CoordinatorId::random(),
     };
     let subjects = Subjects::new(cluster.nats.subject_prefix.clone());
-    let nats = NatsHandle::connect(&cluster.nats.url, subjects, id)
+    let nats = NatsHandle::connect(&cluster.nats, subjects, id)
         .await
-        .map_err(|source| StartError::Connect {
-            url: cluster.nats.url.clone(),
-            source,
-        })?;
+        .map_err(StartError::Connect)?;
     let config = Arc::new(cluster.coordinator);
     // The registry tells the sessions of lost workers and the sessions route through
     // the registry: the sessions' context (and address) exists before either starts.

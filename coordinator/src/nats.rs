@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use actix::Addr;
 use async_nats::{Client, RequestErrorKind};
+use baton_common::config::NatsConfig;
 use baton_common::ids::{CoordinatorId, StreamId, WorkerId};
+use baton_common::nats::NatsConnectError;
 use baton_common::protocol::{
     decode, Body, Cancel, DecodeError, DrainReply, DrainWorker, SeqRequest, Sequencer,
     StreamAttempt, Submit, SubmitReply, Wire,
@@ -153,16 +155,16 @@ pub struct NatsHandle {
 }
 
 impl NatsHandle {
-    /// Connects to `url` as `coordinator`.
+    /// Connects as `coordinator`, with the credentials and TLS settings of `config`.
     pub async fn connect(
-        url: &str,
+        config: &NatsConfig,
         subjects: Subjects,
         coordinator: CoordinatorId,
-    ) -> Result<Self, async_nats::ConnectError> {
-        let client = async_nats::ConnectOptions::new()
-            .name(format!("baton-coordinator-{coordinator}"))
-            .connect(url)
-            .await?;
+    ) -> Result<Self, NatsConnectError> {
+        let client =
+            baton_common::nats::connect(config, &format!("baton-coordinator-{coordinator}"))
+                .await?;
+        let url = &config.url;
         info!(%url, %coordinator, "connected to NATS");
         Ok(Self {
             client,

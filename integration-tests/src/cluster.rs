@@ -3,6 +3,7 @@
 use std::{
     path::PathBuf,
     process::Command,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -11,6 +12,7 @@ use tempfile::TempDir;
 use crate::{
     http::Api,
     process::{bin, free_port, Nats, Process},
+    secure::{NatsSecurity, Role},
     workspace_root,
 };
 
@@ -50,6 +52,9 @@ pub struct ClusterOptions {
     /// Extra `cluster.toml` text appended to the generated file's sections, as
     /// `(section, lines)`, e.g. `("coordinator", "max_body_bytes = 4096")`.
     pub extra: Vec<(&'static str, String)>,
+    /// A NATS server with accounts, permissions (and TLS), and each process's
+    /// credentials; `None`: an open server.
+    pub security: Option<Arc<NatsSecurity>>,
 }
 
 impl ClusterOptions {
@@ -59,6 +64,7 @@ impl ClusterOptions {
             workers,
             engine: Engine::Simulated { step_ms: 20 },
             extra: Vec::new(),
+            security: None,
         }
     }
 
@@ -68,12 +74,21 @@ impl ClusterOptions {
             workers,
             engine: Engine::Real,
             extra: Vec::new(),
+            security: None,
         }
     }
 
     /// Sets the simulated engine's pace.
     pub fn step_ms(mut self, step_ms: u64) -> ClusterOptions {
         self.engine = Engine::Simulated { step_ms };
+        self
+    }
+
+    /// Runs the cluster on a NATS server with `security`'s accounts, permissions and
+    /// TLS: the coordinator and the workers connect with their roles' credentials.
+    pub fn secured(mut self, security: Arc<NatsSecurity>) -> ClusterOptions {
+        self.extra.push(("nats", security.cluster_toml_lines()));
+        self.security = Some(security);
         self
     }
 }
@@ -110,7 +125,10 @@ impl Cluster {
         if options.engine == Engine::Real && !model_available() {
             return None;
         }
-        let nats = Nats::start()?;
+        let nats = match &options.security {
+            Some(security) => security.start_nats()?,
+            None => Nats::start()?,
+        };
         let dir = tempfile::tempdir().expect("creating a temporary directory");
         let mut last = String::new();
         // The coordinator's port is picked free but may be taken before it binds: retry.
@@ -122,7 +140,11 @@ impl Cluster {
                 .expect("writing cluster.toml");
             let mut coordinator = Process::spawn(
                 &format!("coordinator-{attempt}"),
-                command("baton-coordinator", None, &config),
+                with_credentials(
+                    command("baton-coordinator", None, &config),
+                    &options,
+                    Role::Coordinator,
+                ),
                 dir.path(),
             );
             let api = Api::new(&format!("http://127.0.0.1:{port}"));
@@ -159,7 +181,11 @@ impl Cluster {
         let name = format!("coordinator-restart-{}", self.restarts);
         self.coordinator = Process::spawn(
             &name,
-            command("baton-coordinator", None, &self.config),
+            with_credentials(
+                command("baton-coordinator", None, &self.config),
+                &self.options,
+                Role::Coordinator,
+            ),
             self.dir.path(),
         );
         if !wait_listening(&mut self.coordinator, &self.api) {
@@ -192,7 +218,11 @@ impl Cluster {
     /// Starts one more worker (not waiting for it to join); returns its index.
     pub fn add_worker(&mut self) -> usize {
         let index = self.workers.len();
-        let mut cmd = command("baton-worker", Some("serve"), &self.config);
+        let mut cmd = with_credentials(
+            command("baton-worker", Some("serve"), &self.config),
+            &self.options,
+            Role::Worker,
+        );
         if let Engine::Simulated { step_ms } = self.options.engine {
             cmd.args(["--simulated", "--sim-step-ms", &step_ms.to_string()]);
         }
@@ -338,6 +368,14 @@ fn command(binary: &str, subcommand: Option<&str>, config: &std::path::Path) -> 
     cmd.arg("--config").arg(config);
     cmd.current_dir(workspace_root());
     set_env(&mut cmd);
+    cmd
+}
+
+/// `cmd` with `role`'s NATS credentials in its environment, when the cluster has them.
+fn with_credentials(mut cmd: Command, options: &ClusterOptions, role: Role) -> Command {
+    if let Some(security) = &options.security {
+        cmd.envs(security.env(role));
+    }
     cmd
 }
 

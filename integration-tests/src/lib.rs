@@ -16,12 +16,15 @@
 //! - [`drill`]: failover drills (kill a worker, restart the coordinator or NATS
 //!   mid-stream) and their verdicts.
 //! - [`http`]: a blocking client for the API, an SSE reader, OpenAI error checks.
+//! - [`secure`]: a NATS server with the shipped accounts and permissions (and TLS), and
+//!   each role's credentials.
 //! - [`generate`]: `baton-worker generate`, the reference a cluster's greedy text must match.
 
 pub mod cluster;
 pub mod drill;
 pub mod http;
 pub mod process;
+pub mod secure;
 
 use std::path::PathBuf;
 

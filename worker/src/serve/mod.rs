@@ -50,6 +50,9 @@ pub struct ServeArgs {
     /// Subject prefix.
     #[arg(long, env = env::SUBJECT_PREFIX)]
     pub subject_prefix: Option<String>,
+    /// NATS credentials and TLS (override `nats.user`, `nats.tls_ca`, …).
+    #[command(flatten)]
+    pub nats: baton_common::nats::NatsArgs,
     /// GGUF model file.
     #[arg(long, env = env::MODEL)]
     pub model: Option<String>,
@@ -130,12 +133,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let prefix_bytes =
         usize::try_from(cfg.prefix_cache_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
-    let nats_url = args.nats_url.clone().unwrap_or(file.nats.url.clone());
-    let subjects = Subjects::new(
-        args.subject_prefix
-            .clone()
-            .unwrap_or(file.nats.subject_prefix.clone()),
-    );
+    let mut nats = file.nats.clone();
+    if let Some(url) = &args.nats_url {
+        nats.url = url.clone();
+    }
+    if let Some(prefix) = &args.subject_prefix {
+        nats.subject_prefix = prefix.clone();
+    }
+    args.nats.apply(&mut nats);
+    // Contradictory credentials or a missing certificate fail now, not after the model
+    // has loaded.
+    baton_common::nats::connect_options(&nats, "baton-worker")?;
+    let subjects = Subjects::new(nats.subject_prefix.clone());
     let backend = match args.backend {
         Some(b) => b,
         None => cfg.backend.parse().map_err(anyhow::Error::msg)?,
@@ -205,10 +214,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     let system = actix_rt::System::new();
     system.block_on(async move {
-        let client = async_nats::connect(&nats_url)
-            .await
-            .with_context(|| format!("connecting to NATS at {nats_url}"))?;
         let id = WorkerId::random();
+        let client = baton_common::nats::connect(&nats, &format!("baton-worker-{id}")).await?;
         let sequencer = Arc::new(Sequencer::new(id.0));
         let submits = client.subscribe(subjects.submit(id)).await?;
         let cancels = client.subscribe(subjects.cancel(id)).await?;
