@@ -96,6 +96,9 @@ pub struct Running {
 /// Connects to NATS, starts the actors and binds the HTTP server. Must be called
 /// inside an actix system (`#[actix_web::main]`, `actix_rt::System`).
 pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
+    // Contradictory NATS settings fail before anything is opened.
+    baton_common::nats::connect_options(&cluster.nats, "baton-coordinator")
+        .map_err(|e| StartError::Connect(e.into()))?;
     let settings = &cluster.coordinator;
     let store = match settings.checkpoint {
         CheckpointMode::Off => None,
