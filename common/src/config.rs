@@ -79,6 +79,12 @@ pub struct CoordinatorConfig {
     pub max_wait_ms: u64,
     /// Most streams this coordinator holds at once; beyond, requests get 429.
     pub max_streams: u32,
+    /// Route a request to the worker that most likely holds the start of its prompt in
+    /// its prefix cache (while that worker is not much busier than the least loaded).
+    pub prefix_routing: bool,
+    /// How many more streams than the least loaded worker a worker holding the prompt's
+    /// prefix may have and still be preferred.
+    pub prefix_routing_slack: u32,
 }
 
 /// When tokens reach clients, relative to the checkpoint store.
@@ -127,6 +133,8 @@ impl Default for CoordinatorConfig {
             max_batch: 16,
             max_wait_ms: 5,
             max_streams: 4096,
+            prefix_routing: true,
+            prefix_routing_slack: 4,
         }
     }
 }
@@ -154,6 +162,10 @@ pub struct WorkerConfig {
     pub prefix_cache_mib: u64,
     /// Heartbeat period, in milliseconds.
     pub heartbeat_interval_ms: u64,
+    /// A draining worker lets its streams run this long, then hands those still running
+    /// over to other workers (they resume from their checkpoints) and leaves, in
+    /// milliseconds.
+    pub drain_handover_ms: u64,
     /// Address of the worker's Prometheus `/metrics` (port 0: any free port, logged at
     /// start; empty: none).
     pub metrics_listen: String,
@@ -171,6 +183,7 @@ impl Default for WorkerConfig {
             kv_budget_mib: 1024,
             prefix_cache_mib: 256,
             heartbeat_interval_ms: 500,
+            drain_handover_ms: 30_000,
             metrics_listen: "127.0.0.1:0".into(),
         }
     }

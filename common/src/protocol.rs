@@ -10,7 +10,7 @@ use rkyv::{rancor, util::AlignedVec, Archive, Deserialize, Serialize};
 use crate::ids::{CoordinatorId, StreamId, WorkerId};
 
 /// Version of this protocol; receivers drop messages of another major version.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Largest message a receiver accepts (bytes), whatever NATS allows.
 pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
@@ -65,6 +65,10 @@ pub enum Body {
 pub struct DrainWorker {
     /// Why, for the worker's log.
     pub reason: String,
+    /// How long the worker lets its running streams finish before it hands the rest
+    /// over (fails them with [`ErrorKind::Draining`], which the coordinator answers by
+    /// resuming them elsewhere), in milliseconds; `None`: the worker's own setting.
+    pub handover_after_ms: Option<u64>,
 }
 
 /// A worker took a drain order.

@@ -38,7 +38,7 @@ use baton_common::ids::CoordinatorId;
 use baton_common::subjects::Subjects;
 use tracing::info;
 
-use crate::actors::registry::Registry;
+use crate::actors::registry::{Registry, RoutingSettings};
 use crate::actors::sessions::{SessionSettings, Sessions};
 use crate::dispatch::Dispatcher;
 use crate::http::AppState;
@@ -137,6 +137,12 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
     let sessions_ctx = actix::Context::<Sessions>::new();
     let registry = Registry::new(
         Duration::from_millis(config.worker_timeout_ms),
+        RoutingSettings {
+            affinity_slack: config
+                .prefix_routing
+                .then_some(u64::from(config.prefix_routing_slack)),
+            ..RoutingSettings::default()
+        },
         Some(sessions_ctx.address().recipient()),
     )
     .start();

@@ -434,7 +434,12 @@ impl PublicApi {
         let timeout = Duration::from_millis(self.config.submit_timeout_ms);
         let reply = self
             .nats
-            .drain(worker, "an operator asked over NATS".into(), timeout)
+            .drain(
+                worker,
+                "an operator asked over NATS".into(),
+                request.handover_after_ms,
+                timeout,
+            )
             .await
             .map_err(|e| match e {
                 SubmitError::NoResponders => {

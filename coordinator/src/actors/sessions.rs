@@ -41,6 +41,9 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
+/// Why a stream resumes when its draining worker hands it over.
+const HANDED_OVER: &str = "handed over by a draining worker";
+
 use super::messages::{DispatchTokens, ForgetWorker, ReleaseWorker, WorkerLost};
 use super::registry::Registry;
 use crate::dispatch::{Bound, DispatchError, Dispatcher};
@@ -584,11 +587,14 @@ impl Sessions {
         let Some(s) = self.sessions.get_mut(&stream) else {
             return;
         };
-        if s.resumes >= max {
-            let message = format!("the stream was resumed {max} times; giving up ({why})");
-            return self.fail(stream, ErrorKind::Internal, message);
+        // A hand-over is planned, not a failure: it does not count towards the limit.
+        if why != HANDED_OVER {
+            if s.resumes >= max {
+                let message = format!("the stream was resumed {max} times; giving up ({why})");
+                return self.fail(stream, ErrorKind::Internal, message);
+            }
+            s.resumes += 1;
         }
-        s.resumes += 1;
         self.metrics.resumed(why);
         self.unbind(stream, true);
         let Some(s) = self.sessions.get_mut(&stream) else {
@@ -702,6 +708,9 @@ impl Sessions {
                         if matches!(e.kind, ErrorKind::Internal) {
                             warn!(%stream, %worker, error = %e.message, "worker failed the stream");
                             resume.push((stream, Some(worker), "the worker failed it"));
+                        } else if matches!(e.kind, ErrorKind::Draining) {
+                            info!(%stream, %worker, "the draining worker handed the stream over");
+                            resume.push((stream, Some(worker), HANDED_OVER));
                         } else {
                             updates.push((stream, Update::Failed(e)));
                             ended.insert(stream);
