@@ -98,6 +98,8 @@ pub struct Cluster {
     options: ClusterOptions,
     /// Coordinator restarts so far (names their logs).
     restarts: usize,
+    /// Workers started so far, replacements included (names their logs).
+    spawned: usize,
     dir: TempDir,
 }
 
@@ -140,6 +142,7 @@ impl Cluster {
                 config,
                 options,
                 restarts: 0,
+                spawned: 0,
                 dir,
             };
             for _ in 0..cluster.options.workers {
@@ -191,14 +194,29 @@ impl Cluster {
 
     /// Starts one more worker (not waiting for it to join); returns its index.
     pub fn add_worker(&mut self) -> usize {
-        let index = self.workers.len();
+        let worker = self.spawn_worker();
+        self.workers.push(worker);
+        self.workers.len() - 1
+    }
+
+    /// Starts a new worker process in slot `index` (not waiting for it to join), after
+    /// killing (`SIGKILL`) the one there if it still runs. Its log is a new file; the
+    /// old process's log is kept.
+    pub fn restart_worker(&mut self, index: usize) {
+        self.workers[index].kill();
+        self.workers[index] = self.spawn_worker();
+    }
+
+    fn spawn_worker(&mut self) -> Process {
         let mut cmd = command("baton-worker", Some("serve"), &self.config);
         if let Engine::Simulated { step_ms } = self.options.engine {
             cmd.args(["--simulated", "--sim-step-ms", &step_ms.to_string()]);
         }
-        let worker = Process::spawn(&format!("worker-{index}"), cmd, self.dir.path());
-        self.workers.push(worker);
-        index
+        // The first workers are `worker-0` …; a replacement of slot 1 started as the
+        // fourth process is `worker-3`.
+        let name = format!("worker-{}", self.spawned);
+        self.spawned += 1;
+        Process::spawn(&name, cmd, self.dir.path())
     }
 
     /// Waits until `/health` reports at least `workers` live workers and `/v1/models`

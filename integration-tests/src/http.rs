@@ -69,6 +69,18 @@ impl Api {
     /// `POST <path>` expecting an event stream, with a `Last-Event-ID` when reconnecting;
     /// panics unless the answer is 200.
     pub fn stream_from(&self, path: &str, body: &Value, last_event_id: Option<&str>) -> SseReader {
+        self.try_stream_from(path, body, last_event_id)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// `POST <path>` expecting an event stream, with a `Last-Event-ID` when reconnecting;
+    /// an error (saying what happened) unless the answer is 200 with `text/event-stream`.
+    pub fn try_stream_from(
+        &self,
+        path: &str,
+        body: &Value,
+        last_event_id: Option<&str>,
+    ) -> Result<SseReader, String> {
         let mut req = self
             .client
             .post(self.url(path))
@@ -78,11 +90,11 @@ impl Api {
         if let Some(id) = last_event_id {
             req = req.header("last-event-id", id);
         }
-        let resp = req.send().unwrap_or_else(|e| panic!("POST {path}: {e}"));
+        let resp = req.send().map_err(|e| format!("POST {path}: {e}"))?;
         let status = resp.status().as_u16();
         if status != 200 {
             let text = resp.text().unwrap_or_default();
-            panic!("POST {path} (stream) answered {status}: {text}");
+            return Err(format!("POST {path} (stream) answered {status}: {text}"));
         }
         let content_type = resp
             .headers()
@@ -90,11 +102,12 @@ impl Api {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_string();
-        assert!(
-            content_type.starts_with("text/event-stream"),
-            "POST {path} (stream) answered content-type {content_type:?}"
-        );
-        SseReader::new(resp)
+        if !content_type.starts_with("text/event-stream") {
+            return Err(format!(
+                "POST {path} (stream) answered content-type {content_type:?}"
+            ));
+        }
+        Ok(SseReader::new(resp))
     }
 
     fn url(&self, path: &str) -> String {
@@ -149,6 +162,24 @@ impl SseEvent {
             .as_deref()
             .and_then(|id| id.rsplit_once(':'))
             .and_then(|(_, p)| p.parse().ok())
+    }
+
+    /// The text the chunk carries: chat (`delta.content`) and text (`text`) completion
+    /// chunks alike; empty for other events.
+    pub fn text(&self) -> String {
+        let Some(json) = self.json() else {
+            return String::new();
+        };
+        json["choices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| {
+                c["delta"]["content"]
+                    .as_str()
+                    .or_else(|| c["text"].as_str())
+            })
+            .collect()
     }
 
     /// Whether this is the final `data: [DONE]`.

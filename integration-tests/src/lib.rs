@@ -15,6 +15,9 @@
 //! - [`cluster`]: a whole cluster (NATS, coordinator, workers) from [`ClusterOptions`].
 //! - [`drill`]: failover drills (kill a worker, restart the coordinator or NATS
 //!   mid-stream) and their verdicts.
+//! - [`soak`]: a bounded soak (steady load, a worker killed every few minutes, every
+//!   stream checked token by token, memory sampled) and its verdict.
+//! - [`tap`]: a subscriber to the workers' token messages, to check token ids.
 //! - [`http`]: a blocking client for the API, an SSE reader, OpenAI error checks.
 //! - [`generate`]: `baton-worker generate`, the reference a cluster's greedy text must match.
 
@@ -22,6 +25,8 @@ pub mod cluster;
 pub mod drill;
 pub mod http;
 pub mod process;
+pub mod soak;
+pub mod tap;
 
 use std::path::PathBuf;
 
