@@ -68,8 +68,8 @@ mod tests {
         struct T {
             key: Secret,
         }
-        let t: T = toml::from_str("key = \"abc\"").unwrap();
+        let t: T = toml::from_str("key = \"abc\"").expect("toml");
         assert_eq!(t.key.expose(), "abc");
-        assert_eq!(serde_json::to_string(&t.key).unwrap(), "\"abc\"");
+        assert_eq!(serde_json::to_string(&t.key).expect("json"), "\"abc\"");
     }
 }
