@@ -87,7 +87,7 @@ pub async fn run(cli: &Cli, args: &BenchArgs) -> anyhow::Result<()> {
     let nats_url = cli.nats.as_deref().unwrap_or(DEFAULT_NATS_URL);
     let nats = Client::connect_nats(nats_url, &cli.prefix).await?;
     let transports = [
-        ("HTTP SSE", Client::http(url)?),
+        ("HTTP SSE", crate::cli::http_client(cli, url)?),
         ("NATS JSON", nats.clone().json_replies(true)),
         ("NATS rkyv", nats.json_replies(false)),
     ];

@@ -3,14 +3,16 @@
 //! ```text
 //! baton [--nats URL | --url URL] chat --model M "prompt"      # streams to the terminal
 //! baton [--nats URL | --url URL] complete --model M "prompt"
-//! baton [--nats URL] status
-//! baton [--nats URL] drain WORKER
+//! baton [--nats URL | --url URL] status
+//! baton [--nats URL | --url URL] drain WORKER
+//! baton --url URL --api-key KEY chat …                      # or BATON_API_KEY=KEY
 //! baton --nats URL --url URL bench --model M                 # NATS vs HTTP per token
 //! ```
 
 use std::io::Write;
 
 use baton_common::env;
+use baton_common::secret::Secret;
 use clap::{Args, Parser, Subcommand};
 use futures::StreamExt;
 
@@ -36,6 +38,11 @@ pub struct Cli {
     /// Over NATS, ask for JSON replies instead of rkyv.
     #[arg(long, global = true)]
     pub json: bool,
+    /// API key sent to the coordinator over HTTP (`Authorization: Bearer <key>`); an
+    /// admin key for `drain`. Prefer the environment variable: a command line is
+    /// visible to every user of the machine.
+    #[arg(long, global = true, env = env::API_KEY, hide_env_values = true, value_parser = parse_key)]
+    pub api_key: Option<Secret>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -116,10 +123,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+fn parse_key(s: &str) -> Result<Secret, String> {
+    Ok(Secret::new(s.trim()))
+}
+
+/// The HTTP client of `url`, with the command line's API key if any.
+pub fn http_client(cli: &Cli, url: &str) -> Result<Client, ClientError> {
+    let client = Client::http(url)?;
+    Ok(match cli.api_key.clone().filter(|k| !k.is_empty()) {
+        Some(key) => client.api_key(key),
+        None => client,
+    })
+}
+
 /// The client `--url` / `--nats` ask for (NATS by default).
 pub async fn connect(cli: &Cli) -> Result<Client, ClientError> {
     match (&cli.url, &cli.nats) {
-        (Some(url), _) => Client::http(url),
+        (Some(url), _) => http_client(cli, url),
         (None, nats) => Ok(Client::connect_nats(
             nats.as_deref().unwrap_or(DEFAULT_NATS_URL),
             &cli.prefix,

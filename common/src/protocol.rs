@@ -163,6 +163,10 @@ pub struct SeqRequest {
     pub attempt: u32,
     /// Continue a stream from a checkpoint instead of starting it.
     pub resume: Option<Resume>,
+    /// Most prompt tokens the coordinator accepts (0: no limit but the model's
+    /// context). The worker counts the prompt after tokenizing and refuses a longer
+    /// one with [`ErrorKind::PromptTooLong`] before any compute.
+    pub max_prompt_tokens: u32,
 }
 
 /// Where a resumed stream continues from.

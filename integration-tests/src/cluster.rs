@@ -50,6 +50,38 @@ pub struct ClusterOptions {
     /// Extra `cluster.toml` text appended to the generated file's sections, as
     /// `(section, lines)`, e.g. `("coordinator", "max_body_bytes = 4096")`.
     pub extra: Vec<(&'static str, String)>,
+    /// API keys of the coordinator (none: its API is open).
+    pub keys: ApiKeys,
+}
+
+/// API keys a test cluster's coordinator takes from its environment (`BATON_API_KEYS`,
+/// `BATON_ADMIN_KEYS`), as an operator would give them.
+#[derive(Debug, Clone, Default)]
+pub struct ApiKeys {
+    /// API keys.
+    pub api: Vec<String>,
+    /// Admin keys.
+    pub admin: Vec<String>,
+}
+
+impl ApiKeys {
+    /// The key the cluster's own [`Api`] sends: the first admin key, else the first API
+    /// key, else none.
+    fn harness_key(&self) -> Option<&str> {
+        self.admin.first().or(self.api.first()).map(String::as_str)
+    }
+
+    /// Puts the keys in a coordinator's environment.
+    fn apply(&self, cmd: &mut Command) {
+        for (name, keys) in [
+            ("BATON_API_KEYS", &self.api),
+            ("BATON_ADMIN_KEYS", &self.admin),
+        ] {
+            if !keys.is_empty() {
+                cmd.env(name, keys.join(","));
+            }
+        }
+    }
 }
 
 impl ClusterOptions {
@@ -59,6 +91,7 @@ impl ClusterOptions {
             workers,
             engine: Engine::Simulated { step_ms: 20 },
             extra: Vec::new(),
+            keys: ApiKeys::default(),
         }
     }
 
@@ -68,7 +101,18 @@ impl ClusterOptions {
             workers,
             engine: Engine::Real,
             extra: Vec::new(),
+            keys: ApiKeys::default(),
         }
+    }
+
+    /// Gives the coordinator these API and admin keys; the cluster's [`Api`] then sends
+    /// the first admin key (or, without one, the first API key).
+    pub fn keys(mut self, api: &[&str], admin: &[&str]) -> ClusterOptions {
+        self.keys = ApiKeys {
+            api: api.iter().map(|k| k.to_string()).collect(),
+            admin: admin.iter().map(|k| k.to_string()).collect(),
+        };
+        self
     }
 
     /// Sets the simulated engine's pace.
@@ -122,12 +166,14 @@ impl Cluster {
             let store = dir.path().join("store");
             std::fs::write(&config, config_text(&options, &nats.url, port, &store))
                 .expect("writing cluster.toml");
-            let mut coordinator = Process::spawn(
-                &format!("coordinator-{attempt}"),
-                command("baton-coordinator", None, &config),
-                dir.path(),
-            );
-            let api = Api::new(&format!("http://127.0.0.1:{port}"));
+            let mut cmd = command("baton-coordinator", None, &config);
+            options.keys.apply(&mut cmd);
+            let mut coordinator =
+                Process::spawn(&format!("coordinator-{attempt}"), cmd, dir.path());
+            let mut api = Api::new(&format!("http://127.0.0.1:{port}"));
+            if let Some(key) = options.keys.harness_key() {
+                api = api.with_key(key);
+            }
             if !wait_listening(&mut coordinator, &api) {
                 // Exited early (a taken port, most likely).
                 last = coordinator.log();
@@ -160,11 +206,9 @@ impl Cluster {
         self.coordinator.kill();
         self.restarts += 1;
         let name = format!("coordinator-restart-{}", self.restarts);
-        self.coordinator = Process::spawn(
-            &name,
-            command("baton-coordinator", None, &self.config),
-            self.dir.path(),
-        );
+        let mut cmd = command("baton-coordinator", None, &self.config);
+        self.options.keys.apply(&mut cmd);
+        self.coordinator = Process::spawn(&name, cmd, self.dir.path());
         if !wait_listening(&mut self.coordinator, &self.api) {
             panic!(
                 "the coordinator did not come back:

@@ -18,12 +18,15 @@ pub struct Reply {
     pub request_id: Option<String>,
 }
 
-/// A blocking client bound to one base URL (`http://127.0.0.1:<port>`).
+/// A blocking client bound to one base URL (`http://127.0.0.1:<port>`), sending an API
+/// key with every request when it has one.
 #[derive(Clone)]
 pub struct Api {
     /// `http://host:port`, no trailing slash.
     pub base: String,
     client: reqwest::blocking::Client,
+    /// Sent as `Authorization: Bearer <key>`.
+    key: Option<String>,
 }
 
 impl Api {
@@ -36,12 +39,38 @@ impl Api {
         Api {
             base: base.trim_end_matches('/').to_string(),
             client,
+            key: None,
+        }
+    }
+
+    /// The same client sending `key` as `Authorization: Bearer <key>`.
+    pub fn with_key(&self, key: &str) -> Api {
+        Api {
+            key: Some(key.to_string()),
+            ..self.clone()
+        }
+    }
+
+    /// The same client sending no key.
+    pub fn without_key(&self) -> Api {
+        Api {
+            key: None,
+            ..self.clone()
+        }
+    }
+
+    /// A request with the key, if any.
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::blocking::RequestBuilder {
+        let req = self.client.request(method, self.url(path));
+        match &self.key {
+            Some(key) => req.bearer_auth(key),
+            None => req,
         }
     }
 
     /// `GET <path>`.
     pub fn get(&self, path: &str) -> reqwest::Result<Reply> {
-        let resp = self.client.get(self.url(path)).send()?;
+        let resp = self.request(reqwest::Method::GET, path).send()?;
         Ok(into_reply(resp))
     }
 
@@ -53,8 +82,7 @@ impl Api {
     /// `POST <path>` with any bytes, declared as JSON.
     pub fn post_raw(&self, path: &str, body: impl Into<Vec<u8>>) -> reqwest::Result<Reply> {
         let resp = self
-            .client
-            .post(self.url(path))
+            .request(reqwest::Method::POST, path)
             .header("content-type", "application/json")
             .body(body.into())
             .send()?;
@@ -82,8 +110,7 @@ impl Api {
         last_event_id: Option<&str>,
     ) -> Result<SseReader, String> {
         let mut req = self
-            .client
-            .post(self.url(path))
+            .request(reqwest::Method::POST, path)
             .header("content-type", "application/json")
             .header("accept", "text/event-stream")
             .body(body.to_string());

@@ -30,7 +30,7 @@ pub mod tap;
 
 use std::path::PathBuf;
 
-pub use cluster::{Cluster, ClusterOptions, Engine, DEFAULT_MODEL_NAME};
+pub use cluster::{ApiKeys, Cluster, ClusterOptions, Engine, DEFAULT_MODEL_NAME};
 pub use http::{assert_error, summarize, Api, Reply, SseEvent, SseReader, StreamSummary};
 pub use process::{Nats, Process};
 

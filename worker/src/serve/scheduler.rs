@@ -162,7 +162,18 @@ fn start_slot<E: SeqEngine>(
     req: &SeqRequest,
 ) -> Result<(Slot<E::Seq>, u32), WireError> {
     let started = engine.start(req)?;
-    let prompt_tokens = started.prompt_ids.len() as u32;
+    let prompt_tokens = u32::try_from(started.prompt_ids.len()).unwrap_or(u32::MAX);
+    // The coordinator's limit: the prompt is tokenized but nothing has run yet.
+    if req.max_prompt_tokens > 0 && prompt_tokens > req.max_prompt_tokens {
+        return Err(WireError {
+            kind: ErrorKind::PromptTooLong,
+            message: format!(
+                "the prompt has {prompt_tokens} tokens, more than this server's limit of {} \
+                 (max_prompt_tokens)",
+                req.max_prompt_tokens
+            ),
+        });
+    }
     let mut chain = Chain::new(engine.model_info().fingerprint, &started.prompt_ids);
     if let Some(resume) = &req.resume {
         for &t in &resume.tokens {
@@ -431,6 +442,7 @@ mod tests {
             },
             attempt,
             resume,
+            max_prompt_tokens: 0,
         }
     }
 
@@ -493,6 +505,28 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn prompts_over_max_prompt_tokens_are_refused() {
+        let h = Harness::new();
+        // The simulated prompt "three word prompt" is three tokens.
+        let mut req = request(1, None, 0);
+        req.max_prompt_tokens = 2;
+        match h.submit(req) {
+            SubmitOutcome::Refused(r) => {
+                assert_eq!(r.error.kind, ErrorKind::PromptTooLong);
+                assert!(
+                    r.error.message.contains("max_prompt_tokens"),
+                    "{}",
+                    r.error.message
+                );
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        let mut req = request(2, None, 0);
+        req.max_prompt_tokens = 3;
+        assert!(matches!(h.submit(req), SubmitOutcome::Accepted(_)));
     }
 
     #[test]
