@@ -40,11 +40,9 @@ impl WorkerLoad<'_> {
 
     /// KV cache in use, in thousandths of the budget (0 when it has no budget).
     pub fn kv_permille(&self) -> u64 {
-        if self.kv_budget == 0 {
-            0
-        } else {
-            (self.kv_used.min(self.kv_budget) * 1000) / self.kv_budget
-        }
+        (self.kv_used.min(self.kv_budget).saturating_mul(1000))
+            .checked_div(self.kv_budget)
+            .unwrap_or(0)
     }
 
     fn serves(&self, model: &str) -> bool {
