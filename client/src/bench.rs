@@ -86,7 +86,7 @@ pub async fn run(cli: &Cli, args: &BenchArgs) -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("bench needs --url (the coordinator's HTTP API)"))?;
     let nats = Client::connect_nats_with(&crate::cli::nats_config(cli)).await?;
     let transports = [
-        ("HTTP SSE", Client::http(url)?),
+        ("HTTP SSE", crate::cli::http_client(cli, url)?),
         ("NATS JSON", nats.clone().json_replies(true)),
         ("NATS rkyv", nats.json_replies(false)),
     ];

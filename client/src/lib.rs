@@ -32,6 +32,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use baton_common::config::NatsConfig;
+use baton_common::secret::Secret;
 use futures::Stream;
 use serde_json::{json, Value};
 
@@ -260,6 +261,16 @@ impl Client {
         self
     }
 
+    /// Sends `key` as `Authorization: Bearer <key>` with every HTTP request (a
+    /// coordinator with API keys configured needs one); no effect over NATS, whose
+    /// access is NATS's own.
+    pub fn api_key(mut self, key: Secret) -> Self {
+        if let Transport::Http(t) = &mut self.transport {
+            t.api_key = Some(key);
+        }
+        self
+    }
+
     /// Longest wait for the next message of an answer (default: two minutes).
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {
         match &mut self.transport {
@@ -294,12 +305,11 @@ impl Client {
         }
     }
 
-    /// Drains `worker` (NATS only: the HTTP API has no admin routes).
+    /// Drains `worker`: it takes no new work, finishes what it runs, and leaves. Over
+    /// HTTP this is an admin route: with API keys configured it needs an admin key.
     pub async fn drain(&self, worker: &str) -> Result<Value, ClientError> {
         match &self.transport {
-            Transport::Http(_) => Err(ClientError::Unsupported(
-                "drain needs NATS (--nats): the HTTP API has no admin routes",
-            )),
+            Transport::Http(t) => t.drain(worker).await,
             Transport::Nats(t) => t.drain(worker).await,
         }
     }

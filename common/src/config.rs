@@ -17,6 +17,28 @@ pub struct ClusterConfig {
     pub coordinator: CoordinatorConfig,
     /// The workers (every worker of this file gets the same settings; flags differ).
     pub worker: WorkerConfig,
+    /// Who may call the coordinator's HTTP API.
+    pub auth: AuthConfig,
+}
+
+/// API keys of the coordinator's HTTP API. With no key at all the API is open to anyone
+/// who reaches its port; with any key, every request but `/health` and the status page
+/// needs one (`Authorization: Bearer <key>`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Keys that may generate, list models and reattach to their own streams.
+    pub api_keys: Vec<Secret>,
+    /// Keys that may do all that an API key may, and also call the admin routes
+    /// (`/admin/*`, `/metrics`, `/v1/status`) and reattach to any stream.
+    pub admin_keys: Vec<Secret>,
+}
+
+impl AuthConfig {
+    /// Whether any key is configured (then the API needs one).
+    pub fn enabled(&self) -> bool {
+        !self.api_keys.is_empty() || !self.admin_keys.is_empty()
+    }
 }
 
 /// NATS connection: where, as whom, and over what.
@@ -135,6 +157,19 @@ pub struct CoordinatorConfig {
     pub max_wait_ms: u64,
     /// Most streams this coordinator holds at once; beyond, requests get 429.
     pub max_streams: u32,
+    /// Route a request to the worker that most likely holds the start of its prompt in
+    /// its prefix cache (while that worker is not much busier than the least loaded).
+    pub prefix_routing: bool,
+    /// How many more streams than the least loaded worker a worker holding the prompt's
+    /// prefix may have and still be preferred.
+    pub prefix_routing_slack: u32,
+    /// Most prompt tokens a request may have (0: only the model's context bounds it);
+    /// beyond, 400 `context_length_exceeded`. Workers count text and chat prompts after
+    /// tokenizing; token-id prompts are counted here.
+    pub max_prompt_tokens: u32,
+    /// Most streams one API key holds open at once (0: no limit); beyond, 429. Applies
+    /// only when API keys are configured.
+    pub max_streams_per_key: u32,
 }
 
 /// When tokens reach clients, relative to the checkpoint store.
@@ -183,6 +218,10 @@ impl Default for CoordinatorConfig {
             max_batch: 16,
             max_wait_ms: 5,
             max_streams: 4096,
+            prefix_routing: true,
+            prefix_routing_slack: 4,
+            max_prompt_tokens: 0,
+            max_streams_per_key: 0,
         }
     }
 }
@@ -210,6 +249,10 @@ pub struct WorkerConfig {
     pub prefix_cache_mib: u64,
     /// Heartbeat period, in milliseconds.
     pub heartbeat_interval_ms: u64,
+    /// A draining worker lets its streams run this long, then hands those still running
+    /// over to other workers (they resume from their checkpoints) and leaves, in
+    /// milliseconds.
+    pub drain_handover_ms: u64,
     /// Address of the worker's Prometheus `/metrics` (port 0: any free port, logged at
     /// start; empty: none).
     pub metrics_listen: String,
@@ -227,6 +270,7 @@ impl Default for WorkerConfig {
             kv_budget_mib: 1024,
             prefix_cache_mib: 256,
             heartbeat_interval_ms: 500,
+            drain_handover_ms: 30_000,
             metrics_listen: "127.0.0.1:0".into(),
         }
     }
@@ -333,6 +377,20 @@ mod tests {
     #[test]
     fn unknown_fields_are_errors() {
         assert!(ClusterConfig::parse("[worker]\nmax_runing = 4\n").is_err());
+    }
+
+    #[test]
+    fn keys_are_read_and_never_printed() {
+        let c = ClusterConfig::parse(
+            "[auth]\napi_keys = [\"sk-one\", \"sk-two\"]\nadmin_keys = [\"sk-admin\"]\n",
+        )
+        .expect("parse");
+        assert!(c.auth.enabled());
+        assert_eq!(c.auth.api_keys[1].expose(), "sk-two");
+        assert_eq!(c.auth.admin_keys[0].expose(), "sk-admin");
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("sk-"), "{shown}");
+        assert!(!ClusterConfig::default().auth.enabled());
     }
 
     #[test]

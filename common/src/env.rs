@@ -44,6 +44,14 @@ pub const MODEL_NAME: &str = "BATON_MODEL_NAME";
 pub const BACKEND: &str = "BATON_BACKEND";
 /// Weight format: `native`, `f16`, `f32` (overrides `worker.weights`).
 pub const WEIGHTS: &str = "BATON_WEIGHTS";
+/// API keys of the coordinator's HTTP API, comma-separated (replace `auth.api_keys`
+/// when they hold at least one key).
+pub const API_KEYS: &str = "BATON_API_KEYS";
+/// Admin keys of the coordinator's HTTP API, comma-separated (replace
+/// `auth.admin_keys` when they hold at least one key).
+pub const ADMIN_KEYS: &str = "BATON_ADMIN_KEYS";
+/// The key the `baton` client sends (`Authorization: Bearer <key>`).
+pub const API_KEY: &str = "BATON_API_KEY";
 /// Log filter, in `tracing_subscriber::EnvFilter` syntax.
 pub const LOG: &str = "RUST_LOG";
 /// Log format: `text` (default) or `json`.

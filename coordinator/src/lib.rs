@@ -6,6 +6,8 @@
 //!
 //! # Layout
 //! - [`config`]: the command line, merged with `cluster.toml`.
+//! - [`auth`]: API keys (constant-time check, key ids for logs), stream ownership and
+//!   the per-key stream limit.
 //! - [`nats`]: the NATS connection: listeners (heartbeats, tokens), submit, cancel.
 //! - [`actors`]: the worker registry with the router's choice, and the stream sessions
 //!   (checkpoints, failover, reconnects).
@@ -19,6 +21,7 @@
 //! HTTP server to stop (SIGINT/SIGTERM stop it gracefully).
 
 pub mod actors;
+pub mod auth;
 pub mod config;
 pub mod dispatch;
 pub mod http;
@@ -36,10 +39,11 @@ use actix_web::{web, App, HttpServer};
 use baton_common::config::ClusterConfig;
 use baton_common::ids::CoordinatorId;
 use baton_common::subjects::Subjects;
-use tracing::info;
+use tracing::{info, warn};
 
-use crate::actors::registry::Registry;
+use crate::actors::registry::{Registry, RoutingSettings};
 use crate::actors::sessions::{SessionSettings, Sessions};
+use crate::auth::Keys;
 use crate::dispatch::Dispatcher;
 use crate::http::AppState;
 use crate::metrics::Metrics;
@@ -65,6 +69,9 @@ pub enum StartError {
         /// Why.
         source: store::StoreError,
     },
+    /// The API keys are unusable (an empty key).
+    #[error("invalid API keys: {0}")]
+    Keys(#[from] auth::KeyError),
     /// The listen address cannot be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -100,6 +107,14 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
     baton_common::nats::connect_options(&cluster.nats, "baton-coordinator")
         .map_err(|e| StartError::Connect(e.into()))?;
     let settings = &cluster.coordinator;
+    let keys = Arc::new(Keys::new(&cluster.auth, settings.max_streams_per_key)?);
+    if keys.enabled() {
+        for (key, role) in keys.ids() {
+            info!(%key, role = role.as_str(), "API key configured");
+        }
+    } else {
+        warn!("no API keys configured: anyone who reaches the HTTP port may use the whole API, admin routes included (set [auth] in cluster.toml, or BATON_API_KEYS and BATON_ADMIN_KEYS)");
+    }
     let store = match settings.checkpoint {
         CheckpointMode::Off => None,
         CheckpointMode::Sync | CheckpointMode::Async => {
@@ -133,6 +148,12 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
     let sessions_ctx = actix::Context::<Sessions>::new();
     let registry = Registry::new(
         Duration::from_millis(config.worker_timeout_ms),
+        RoutingSettings {
+            affinity_slack: config
+                .prefix_routing
+                .then_some(u64::from(config.prefix_routing_slack)),
+            ..RoutingSettings::default()
+        },
         Some(sessions_ctx.address().recipient()),
     )
     .start();
@@ -193,6 +214,7 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
     public.serve().await?;
     let state = AppState {
         config: config.clone(),
+        keys,
         registry,
         sessions,
         nats: nats.clone(),
@@ -203,6 +225,7 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
     let server = HttpServer::new(move || {
         App::new()
             .app_data(data.clone())
+            .wrap(actix_web::middleware::from_fn(http::auth::check))
             .configure(http::routes::configure)
             .default_service(web::to(http::routes::not_found))
     })

@@ -331,18 +331,24 @@ impl NatsHandle {
         }
     }
 
-    /// Tells `worker` to drain (request/reply on its submit subject), waiting up to
+    /// Tells `worker` to drain (request/reply on its submit subject), handing its
+    /// streams over after `handover_after_ms` (`None`: its own setting), waiting up to
     /// `timeout` for it to confirm.
     pub async fn drain(
         &self,
         worker: WorkerId,
         reason: String,
+        handover_after_ms: Option<u64>,
         timeout: Duration,
     ) -> Result<DrainReply, SubmitError> {
         let subject = self.subjects.submit(worker);
-        let payload = self
-            .sequencers
-            .encode(&subject, Body::Drain(DrainWorker { reason }));
+        let payload = self.sequencers.encode(
+            &subject,
+            Body::Drain(DrainWorker {
+                reason,
+                handover_after_ms,
+            }),
+        );
         let request = async_nats::Request::new()
             .payload(payload.into())
             .timeout(Some(timeout));

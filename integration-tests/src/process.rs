@@ -148,6 +148,19 @@ impl Process {
         self.child.id()
     }
 
+    /// Its resident set size in KiB (`VmRSS` of `/proc/<pid>/status`); `None` once it
+    /// has ended, or where there is no `/proc`.
+    pub fn rss_kib(&mut self) -> Option<u64> {
+        if self.try_status().is_some() {
+            return None;
+        }
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
     /// Everything the process wrote so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
