@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use futures::StreamExt;
 
-use crate::cli::{Cli, DEFAULT_NATS_URL};
+use crate::cli::Cli;
 use crate::{Client, Event, Request};
 
 /// Arguments of `bench`.
@@ -84,10 +84,9 @@ pub async fn run(cli: &Cli, args: &BenchArgs) -> anyhow::Result<()> {
         .url
         .as_deref()
         .ok_or_else(|| anyhow::anyhow!("bench needs --url (the coordinator's HTTP API)"))?;
-    let nats_url = cli.nats.as_deref().unwrap_or(DEFAULT_NATS_URL);
-    let nats = Client::connect_nats(nats_url, &cli.prefix).await?;
+    let nats = Client::connect_nats_with(&crate::cli::nats_config(cli)).await?;
     let transports = [
-        ("HTTP SSE", Client::http(url)?),
+        ("HTTP SSE", crate::cli::http_client(cli, url)?),
         ("NATS JSON", nats.clone().json_replies(true)),
         ("NATS rkyv", nats.json_replies(false)),
     ];

@@ -3,14 +3,23 @@
 //! ```text
 //! baton [--nats URL | --url URL] chat --model M "prompt"      # streams to the terminal
 //! baton [--nats URL | --url URL] complete --model M "prompt"
-//! baton [--nats URL] status
-//! baton [--nats URL] drain WORKER
+//! baton [--nats URL | --url URL] status
+//! baton [--nats URL | --url URL] drain WORKER
+//! baton --url URL --api-key KEY chat …                      # or BATON_API_KEY=KEY
 //! baton --nats URL --url URL bench --model M                 # NATS vs HTTP per token
 //! ```
+//!
+//! NATS credentials and TLS come from `--nats-user`/`--nats-password`, `--nats-token`,
+//! `--nats-nkey`, `--nats-nkey-file`, `--nats-creds`, `--nats-tls-ca`,
+//! `--nats-tls-cert`/`--nats-tls-key`, `--nats-tls-required`, `--nats-inbox-prefix`, or
+//! their environment variables (`BATON_NATS_USER`, `BATON_NATS_PASSWORD`, …).
 
 use std::io::Write;
 
+use baton_common::config::NatsConfig;
 use baton_common::env;
+use baton_common::nats::NatsArgs;
+use baton_common::secret::Secret;
 use clap::{Args, Parser, Subcommand};
 use futures::StreamExt;
 
@@ -36,6 +45,14 @@ pub struct Cli {
     /// Over NATS, ask for JSON replies instead of rkyv.
     #[arg(long, global = true)]
     pub json: bool,
+    /// NATS credentials and TLS.
+    #[command(flatten)]
+    pub auth: NatsArgs,
+    /// API key sent to the coordinator over HTTP (`Authorization: Bearer <key>`); an
+    /// admin key for `drain`. Prefer the environment variable: a command line is
+    /// visible to every user of the machine.
+    #[arg(long, global = true, env = env::API_KEY, hide_env_values = true, value_parser = parse_key)]
+    pub api_key: Option<Secret>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -116,17 +133,39 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+fn parse_key(s: &str) -> Result<Secret, String> {
+    Ok(Secret::new(s.trim()))
+}
+
+/// The HTTP client of `url`, with the command line's API key if any.
+pub fn http_client(cli: &Cli, url: &str) -> Result<Client, ClientError> {
+    let client = Client::http(url)?;
+    Ok(match cli.api_key.clone().filter(|k| !k.is_empty()) {
+        Some(key) => client.api_key(key),
+        None => client,
+    })
+}
+
 /// The client `--url` / `--nats` ask for (NATS by default).
 pub async fn connect(cli: &Cli) -> Result<Client, ClientError> {
     match (&cli.url, &cli.nats) {
-        (Some(url), _) => Client::http(url),
-        (None, nats) => Ok(Client::connect_nats(
-            nats.as_deref().unwrap_or(DEFAULT_NATS_URL),
-            &cli.prefix,
-        )
-        .await?
-        .json_replies(cli.json)),
+        (Some(url), _) => http_client(cli, url),
+        (None, _) => Ok(Client::connect_nats_with(&nats_config(cli))
+            .await?
+            .json_replies(cli.json)),
     }
+}
+
+/// The NATS settings of the command line: `--nats`, `--prefix` and the credentials and
+/// TLS flags (or their environment variables).
+pub fn nats_config(cli: &Cli) -> NatsConfig {
+    let mut config = NatsConfig {
+        url: cli.nats.as_deref().unwrap_or(DEFAULT_NATS_URL).to_string(),
+        subject_prefix: cli.prefix.clone(),
+        ..NatsConfig::default()
+    };
+    cli.auth.apply(&mut config);
+    config
 }
 
 fn fill(r: &mut Request, g: &Generate) {

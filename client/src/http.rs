@@ -1,7 +1,9 @@
 //! The HTTP transport: `POST /v1/{chat/,}completions`, streamed as Server-Sent Events.
+//! With an API key, every request carries `Authorization: Bearer <key>`.
 
 use std::time::Duration;
 
+use baton_common::secret::Secret;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
@@ -17,6 +19,8 @@ pub struct HttpTransport {
     http: reqwest::Client,
     /// Longest wait for the next bytes.
     pub(crate) idle: Duration,
+    /// Sent as `Authorization: Bearer <key>` when set.
+    pub(crate) api_key: Option<Secret>,
 }
 
 impl HttpTransport {
@@ -29,7 +33,17 @@ impl HttpTransport {
             base: base.trim_end_matches('/').to_string(),
             http,
             idle: Duration::from_secs(120),
+            api_key: None,
         })
+    }
+
+    /// A request to `path`, with the API key if there is one.
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, format!("{}{path}", self.base));
+        match &self.api_key {
+            Some(key) => request.bearer_auth(key.expose()),
+            None => request,
+        }
     }
 
     fn path(request: &Request) -> &'static str {
@@ -42,8 +56,7 @@ impl HttpTransport {
 
     async fn post(&self, path: &str, body: &Value) -> Result<reqwest::Response, ClientError> {
         let response = self
-            .http
-            .post(format!("{}{path}", self.base))
+            .request(reqwest::Method::POST, path)
             .json(body)
             .send()
             .await
@@ -153,8 +166,7 @@ impl HttpTransport {
     pub async fn status(&self) -> Result<Value, ClientError> {
         let get = |path: &'static str| async move {
             let response = self
-                .http
-                .get(format!("{}{path}", self.base))
+                .request(reqwest::Method::GET, path)
                 .send()
                 .await
                 .map_err(|e| ClientError::Transport(e.to_string()))?;
@@ -165,11 +177,25 @@ impl HttpTransport {
         };
         let health = get("/health").await?;
         let models = get("/v1/models").await?;
+        if models.get("error").is_some() {
+            return Err(api_error(&models));
+        }
         Ok(json!({
             "health": health["status"],
             "workers": health["workers"],
             "models": models["data"].as_array().map(|m| m.iter().map(|m| m["id"].clone()).collect::<Vec<_>>()),
         }))
+    }
+
+    /// `POST /admin/workers/{worker}/drain` (needs an admin key when keys are on).
+    pub async fn drain(&self, worker: &str) -> Result<Value, ClientError> {
+        let response = self
+            .post(&format!("/admin/workers/{worker}/drain"), &json!({}))
+            .await?;
+        response
+            .json::<Value>()
+            .await
+            .map_err(|e| ClientError::Protocol(e.to_string()))
     }
 }
 

@@ -31,6 +31,8 @@ pub mod nats;
 use std::pin::Pin;
 use std::time::Duration;
 
+use baton_common::config::NatsConfig;
+use baton_common::secret::Secret;
 use futures::Stream;
 use serde_json::{json, Value};
 
@@ -48,6 +50,9 @@ pub enum ClientError {
     /// The connection failed.
     #[error("transport: {0}")]
     Transport(String),
+    /// NATS could not be reached, refused the credentials, or failed TLS.
+    #[error(transparent)]
+    Connect(#[from] baton_common::nats::NatsConnectError),
     /// The cluster answered something this client does not understand.
     #[error("protocol: {0}")]
     Protocol(String),
@@ -228,10 +233,19 @@ impl Client {
         })
     }
 
-    /// Connects to NATS at `url`; subjects under `prefix`. Replies come as rkyv.
+    /// Connects to NATS at `url` without credentials; subjects under `prefix`. Replies
+    /// come as rkyv.
     pub async fn connect_nats(url: &str, prefix: &str) -> Result<Self, ClientError> {
         Ok(Self {
             transport: Transport::Nats(nats::NatsTransport::connect(url, prefix).await?),
+        })
+    }
+
+    /// Connects to NATS as `config` says: its URL, subject prefix, credentials and TLS
+    /// settings (see [`baton_common::nats`]). Replies come as rkyv.
+    pub async fn connect_nats_with(config: &NatsConfig) -> Result<Self, ClientError> {
+        Ok(Self {
+            transport: Transport::Nats(nats::NatsTransport::connect_with(config).await?),
         })
     }
 
@@ -243,6 +257,16 @@ impl Client {
             } else {
                 nats::Encoding::Rkyv
             };
+        }
+        self
+    }
+
+    /// Sends `key` as `Authorization: Bearer <key>` with every HTTP request (a
+    /// coordinator with API keys configured needs one); no effect over NATS, whose
+    /// access is NATS's own.
+    pub fn api_key(mut self, key: Secret) -> Self {
+        if let Transport::Http(t) = &mut self.transport {
+            t.api_key = Some(key);
         }
         self
     }
@@ -281,12 +305,11 @@ impl Client {
         }
     }
 
-    /// Drains `worker` (NATS only: the HTTP API has no admin routes).
+    /// Drains `worker`: it takes no new work, finishes what it runs, and leaves. Over
+    /// HTTP this is an admin route: with API keys configured it needs an admin key.
     pub async fn drain(&self, worker: &str) -> Result<Value, ClientError> {
         match &self.transport {
-            Transport::Http(_) => Err(ClientError::Unsupported(
-                "drain needs NATS (--nats): the HTTP API has no admin routes",
-            )),
+            Transport::Http(t) => t.drain(worker).await,
             Transport::Nats(t) => t.drain(worker).await,
         }
     }

@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use async_nats::{HeaderMap, Message, Subscriber};
+use baton_common::config::NatsConfig;
 use baton_common::public::{
     decode_reply, headers, ReplayRequest, Reply, CONTENT_TYPE_JSON, CONTENT_TYPE_RKYV,
 };
@@ -80,16 +81,22 @@ impl Meta {
 }
 
 impl NatsTransport {
-    /// Connects to `url`.
+    /// Connects to `url` without credentials.
     pub async fn connect(url: &str, prefix: &str) -> Result<Self, ClientError> {
-        let client = async_nats::ConnectOptions::new()
-            .name("baton-client")
-            .connect(url)
-            .await
-            .map_err(|e| ClientError::Transport(format!("cannot connect to NATS at {url}: {e}")))?;
+        Self::connect_with(&NatsConfig {
+            url: url.into(),
+            subject_prefix: prefix.into(),
+            ..NatsConfig::default()
+        })
+        .await
+    }
+
+    /// Connects with `config`'s URL, subject prefix, credentials and TLS settings.
+    pub async fn connect_with(config: &NatsConfig) -> Result<Self, ClientError> {
+        let client = baton_common::nats::connect(config, "baton-client").await?;
         Ok(Self {
             client,
-            subjects: Subjects::new(prefix),
+            subjects: Subjects::new(config.subject_prefix.clone()),
             encoding: Encoding::Rkyv,
             idle: Duration::from_secs(120),
         })

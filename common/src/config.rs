@@ -1,9 +1,11 @@
 //! `cluster.toml`: one file describes a cluster. Every field has a default; each binary's
 //! flags and environment variables (see [`crate::env`]) override what the file says.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::secret::Secret;
 
 /// The whole file.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -15,9 +17,35 @@ pub struct ClusterConfig {
     pub coordinator: CoordinatorConfig,
     /// The workers (every worker of this file gets the same settings; flags differ).
     pub worker: WorkerConfig,
+    /// Who may call the coordinator's HTTP API.
+    pub auth: AuthConfig,
 }
 
-/// NATS connection.
+/// API keys of the coordinator's HTTP API. With no key at all the API is open to anyone
+/// who reaches its port; with any key, every request but `/health` and the status page
+/// needs one (`Authorization: Bearer <key>`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Keys that may generate, list models and reattach to their own streams.
+    pub api_keys: Vec<Secret>,
+    /// Keys that may do all that an API key may, and also call the admin routes
+    /// (`/admin/*`, `/metrics`, `/v1/status`) and reattach to any stream.
+    pub admin_keys: Vec<Secret>,
+}
+
+impl AuthConfig {
+    /// Whether any key is configured (then the API needs one).
+    pub fn enabled(&self) -> bool {
+        !self.api_keys.is_empty() || !self.admin_keys.is_empty()
+    }
+}
+
+/// NATS connection: where, as whom, and over what.
+///
+/// At most one way to authenticate may be set (`user` with `password`, `token`, `nkey`,
+/// `nkey_file` or `creds`); [`crate::nats::connect_options`] refuses anything else.
+/// Relative paths are relative to the process's working directory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NatsConfig {
@@ -25,13 +53,63 @@ pub struct NatsConfig {
     pub url: String,
     /// Prefix of every subject.
     pub subject_prefix: String,
+    /// User name, with `password`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Password of `user`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password: Option<Secret>,
+    /// Authentication token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<Secret>,
+    /// NKey seed of a user (`SU…`); the server knows its public key (`U…`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nkey: Option<Secret>,
+    /// File holding the NKey seed, instead of `nkey`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nkey_file: Option<PathBuf>,
+    /// Credentials file (`.creds`: a user JWT and its NKey seed) for servers run with
+    /// operator JWTs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub creds: Option<PathBuf>,
+    /// CA certificate(s) (PEM) that signed the server's certificate; replaces the
+    /// system's roots. Implies TLS.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for servers that verify clients (mutual TLS), with
+    /// `tls_key`. Implies TLS.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of `tls_cert`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    /// Refuse a connection that is not TLS (also implied by `tls_ca`, `tls_cert` and a
+    /// `tls://` URL).
+    pub tls_required: bool,
+    /// First token of this process's reply subjects (`<inbox_prefix>.<random>`); a NATS
+    /// user allowed to subscribe only to `<inbox_prefix>.>` cannot read others' replies.
+    pub inbox_prefix: String,
 }
+
+/// NATS's own inbox prefix, the default of [`NatsConfig::inbox_prefix`].
+pub const DEFAULT_INBOX_PREFIX: &str = "_INBOX";
 
 impl Default for NatsConfig {
     fn default() -> Self {
         Self {
             url: "nats://127.0.0.1:4222".into(),
             subject_prefix: crate::subjects::DEFAULT_PREFIX.into(),
+            user: None,
+            password: None,
+            token: None,
+            nkey: None,
+            nkey_file: None,
+            creds: None,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_required: false,
+            inbox_prefix: DEFAULT_INBOX_PREFIX.into(),
         }
     }
 }
@@ -79,6 +157,19 @@ pub struct CoordinatorConfig {
     pub max_wait_ms: u64,
     /// Most streams this coordinator holds at once; beyond, requests get 429.
     pub max_streams: u32,
+    /// Route a request to the worker that most likely holds the start of its prompt in
+    /// its prefix cache (while that worker is not much busier than the least loaded).
+    pub prefix_routing: bool,
+    /// How many more streams than the least loaded worker a worker holding the prompt's
+    /// prefix may have and still be preferred.
+    pub prefix_routing_slack: u32,
+    /// Most prompt tokens a request may have (0: only the model's context bounds it);
+    /// beyond, 400 `context_length_exceeded`. Workers count text and chat prompts after
+    /// tokenizing; token-id prompts are counted here.
+    pub max_prompt_tokens: u32,
+    /// Most streams one API key holds open at once (0: no limit); beyond, 429. Applies
+    /// only when API keys are configured.
+    pub max_streams_per_key: u32,
 }
 
 /// When tokens reach clients, relative to the checkpoint store.
@@ -127,6 +218,10 @@ impl Default for CoordinatorConfig {
             max_batch: 16,
             max_wait_ms: 5,
             max_streams: 4096,
+            prefix_routing: true,
+            prefix_routing_slack: 4,
+            max_prompt_tokens: 0,
+            max_streams_per_key: 0,
         }
     }
 }
@@ -154,6 +249,10 @@ pub struct WorkerConfig {
     pub prefix_cache_mib: u64,
     /// Heartbeat period, in milliseconds.
     pub heartbeat_interval_ms: u64,
+    /// A draining worker lets its streams run this long, then hands those still running
+    /// over to other workers (they resume from their checkpoints) and leaves, in
+    /// milliseconds.
+    pub drain_handover_ms: u64,
     /// Address of the worker's Prometheus `/metrics` (port 0: any free port, logged at
     /// start; empty: none).
     pub metrics_listen: String,
@@ -171,6 +270,7 @@ impl Default for WorkerConfig {
             kv_budget_mib: 1024,
             prefix_cache_mib: 256,
             heartbeat_interval_ms: 500,
+            drain_handover_ms: 30_000,
             metrics_listen: "127.0.0.1:0".into(),
         }
     }
@@ -256,8 +356,41 @@ mod tests {
     }
 
     #[test]
+    fn nats_credentials_and_tls_parse_and_secrets_never_print() {
+        let c = ClusterConfig::parse(
+            "[nats]\nuser = \"coordinator\"\npassword = \"hunter2\"\n\
+             tls_ca = \"certs/ca.pem\"\ntls_required = true\ninbox_prefix = \"_INBOX_c\"\n",
+        )
+        .expect("parse");
+        assert_eq!(c.nats.user.as_deref(), Some("coordinator"));
+        assert_eq!(
+            c.nats.password.as_ref().map(Secret::expose),
+            Some("hunter2")
+        );
+        assert_eq!(c.nats.tls_ca, Some(PathBuf::from("certs/ca.pem")));
+        assert!(c.nats.tls_required);
+        assert_eq!(c.nats.inbox_prefix, "_INBOX_c");
+        assert!(!format!("{c:?}").contains("hunter2"));
+        assert_eq!(NatsConfig::default().inbox_prefix, DEFAULT_INBOX_PREFIX);
+    }
+
+    #[test]
     fn unknown_fields_are_errors() {
         assert!(ClusterConfig::parse("[worker]\nmax_runing = 4\n").is_err());
+    }
+
+    #[test]
+    fn keys_are_read_and_never_printed() {
+        let c = ClusterConfig::parse(
+            "[auth]\napi_keys = [\"sk-one\", \"sk-two\"]\nadmin_keys = [\"sk-admin\"]\n",
+        )
+        .expect("parse");
+        assert!(c.auth.enabled());
+        assert_eq!(c.auth.api_keys[1].expose(), "sk-two");
+        assert_eq!(c.auth.admin_keys[0].expose(), "sk-admin");
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("sk-"), "{shown}");
+        assert!(!ClusterConfig::default().auth.enabled());
     }
 
     #[test]

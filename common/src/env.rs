@@ -4,6 +4,28 @@
 pub const CONFIG: &str = "BATON_CONFIG";
 /// NATS server URL (overrides `nats.url`).
 pub const NATS_URL: &str = "BATON_NATS_URL";
+/// NATS user name (overrides `nats.user`).
+pub const NATS_USER: &str = "BATON_NATS_USER";
+/// NATS password (overrides `nats.password`).
+pub const NATS_PASSWORD: &str = "BATON_NATS_PASSWORD";
+/// NATS authentication token (overrides `nats.token`).
+pub const NATS_TOKEN: &str = "BATON_NATS_TOKEN";
+/// NATS user NKey seed (overrides `nats.nkey`).
+pub const NATS_NKEY: &str = "BATON_NATS_NKEY";
+/// File holding a NATS user NKey seed (overrides `nats.nkey_file`).
+pub const NATS_NKEY_FILE: &str = "BATON_NATS_NKEY_FILE";
+/// NATS credentials file, `.creds` (overrides `nats.creds`).
+pub const NATS_CREDS: &str = "BATON_NATS_CREDS";
+/// CA certificate that signed the NATS server's certificate (overrides `nats.tls_ca`).
+pub const NATS_TLS_CA: &str = "BATON_NATS_TLS_CA";
+/// Client certificate for mutual TLS with NATS (overrides `nats.tls_cert`).
+pub const NATS_TLS_CERT: &str = "BATON_NATS_TLS_CERT";
+/// Private key of the client certificate (overrides `nats.tls_key`).
+pub const NATS_TLS_KEY: &str = "BATON_NATS_TLS_KEY";
+/// `true` to refuse a NATS connection without TLS (overrides `nats.tls_required`).
+pub const NATS_TLS_REQUIRED: &str = "BATON_NATS_TLS_REQUIRED";
+/// First token of reply subjects (overrides `nats.inbox_prefix`).
+pub const NATS_INBOX_PREFIX: &str = "BATON_NATS_INBOX_PREFIX";
 /// Coordinator HTTP base URL the `baton` client uses (`http://host:port`).
 pub const URL: &str = "BATON_URL";
 /// Subject prefix (overrides `nats.subject_prefix`).
@@ -22,6 +44,14 @@ pub const MODEL_NAME: &str = "BATON_MODEL_NAME";
 pub const BACKEND: &str = "BATON_BACKEND";
 /// Weight format: `native`, `f16`, `f32` (overrides `worker.weights`).
 pub const WEIGHTS: &str = "BATON_WEIGHTS";
+/// API keys of the coordinator's HTTP API, comma-separated (replace `auth.api_keys`
+/// when they hold at least one key).
+pub const API_KEYS: &str = "BATON_API_KEYS";
+/// Admin keys of the coordinator's HTTP API, comma-separated (replace
+/// `auth.admin_keys` when they hold at least one key).
+pub const ADMIN_KEYS: &str = "BATON_ADMIN_KEYS";
+/// The key the `baton` client sends (`Authorization: Bearer <key>`).
+pub const API_KEY: &str = "BATON_API_KEY";
 /// Log filter, in `tracing_subscriber::EnvFilter` syntax.
 pub const LOG: &str = "RUST_LOG";
 /// Log format: `text` (default) or `json`.

@@ -1,5 +1,5 @@
 //! What crosses the wire between Baton's processes, and nothing else: ids, message
-//! types, subject names, configuration types.
+//! types, subject names, configuration types, and how every process connects to NATS.
 //!
 //! # Layout
 //! - [`chain`]: the token hash chain that names KV states.
@@ -8,6 +8,7 @@
 //! - [`protocol`]: coordinator ⇄ worker messages (rkyv), checked decoding.
 //! - [`public`]: the public NATS API's headers, admin bodies and rkyv replies.
 //! - [`config`]: `cluster.toml` types.
+//! - [`nats`]: connecting to NATS with the configured credentials and TLS.
 //! - [`secret`]: values that never print (keys, passwords).
 //! - [`env`](mod@env): the names of every environment variable Baton reads.
 //! - [`fuzz`]: what the `wire` fuzz target feeds arbitrary bytes to.
@@ -19,6 +20,7 @@ pub mod config;
 pub mod env;
 pub mod fuzz;
 pub mod ids;
+pub mod nats;
 pub mod protocol;
 pub mod public;
 pub mod secret;

@@ -10,7 +10,7 @@ use rkyv::{rancor, util::AlignedVec, Archive, Deserialize, Serialize};
 use crate::ids::{CoordinatorId, StreamId, WorkerId};
 
 /// Version of this protocol; receivers drop messages of another major version.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Largest message a receiver accepts (bytes), whatever NATS allows.
 pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
@@ -65,6 +65,10 @@ pub enum Body {
 pub struct DrainWorker {
     /// Why, for the worker's log.
     pub reason: String,
+    /// How long the worker lets its running streams finish before it hands the rest
+    /// over (fails them with [`ErrorKind::Draining`], which the coordinator answers by
+    /// resuming them elsewhere), in milliseconds; `None`: the worker's own setting.
+    pub handover_after_ms: Option<u64>,
 }
 
 /// A worker took a drain order.
@@ -159,6 +163,10 @@ pub struct SeqRequest {
     pub attempt: u32,
     /// Continue a stream from a checkpoint instead of starting it.
     pub resume: Option<Resume>,
+    /// Most prompt tokens the coordinator accepts (0: no limit but the model's
+    /// context). The worker counts the prompt after tokenizing and refuses a longer
+    /// one with [`ErrorKind::PromptTooLong`] before any compute.
+    pub max_prompt_tokens: u32,
 }
 
 /// Where a resumed stream continues from.

@@ -60,6 +60,10 @@ pub struct ReplayRequest {
 pub struct DrainRequest {
     /// The worker to drain.
     pub worker: WorkerId,
+    /// How long its streams may run on before they move to other workers, in
+    /// milliseconds (0: move them now); absent: the worker's `drain_handover_ms`.
+    #[serde(default)]
+    pub handover_after_ms: Option<u64>,
 }
 
 /// Answer to a drain request.

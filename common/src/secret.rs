@@ -68,8 +68,11 @@ mod tests {
         struct T {
             key: Secret,
         }
-        let t: T = toml::from_str("key = \"abc\"").expect("toml");
+        let t: T = toml::from_str("key = \"abc\"").expect("valid TOML");
         assert_eq!(t.key.expose(), "abc");
-        assert_eq!(serde_json::to_string(&t.key).expect("json"), "\"abc\"");
+        assert_eq!(
+            serde_json::to_string(&t.key).expect("a string serializes"),
+            "\"abc\""
+        );
     }
 }

@@ -71,6 +71,12 @@ impl Subjects {
         format!("{}.v1.coord.{coordinator}.tokens", self.prefix)
     }
 
+    /// Every coordinator's token subject (`<p>.v1.coord.*.tokens`): a wildcard, for
+    /// observers that check what workers send (the soak's token tap).
+    pub fn all_tokens(&self) -> String {
+        format!("{}.v1.coord.*.tokens", self.prefix)
+    }
+
     /// Public API: text completions (`/v1/completions` over NATS).
     pub fn completions(&self) -> String {
         format!("{}.v1.completions", self.prefix)
@@ -117,6 +123,7 @@ mod tests {
         );
         assert!(s.cancel(w).ends_with(".cancel"));
         assert!(s.tokens(CoordinatorId(1)).starts_with("acme.v1.coord."));
+        assert_eq!(s.all_tokens(), "acme.v1.coord.*.tokens");
         assert_eq!(Subjects::default().prefix(), "baton");
         assert_eq!(s.completions(), "acme.v1.completions");
         assert_eq!(s.chat_completions(), "acme.v1.chat.completions");

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 
 use baton_common::config::{CheckpointMode, ClusterConfig, ConfigError};
 use baton_common::env;
+use baton_common::nats::NatsArgs;
+use baton_common::secret::Secret;
 use clap::Parser;
 
 /// Default location of `cluster.toml`; a missing file there means "all defaults".
@@ -38,6 +40,28 @@ pub struct Config {
     /// Checkpoint mode: sync, async or off (overrides `coordinator.checkpoint`).
     #[arg(long, env = env::CHECKPOINT, value_parser = parse_checkpoint)]
     pub checkpoint: Option<CheckpointMode>,
+    /// NATS credentials and TLS (override `nats.user`, `nats.tls_ca`, …).
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    /// API keys, comma-separated (replace `auth.api_keys` when they hold at least one
+    /// key). Prefer the environment variable: a command line is visible to every user
+    /// of the machine.
+    #[arg(long, env = env::API_KEYS, hide_env_values = true, value_delimiter = ',', value_parser = parse_key)]
+    pub api_keys: Option<Vec<Secret>>,
+    /// Admin keys, comma-separated (replace `auth.admin_keys` when they hold at least
+    /// one key). Prefer the environment variable, as for `--api-keys`.
+    #[arg(long, env = env::ADMIN_KEYS, hide_env_values = true, value_delimiter = ',', value_parser = parse_key)]
+    pub admin_keys: Option<Vec<Secret>>,
+}
+
+/// One key of a comma-separated list, without the spaces around it.
+fn parse_key(s: &str) -> Result<Secret, String> {
+    Ok(Secret::new(s.trim()))
+}
+
+/// A list of keys without the empty entries a stray comma leaves.
+fn keys(list: &[Secret]) -> Vec<Secret> {
+    list.iter().filter(|k| !k.is_empty()).cloned().collect()
 }
 
 fn parse_checkpoint(s: &str) -> Result<CheckpointMode, String> {
@@ -78,6 +102,20 @@ impl Config {
         if let Some(mode) = self.checkpoint {
             cluster.coordinator.checkpoint = mode;
         }
+        self.nats.apply(&mut cluster.nats);
+        // A list with no key in it (an empty variable, stray commas) leaves the file's
+        // list alone: it must never open an API the file closes.
+        if let Some(list) = self.api_keys.as_deref().map(keys).filter(|l| !l.is_empty()) {
+            cluster.auth.api_keys = list;
+        }
+        if let Some(list) = self
+            .admin_keys
+            .as_deref()
+            .map(keys)
+            .filter(|l| !l.is_empty())
+        {
+            cluster.auth.admin_keys = list;
+        }
         cluster
     }
 }
@@ -100,6 +138,10 @@ mod tests {
             "/srv/baton/store",
             "--checkpoint",
             "async",
+            "--nats-user",
+            "coordinator",
+            "--nats-password",
+            "hunter2",
         ])
         .expect("parse");
         let cluster = config.apply(ClusterConfig::default());
@@ -108,7 +150,39 @@ mod tests {
         assert_eq!(cluster.nats.subject_prefix, "acme");
         assert_eq!(cluster.coordinator.store_path, "/srv/baton/store");
         assert_eq!(cluster.coordinator.checkpoint, CheckpointMode::Async);
+        assert_eq!(cluster.nats.user.as_deref(), Some("coordinator"));
+        assert_eq!(
+            cluster.nats.password.as_ref().map(|p| p.expose()),
+            Some("hunter2")
+        );
         assert!(Config::try_parse_from(["baton-coordinator", "--checkpoint", "maybe"]).is_err());
+    }
+
+    #[test]
+    fn key_lists_replace_the_file_and_never_print() {
+        let config = Config::try_parse_from([
+            "baton-coordinator",
+            "--api-keys",
+            "sk-one, sk-two,",
+            "--admin-keys",
+            "sk-root",
+        ])
+        .expect("parse");
+        let mut file = ClusterConfig::default();
+        file.auth.api_keys = vec![Secret::new("sk-file")];
+        let cluster = config.apply(file);
+        let exposed: Vec<&str> = cluster.auth.api_keys.iter().map(Secret::expose).collect();
+        assert_eq!(exposed, ["sk-one", "sk-two"]);
+        assert_eq!(cluster.auth.admin_keys[0].expose(), "sk-root");
+        assert!(!format!("{config:?}").contains("sk-"), "{config:?}");
+        // An empty list never replaces the file's keys (that would open the API).
+        for empty in ["", " , ,"] {
+            let config =
+                Config::try_parse_from(["baton-coordinator", "--api-keys", empty]).expect("parse");
+            let mut file = ClusterConfig::default();
+            file.auth.api_keys = vec![Secret::new("sk-file")];
+            assert_eq!(config.apply(file).auth.api_keys[0].expose(), "sk-file");
+        }
     }
 
     #[test]

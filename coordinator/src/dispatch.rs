@@ -13,6 +13,7 @@ use baton_common::ids::WorkerId;
 use baton_common::protocol::{ErrorKind, SeqRequest, SubmitOutcome, WireError};
 use tracing::debug;
 
+use crate::actors::affinity::prefix_keys;
 use crate::actors::messages::{ReleaseWorker, RouteStream};
 use crate::actors::registry::Registry;
 use crate::actors::router::RouteError;
@@ -100,13 +101,14 @@ impl Dispatcher {
         exclude: &mut Vec<WorkerId>,
     ) -> Result<Bound, DispatchError> {
         let mut last: Option<DispatchError> = None;
+        let prefix = prefix_keys(&req.model, &req.prompt);
         for _ in 0..MAX_SUBMIT_ATTEMPTS {
             let route = self
                 .registry
                 .send(RouteStream {
                     model: req.model.clone(),
                     exclude: exclude.clone(),
-                    count: 1,
+                    prefixes: vec![prefix.clone()],
                 })
                 .await?;
             let worker = match route {
@@ -176,9 +178,12 @@ impl Dispatcher {
         let route = self
             .registry
             .send(RouteStream {
+                prefixes: reqs
+                    .iter()
+                    .map(|r| prefix_keys(&model, &r.prompt))
+                    .collect(),
                 model,
                 exclude: Vec::new(),
-                count: reqs.len() as u32,
             })
             .await;
         let worker = match route {

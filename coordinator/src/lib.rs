@@ -6,6 +6,8 @@
 //!
 //! # Layout
 //! - [`config`]: the command line, merged with `cluster.toml`.
+//! - [`auth`]: API keys (constant-time check, key ids for logs), stream ownership and
+//!   the per-key stream limit.
 //! - [`nats`]: the NATS connection: listeners (heartbeats, tokens), submit, cancel.
 //! - [`actors`]: the worker registry with the router's choice, and the stream sessions
 //!   (checkpoints, failover, reconnects).
@@ -20,6 +22,7 @@
 //! HTTP server to stop (SIGINT/SIGTERM stop it gracefully).
 
 pub mod actors;
+pub mod auth;
 pub mod config;
 pub mod dispatch;
 pub mod fuzz;
@@ -38,10 +41,11 @@ use actix_web::{web, App, HttpServer};
 use baton_common::config::ClusterConfig;
 use baton_common::ids::CoordinatorId;
 use baton_common::subjects::Subjects;
-use tracing::info;
+use tracing::{info, warn};
 
-use crate::actors::registry::Registry;
+use crate::actors::registry::{Registry, RoutingSettings};
 use crate::actors::sessions::{SessionSettings, Sessions};
+use crate::auth::Keys;
 use crate::dispatch::Dispatcher;
 use crate::http::AppState;
 use crate::metrics::Metrics;
@@ -52,14 +56,10 @@ use baton_common::config::CheckpointMode;
 /// Why the coordinator could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// NATS is unreachable.
-    #[error("cannot connect to NATS at {url}: {source}")]
-    Connect {
-        /// The URL.
-        url: String,
-        /// Why.
-        source: async_nats::ConnectError,
-    },
+    /// NATS is unreachable, refused our credentials, failed TLS, or the NATS settings
+    /// contradict each other.
+    #[error(transparent)]
+    Connect(baton_common::nats::NatsConnectError),
     /// A subscription failed.
     #[error("cannot subscribe: {0}")]
     Subscribe(#[from] async_nats::SubscribeError),
@@ -71,6 +71,9 @@ pub enum StartError {
         /// Why.
         source: store::StoreError,
     },
+    /// The API keys are unusable (an empty key).
+    #[error("invalid API keys: {0}")]
+    Keys(#[from] auth::KeyError),
     /// The listen address cannot be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -102,7 +105,18 @@ pub struct Running {
 /// Connects to NATS, starts the actors and binds the HTTP server. Must be called
 /// inside an actix system (`#[actix_web::main]`, `actix_rt::System`).
 pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
+    // Contradictory NATS settings fail before anything is opened.
+    baton_common::nats::connect_options(&cluster.nats, "baton-coordinator")
+        .map_err(|e| StartError::Connect(e.into()))?;
     let settings = &cluster.coordinator;
+    let keys = Arc::new(Keys::new(&cluster.auth, settings.max_streams_per_key)?);
+    if keys.enabled() {
+        for (key, role) in keys.ids() {
+            info!(%key, role = role.as_str(), "API key configured");
+        }
+    } else {
+        warn!("no API keys configured: anyone who reaches the HTTP port may use the whole API, admin routes included (set [auth] in cluster.toml, or BATON_API_KEYS and BATON_ADMIN_KEYS)");
+    }
     let store = match settings.checkpoint {
         CheckpointMode::Off => None,
         CheckpointMode::Sync | CheckpointMode::Async => {
@@ -127,18 +141,21 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
         None => CoordinatorId::random(),
     };
     let subjects = Subjects::new(cluster.nats.subject_prefix.clone());
-    let nats = NatsHandle::connect(&cluster.nats.url, subjects, id)
+    let nats = NatsHandle::connect(&cluster.nats, subjects, id)
         .await
-        .map_err(|source| StartError::Connect {
-            url: cluster.nats.url.clone(),
-            source,
-        })?;
+        .map_err(StartError::Connect)?;
     let config = Arc::new(cluster.coordinator);
     // The registry tells the sessions of lost workers and the sessions route through
     // the registry: the sessions' context (and address) exists before either starts.
     let sessions_ctx = actix::Context::<Sessions>::new();
     let registry = Registry::new(
         Duration::from_millis(config.worker_timeout_ms),
+        RoutingSettings {
+            affinity_slack: config
+                .prefix_routing
+                .then_some(u64::from(config.prefix_routing_slack)),
+            ..RoutingSettings::default()
+        },
         Some(sessions_ctx.address().recipient()),
     )
     .start();
@@ -199,6 +216,7 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
     public.serve().await?;
     let state = AppState {
         config: config.clone(),
+        keys,
         registry,
         sessions,
         nats: nats.clone(),
@@ -209,6 +227,7 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
     let server = HttpServer::new(move || {
         App::new()
             .app_data(data.clone())
+            .wrap(actix_web::middleware::from_fn(http::auth::check))
             .configure(http::routes::configure)
             .default_service(web::to(http::routes::not_found))
     })

@@ -35,6 +35,13 @@ pub struct Reason {
     pub reason: String,
 }
 
+/// Why the API key check refused a request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Refusal {
+    /// `invalid_api_key` (401) or `insufficient_permissions` (403).
+    pub code: String,
+}
+
 /// One worker.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WorkerLabel {
@@ -74,6 +81,8 @@ pub struct Metrics {
     pub public_requests: Counter,
     /// Malformed requests on the public NATS subjects, answered with an error.
     pub public_malformed: Counter,
+    /// Requests the API key check refused, by code.
+    pub auth_refusals: Family<Refusal, Counter>,
     /// Live workers.
     pub workers_live: Gauge,
     /// Sequences running on each worker (its last heartbeat).
@@ -116,6 +125,7 @@ impl Metrics {
             wire_missed: Counter::default(),
             public_requests: Counter::default(),
             public_malformed: Counter::default(),
+            auth_refusals: Family::default(),
             workers_live: Gauge::default(),
             worker_running: Family::default(),
             worker_queued: Family::default(),
@@ -191,6 +201,11 @@ impl Metrics {
             "Malformed requests on the public NATS subjects",
             m.public_malformed.clone(),
         );
+        r.register(
+            "http_auth_refusals",
+            "Requests refused by the API key check, by code",
+            m.auth_refusals.clone(),
+        );
         r.register("workers_live", "Live workers", m.workers_live.clone());
         r.register(
             "worker_running_sequences",
@@ -221,6 +236,15 @@ impl Metrics {
             .get_or_create(&Outcome {
                 endpoint: endpoint.to_string(),
                 outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a request the API key check refused.
+    pub fn auth_refused(&self, code: &str) {
+        self.auth_refusals
+            .get_or_create(&Refusal {
+                code: code.to_string(),
             })
             .inc();
     }

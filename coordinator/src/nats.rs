@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use actix::Addr;
 use async_nats::{Client, RequestErrorKind};
+use baton_common::config::NatsConfig;
 use baton_common::ids::{CoordinatorId, StreamId, WorkerId};
+use baton_common::nats::NatsConnectError;
 use baton_common::protocol::{
     decode, Body, Cancel, DecodeError, DrainReply, DrainWorker, SeqRequest, Sequencer,
     StreamAttempt, Submit, SubmitReply, Wire,
@@ -153,16 +155,16 @@ pub struct NatsHandle {
 }
 
 impl NatsHandle {
-    /// Connects to `url` as `coordinator`.
+    /// Connects as `coordinator`, with the credentials and TLS settings of `config`.
     pub async fn connect(
-        url: &str,
+        config: &NatsConfig,
         subjects: Subjects,
         coordinator: CoordinatorId,
-    ) -> Result<Self, async_nats::ConnectError> {
-        let client = async_nats::ConnectOptions::new()
-            .name(format!("baton-coordinator-{coordinator}"))
-            .connect(url)
-            .await?;
+    ) -> Result<Self, NatsConnectError> {
+        let client =
+            baton_common::nats::connect(config, &format!("baton-coordinator-{coordinator}"))
+                .await?;
+        let url = &config.url;
         info!(%url, %coordinator, "connected to NATS");
         Ok(Self {
             client,
@@ -329,18 +331,24 @@ impl NatsHandle {
         }
     }
 
-    /// Tells `worker` to drain (request/reply on its submit subject), waiting up to
+    /// Tells `worker` to drain (request/reply on its submit subject), handing its
+    /// streams over after `handover_after_ms` (`None`: its own setting), waiting up to
     /// `timeout` for it to confirm.
     pub async fn drain(
         &self,
         worker: WorkerId,
         reason: String,
+        handover_after_ms: Option<u64>,
         timeout: Duration,
     ) -> Result<DrainReply, SubmitError> {
         let subject = self.subjects.submit(worker);
-        let payload = self
-            .sequencers
-            .encode(&subject, Body::Drain(DrainWorker { reason }));
+        let payload = self.sequencers.encode(
+            &subject,
+            Body::Drain(DrainWorker {
+                reason,
+                handover_after_ms,
+            }),
+        );
         let request = async_nats::Request::new()
             .payload(payload.into())
             .timeout(Some(timeout));

@@ -35,6 +35,7 @@ use tracing::{debug, info, warn};
 use crate::actors::messages::{CheckHealth, ListModels, ListWorkers};
 use crate::actors::registry::{HealthStatus, Registry};
 use crate::actors::sessions::{Attach, AttachError, Sessions, Update};
+use crate::auth::StreamAccess;
 use crate::http::error::ApiError;
 use crate::http::openai::Usage;
 use crate::http::routes::open_stream;
@@ -202,7 +203,7 @@ impl PublicApi {
             Endpoint::Completion => ValidRequest::completion(body, &self.config)?,
         };
         // Held until the answer is out: then the session may stop the stream.
-        let opened = open_stream(&self.sessions, &request).await?;
+        let opened = open_stream(&self.sessions, &request, None).await?;
         let (stream, created, prompt_tokens) =
             (opened.stream, opened.created, opened.prompt_tokens);
         let (events, _guard) = (opened.events, opened.guard);
@@ -333,6 +334,8 @@ impl PublicApi {
                 stream,
                 after: request.after,
                 subscriber: tx,
+                // NATS clients pass NATS's own credentials, not API keys.
+                access: StreamAccess::Any,
             })
             .await?
             .map_err(|e| match e {
@@ -434,7 +437,12 @@ impl PublicApi {
         let timeout = Duration::from_millis(self.config.submit_timeout_ms);
         let reply = self
             .nats
-            .drain(worker, "an operator asked over NATS".into(), timeout)
+            .drain(
+                worker,
+                "an operator asked over NATS".into(),
+                request.handover_after_ms,
+                timeout,
+            )
             .await
             .map_err(|e| match e {
                 SubmitError::NoResponders => {
@@ -480,8 +488,12 @@ fn malformed(error: &ApiError) -> bool {
         | ApiError::BodyTooLarge { .. }
         | ApiError::UnknownRoute(_)
         | ApiError::StreamNotFound(_)
-        | ApiError::WorkerNotFound(_) => true,
+        | ApiError::WorkerNotFound(_)
+        | ApiError::MissingApiKey
+        | ApiError::InvalidApiKey
+        | ApiError::AdminKeyRequired(_) => true,
         ApiError::Overloaded(_)
+        | ApiError::TooManyStreams { .. }
         | ApiError::NotSynced
         | ApiError::NoLiveWorkers
         | ApiError::ModelUnavailable(_)

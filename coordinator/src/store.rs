@@ -2,7 +2,8 @@
 //!
 //! Three trees:
 //! - `streams`: stream id (16 bytes, big-endian) → [`StreamRecord`] (rkyv): the request,
-//!   how its answer is shaped, its current attempt and worker, and how it ended.
+//!   how its answer is shaped, the key that opened it, its current attempt and worker,
+//!   and how it ended.
 //! - `tokens`: stream id ‖ position (4 bytes, big-endian) → token id (u32 LE) ‖ chain
 //!   hash (u64 LE) ‖ text (UTF-8). Keys sort by stream, then position, so one range
 //!   scan reads a stream's tokens in order.
@@ -22,6 +23,7 @@ use baton_common::ids::{StreamId, WorkerId};
 use baton_common::protocol::{Finished, SeqRequest, TokenEvent, WireError};
 use rkyv::{rancor, util::AlignedVec, Archive, Deserialize, Serialize};
 
+use crate::auth::KeyId;
 use crate::http::validate::Endpoint;
 
 /// Why the store failed.
@@ -63,6 +65,9 @@ pub struct StreamRecord {
     pub end: Option<StreamEnd>,
     /// Unix seconds when it ended (0 while it runs).
     pub ended_at: u64,
+    /// The API key that opened it (`None`: opened while the API was open, or over
+    /// NATS). Only that key, or an admin key, may reattach to it over HTTP.
+    pub owner: Option<KeyId>,
 }
 
 /// One checkpointed token.
@@ -312,6 +317,7 @@ mod tests {
                 },
                 attempt: 0,
                 resume: None,
+                max_prompt_tokens: 0,
             },
             endpoint: Endpoint::Chat,
             include_usage: true,
@@ -320,6 +326,7 @@ mod tests {
             worker: None,
             end: None,
             ended_at: 0,
+            owner: Some(KeyId::of("sk-test")),
         }
     }
 

@@ -1,11 +1,12 @@
 """Drives a Baton coordinator with the official `openai` client.
 
-Usage: openai_client.py BASE_URL MODEL CHAT_PROMPT TEXT_PROMPT MAX_TOKENS
+Usage: openai_client.py BASE_URL MODEL CHAT_PROMPT TEXT_PROMPT MAX_TOKENS [API_KEY]
 
 Makes four greedy requests (chat completions for CHAT_PROMPT as one user message, text
 completions for TEXT_PROMPT; each streamed and not), lists the models, asks for an
 unknown model, and prints one JSON object: for each request the text, the finish reason
-and, when not streamed, the usage.
+and, when not streamed, the usage. With API_KEY the requests carry it, and one more
+request with another key records how it is refused.
 """
 
 import json
@@ -15,8 +16,11 @@ import openai
 
 
 def main() -> None:
-    base_url, model, chat_prompt, prompt, max_tokens = sys.argv[1:]
-    client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+    base_url, model, chat_prompt, prompt, max_tokens = sys.argv[1:6]
+    api_key = sys.argv[6] if len(sys.argv) > 6 else None
+    client = openai.OpenAI(
+        base_url=base_url + "/v1", api_key=api_key or "unused", max_retries=0
+    )
     max_tokens = int(max_tokens)
     messages = [{"role": "user", "content": chat_prompt}]
     out = {}
@@ -70,6 +74,16 @@ def main() -> None:
         out["unknown_model"] = None
     except openai.NotFoundError as e:
         out["unknown_model"] = {"status": e.status_code, "code": e.code}
+
+    if api_key:
+        wrong = openai.OpenAI(
+            base_url=base_url + "/v1", api_key=api_key + "-wrong", max_retries=0
+        )
+        try:
+            wrong.models.list()
+            out["wrong_key"] = None
+        except openai.AuthenticationError as e:
+            out["wrong_key"] = {"status": e.status_code, "code": e.code}
 
     print(json.dumps(out))
 

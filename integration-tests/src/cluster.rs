@@ -3,6 +3,7 @@
 use std::{
     path::PathBuf,
     process::Command,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -11,6 +12,7 @@ use tempfile::TempDir;
 use crate::{
     http::Api,
     process::{bin, free_port, Nats, Process},
+    secure::{NatsSecurity, Role},
     workspace_root,
 };
 
@@ -50,6 +52,41 @@ pub struct ClusterOptions {
     /// Extra `cluster.toml` text appended to the generated file's sections, as
     /// `(section, lines)`, e.g. `("coordinator", "max_body_bytes = 4096")`.
     pub extra: Vec<(&'static str, String)>,
+    /// A NATS server with accounts, permissions (and TLS), and each process's
+    /// credentials; `None`: an open server.
+    pub security: Option<Arc<NatsSecurity>>,
+    /// API keys of the coordinator (none: its API is open).
+    pub keys: ApiKeys,
+}
+
+/// API keys a test cluster's coordinator takes from its environment (`BATON_API_KEYS`,
+/// `BATON_ADMIN_KEYS`), as an operator would give them.
+#[derive(Debug, Clone, Default)]
+pub struct ApiKeys {
+    /// API keys.
+    pub api: Vec<String>,
+    /// Admin keys.
+    pub admin: Vec<String>,
+}
+
+impl ApiKeys {
+    /// The key the cluster's own [`Api`] sends: the first admin key, else the first API
+    /// key, else none.
+    fn harness_key(&self) -> Option<&str> {
+        self.admin.first().or(self.api.first()).map(String::as_str)
+    }
+
+    /// Puts the keys in a coordinator's environment.
+    fn apply(&self, cmd: &mut Command) {
+        for (name, keys) in [
+            ("BATON_API_KEYS", &self.api),
+            ("BATON_ADMIN_KEYS", &self.admin),
+        ] {
+            if !keys.is_empty() {
+                cmd.env(name, keys.join(","));
+            }
+        }
+    }
 }
 
 impl ClusterOptions {
@@ -59,6 +96,8 @@ impl ClusterOptions {
             workers,
             engine: Engine::Simulated { step_ms: 20 },
             extra: Vec::new(),
+            security: None,
+            keys: ApiKeys::default(),
         }
     }
 
@@ -68,12 +107,32 @@ impl ClusterOptions {
             workers,
             engine: Engine::Real,
             extra: Vec::new(),
+            security: None,
+            keys: ApiKeys::default(),
         }
+    }
+
+    /// Gives the coordinator these API and admin keys; the cluster's [`Api`] then sends
+    /// the first admin key (or, without one, the first API key).
+    pub fn keys(mut self, api: &[&str], admin: &[&str]) -> ClusterOptions {
+        self.keys = ApiKeys {
+            api: api.iter().map(|k| k.to_string()).collect(),
+            admin: admin.iter().map(|k| k.to_string()).collect(),
+        };
+        self
     }
 
     /// Sets the simulated engine's pace.
     pub fn step_ms(mut self, step_ms: u64) -> ClusterOptions {
         self.engine = Engine::Simulated { step_ms };
+        self
+    }
+
+    /// Runs the cluster on a NATS server with `security`'s accounts, permissions and
+    /// TLS: the coordinator and the workers connect with their roles' credentials.
+    pub fn secured(mut self, security: Arc<NatsSecurity>) -> ClusterOptions {
+        self.extra.push(("nats", security.cluster_toml_lines()));
+        self.security = Some(security);
         self
     }
 }
@@ -98,6 +157,8 @@ pub struct Cluster {
     options: ClusterOptions,
     /// Coordinator restarts so far (names their logs).
     restarts: usize,
+    /// Workers started so far, replacements included (names their logs).
+    spawned: usize,
     dir: TempDir,
 }
 
@@ -110,7 +171,10 @@ impl Cluster {
         if options.engine == Engine::Real && !model_available() {
             return None;
         }
-        let nats = Nats::start()?;
+        let nats = match &options.security {
+            Some(security) => security.start_nats()?,
+            None => Nats::start()?,
+        };
         let dir = tempfile::tempdir().expect("creating a temporary directory");
         let mut last = String::new();
         // The coordinator's port is picked free but may be taken before it binds: retry.
@@ -120,12 +184,18 @@ impl Cluster {
             let store = dir.path().join("store");
             std::fs::write(&config, config_text(&options, &nats.url, port, &store))
                 .expect("writing cluster.toml");
-            let mut coordinator = Process::spawn(
-                &format!("coordinator-{attempt}"),
+            let mut cmd = with_credentials(
                 command("baton-coordinator", None, &config),
-                dir.path(),
+                &options,
+                Role::Coordinator,
             );
-            let api = Api::new(&format!("http://127.0.0.1:{port}"));
+            options.keys.apply(&mut cmd);
+            let mut coordinator =
+                Process::spawn(&format!("coordinator-{attempt}"), cmd, dir.path());
+            let mut api = Api::new(&format!("http://127.0.0.1:{port}"));
+            if let Some(key) = options.keys.harness_key() {
+                api = api.with_key(key);
+            }
             if !wait_listening(&mut coordinator, &api) {
                 // Exited early (a taken port, most likely).
                 last = coordinator.log();
@@ -140,6 +210,7 @@ impl Cluster {
                 config,
                 options,
                 restarts: 0,
+                spawned: 0,
                 dir,
             };
             for _ in 0..cluster.options.workers {
@@ -157,11 +228,13 @@ impl Cluster {
         self.coordinator.kill();
         self.restarts += 1;
         let name = format!("coordinator-restart-{}", self.restarts);
-        self.coordinator = Process::spawn(
-            &name,
+        let mut cmd = with_credentials(
             command("baton-coordinator", None, &self.config),
-            self.dir.path(),
+            &self.options,
+            Role::Coordinator,
         );
+        self.options.keys.apply(&mut cmd);
+        self.coordinator = Process::spawn(&name, cmd, self.dir.path());
         if !wait_listening(&mut self.coordinator, &self.api) {
             panic!(
                 "the coordinator did not come back:
@@ -191,14 +264,33 @@ impl Cluster {
 
     /// Starts one more worker (not waiting for it to join); returns its index.
     pub fn add_worker(&mut self) -> usize {
-        let index = self.workers.len();
-        let mut cmd = command("baton-worker", Some("serve"), &self.config);
+        let worker = self.spawn_worker();
+        self.workers.push(worker);
+        self.workers.len() - 1
+    }
+
+    /// Starts a new worker process in slot `index` (not waiting for it to join), after
+    /// killing (`SIGKILL`) the one there if it still runs. Its log is a new file; the
+    /// old process's log is kept.
+    pub fn restart_worker(&mut self, index: usize) {
+        self.workers[index].kill();
+        self.workers[index] = self.spawn_worker();
+    }
+
+    fn spawn_worker(&mut self) -> Process {
+        let mut cmd = with_credentials(
+            command("baton-worker", Some("serve"), &self.config),
+            &self.options,
+            Role::Worker,
+        );
         if let Engine::Simulated { step_ms } = self.options.engine {
             cmd.args(["--simulated", "--sim-step-ms", &step_ms.to_string()]);
         }
-        let worker = Process::spawn(&format!("worker-{index}"), cmd, self.dir.path());
-        self.workers.push(worker);
-        index
+        // The first workers are `worker-0` …; a replacement of slot 1 started as the
+        // fourth process is `worker-3`.
+        let name = format!("worker-{}", self.spawned);
+        self.spawned += 1;
+        Process::spawn(&name, cmd, self.dir.path())
     }
 
     /// Waits until `/health` reports at least `workers` live workers and `/v1/models`
@@ -338,6 +430,14 @@ fn command(binary: &str, subcommand: Option<&str>, config: &std::path::Path) -> 
     cmd.arg("--config").arg(config);
     cmd.current_dir(workspace_root());
     set_env(&mut cmd);
+    cmd
+}
+
+/// `cmd` with `role`'s NATS credentials in its environment, when the cluster has them.
+fn with_credentials(mut cmd: Command, options: &ClusterOptions, role: Role) -> Command {
+    if let Some(security) = &options.security {
+        cmd.envs(security.env(role));
+    }
     cmd
 }
 

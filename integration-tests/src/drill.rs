@@ -34,6 +34,18 @@ pub enum Sampling {
 }
 
 impl Sampling {
+    /// Sets the request's sampling fields.
+    pub fn apply(self, body: &mut Value) {
+        match self {
+            Sampling::Greedy => body["temperature"] = json!(0),
+            Sampling::Seeded(seed) => {
+                body["temperature"] = json!(0.8);
+                body["top_p"] = json!(0.95);
+                body["seed"] = json!(seed);
+            }
+        }
+    }
+
     /// A short name for verdict lines.
     pub fn name(self) -> String {
         match self {
@@ -109,7 +121,7 @@ impl Seen {
     fn text_events(&self) -> usize {
         self.events
             .iter()
-            .filter(|(_, e)| e.position().is_some() && !piece(e).is_empty())
+            .filter(|(_, e)| e.position().is_some() && !e.text().is_empty())
             .count()
     }
 
@@ -127,7 +139,7 @@ impl Seen {
     fn first_token_after(&self, t: Instant) -> Option<Instant> {
         self.events
             .iter()
-            .find(|(at, e)| *at >= t && !piece(e).is_empty())
+            .find(|(at, e)| *at >= t && !e.text().is_empty())
             .map(|(at, _)| *at)
     }
 
@@ -146,7 +158,7 @@ impl Seen {
                 done = true;
                 continue;
             }
-            let p = piece(e);
+            let p = e.text();
             if !p.is_empty() {
                 let pos = e.position().ok_or("a text event without a position")?;
                 if last.is_some_and(|l| pos <= l) {
@@ -177,22 +189,6 @@ impl Seen {
             completion_tokens,
         })
     }
-}
-
-fn piece(e: &SseEvent) -> String {
-    let Some(json) = e.json() else {
-        return String::new();
-    };
-    json["choices"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| {
-            c["delta"]["content"]
-                .as_str()
-                .or_else(|| c["text"].as_str())
-        })
-        .collect()
 }
 
 /// Reads a stream on a thread, timestamping each event as it arrives.
@@ -255,14 +251,7 @@ pub fn request(cluster: &Cluster, sampling: Sampling, max_tokens: u32, i: usize)
         "stream": true,
         "stream_options": {"include_usage": true},
     });
-    match sampling {
-        Sampling::Greedy => body["temperature"] = json!(0),
-        Sampling::Seeded(seed) => {
-            body["temperature"] = json!(0.8);
-            body["top_p"] = json!(0.95);
-            body["seed"] = json!(seed);
-        }
-    }
+    sampling.apply(&mut body);
     body
 }
 

@@ -18,12 +18,15 @@ pub struct Reply {
     pub request_id: Option<String>,
 }
 
-/// A blocking client bound to one base URL (`http://127.0.0.1:<port>`).
+/// A blocking client bound to one base URL (`http://127.0.0.1:<port>`), sending an API
+/// key with every request when it has one.
 #[derive(Clone)]
 pub struct Api {
     /// `http://host:port`, no trailing slash.
     pub base: String,
     client: reqwest::blocking::Client,
+    /// Sent as `Authorization: Bearer <key>`.
+    key: Option<String>,
 }
 
 impl Api {
@@ -36,12 +39,38 @@ impl Api {
         Api {
             base: base.trim_end_matches('/').to_string(),
             client,
+            key: None,
+        }
+    }
+
+    /// The same client sending `key` as `Authorization: Bearer <key>`.
+    pub fn with_key(&self, key: &str) -> Api {
+        Api {
+            key: Some(key.to_string()),
+            ..self.clone()
+        }
+    }
+
+    /// The same client sending no key.
+    pub fn without_key(&self) -> Api {
+        Api {
+            key: None,
+            ..self.clone()
+        }
+    }
+
+    /// A request with the key, if any.
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::blocking::RequestBuilder {
+        let req = self.client.request(method, self.url(path));
+        match &self.key {
+            Some(key) => req.bearer_auth(key),
+            None => req,
         }
     }
 
     /// `GET <path>`.
     pub fn get(&self, path: &str) -> reqwest::Result<Reply> {
-        let resp = self.client.get(self.url(path)).send()?;
+        let resp = self.request(reqwest::Method::GET, path).send()?;
         Ok(into_reply(resp))
     }
 
@@ -53,8 +82,7 @@ impl Api {
     /// `POST <path>` with any bytes, declared as JSON.
     pub fn post_raw(&self, path: &str, body: impl Into<Vec<u8>>) -> reqwest::Result<Reply> {
         let resp = self
-            .client
-            .post(self.url(path))
+            .request(reqwest::Method::POST, path)
             .header("content-type", "application/json")
             .body(body.into())
             .send()?;
@@ -69,20 +97,31 @@ impl Api {
     /// `POST <path>` expecting an event stream, with a `Last-Event-ID` when reconnecting;
     /// panics unless the answer is 200.
     pub fn stream_from(&self, path: &str, body: &Value, last_event_id: Option<&str>) -> SseReader {
+        self.try_stream_from(path, body, last_event_id)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// `POST <path>` expecting an event stream, with a `Last-Event-ID` when reconnecting;
+    /// an error (saying what happened) unless the answer is 200 with `text/event-stream`.
+    pub fn try_stream_from(
+        &self,
+        path: &str,
+        body: &Value,
+        last_event_id: Option<&str>,
+    ) -> Result<SseReader, String> {
         let mut req = self
-            .client
-            .post(self.url(path))
+            .request(reqwest::Method::POST, path)
             .header("content-type", "application/json")
             .header("accept", "text/event-stream")
             .body(body.to_string());
         if let Some(id) = last_event_id {
             req = req.header("last-event-id", id);
         }
-        let resp = req.send().unwrap_or_else(|e| panic!("POST {path}: {e}"));
+        let resp = req.send().map_err(|e| format!("POST {path}: {e}"))?;
         let status = resp.status().as_u16();
         if status != 200 {
             let text = resp.text().unwrap_or_default();
-            panic!("POST {path} (stream) answered {status}: {text}");
+            return Err(format!("POST {path} (stream) answered {status}: {text}"));
         }
         let content_type = resp
             .headers()
@@ -90,11 +129,12 @@ impl Api {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_string();
-        assert!(
-            content_type.starts_with("text/event-stream"),
-            "POST {path} (stream) answered content-type {content_type:?}"
-        );
-        SseReader::new(resp)
+        if !content_type.starts_with("text/event-stream") {
+            return Err(format!(
+                "POST {path} (stream) answered content-type {content_type:?}"
+            ));
+        }
+        Ok(SseReader::new(resp))
     }
 
     fn url(&self, path: &str) -> String {
@@ -149,6 +189,24 @@ impl SseEvent {
             .as_deref()
             .and_then(|id| id.rsplit_once(':'))
             .and_then(|(_, p)| p.parse().ok())
+    }
+
+    /// The text the chunk carries: chat (`delta.content`) and text (`text`) completion
+    /// chunks alike; empty for other events.
+    pub fn text(&self) -> String {
+        let Some(json) = self.json() else {
+            return String::new();
+        };
+        json["choices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| {
+                c["delta"]["content"]
+                    .as_str()
+                    .or_else(|| c["text"].as_str())
+            })
+            .collect()
     }
 
     /// Whether this is the final `data: [DONE]`.

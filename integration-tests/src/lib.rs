@@ -15,17 +15,25 @@
 //! - [`cluster`]: a whole cluster (NATS, coordinator, workers) from [`ClusterOptions`].
 //! - [`drill`]: failover drills (kill a worker, restart the coordinator or NATS
 //!   mid-stream) and their verdicts.
+//! - [`soak`]: a bounded soak (steady load, a worker killed every few minutes, every
+//!   stream checked token by token, memory sampled) and its verdict.
+//! - [`tap`]: a subscriber to the workers' token messages, to check token ids.
 //! - [`http`]: a blocking client for the API, an SSE reader, OpenAI error checks.
+//! - [`secure`]: a NATS server with the shipped accounts and permissions (and TLS), and
+//!   each role's credentials.
 //! - [`generate`]: `baton-worker generate`, the reference a cluster's greedy text must match.
 
 pub mod cluster;
 pub mod drill;
 pub mod http;
 pub mod process;
+pub mod secure;
+pub mod soak;
+pub mod tap;
 
 use std::path::PathBuf;
 
-pub use cluster::{Cluster, ClusterOptions, Engine, DEFAULT_MODEL_NAME};
+pub use cluster::{ApiKeys, Cluster, ClusterOptions, Engine, DEFAULT_MODEL_NAME};
 pub use http::{assert_error, summarize, Api, Reply, SseEvent, SseReader, StreamSummary};
 pub use process::{Nats, Process};
 

@@ -1,6 +1,7 @@
 //! Child processes that die with their owner, and the `nats-server` they talk through.
 
 use std::{
+    ffi::OsString,
     fs::File,
     net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
@@ -8,6 +9,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
+use baton_common::config::NatsConfig;
 use tempfile::TempDir;
 
 /// Where the workspace's binaries (`baton-worker`, `baton-coordinator`) are.
@@ -146,6 +148,19 @@ impl Process {
         self.child.id()
     }
 
+    /// Its resident set size in KiB (`VmRSS` of `/proc/<pid>/status`); `None` once it
+    /// has ended, or where there is no `/proc`.
+    pub fn rss_kib(&mut self) -> Option<u64> {
+        if self.try_status().is_some() {
+            return None;
+        }
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
     /// Everything the process wrote so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
@@ -219,11 +234,23 @@ pub struct Nats {
     restarts: usize,
     /// Holds the log (and nothing else): removed after the process is gone.
     _dir: TempDir,
+    /// Arguments beyond address and port (`-c <file>`), kept for restarts.
+    args: Vec<OsString>,
+    /// Environment of the server (the secrets its configuration reads), kept for
+    /// restarts.
+    env: Vec<(OsString, OsString)>,
 }
 
 impl Nats {
     /// Starts a server, or `None` (after printing why) when `nats-server` is not installed.
     pub fn start() -> Option<Nats> {
+        Nats::start_with(Vec::new(), Vec::new())
+    }
+
+    /// Starts a server with more arguments (`-c <configuration file>`) and environment;
+    /// the address and port are still chosen here (on the command line, they win over
+    /// the file's). `None`, after a note, when `nats-server` is not installed.
+    pub fn start_with(args: Vec<OsString>, env: Vec<(OsString, OsString)>) -> Option<Nats> {
         let Some(exe) = nats_server_path() else {
             eprintln!("note: skipped: nats-server is not installed (scripts/setup installs it)");
             return None;
@@ -234,6 +261,7 @@ impl Nats {
         for attempt in 0..5 {
             let port = free_port();
             let mut cmd = Command::new(&exe);
+            cmd.args(&args).envs(env.iter().cloned());
             cmd.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
             let mut process = Process::spawn(&format!("nats-{attempt}"), cmd, dir.path());
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -245,6 +273,8 @@ impl Nats {
                         port,
                         restarts: 0,
                         _dir: dir,
+                        args,
+                        env,
                     });
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -257,6 +287,16 @@ impl Nats {
 }
 
 impl Nats {
+    /// The settings of a connection without credentials to this server, for
+    /// `baton_common::nats::connect` (a secured server wants
+    /// [`crate::secure::NatsSecurity::nats_config`] instead).
+    pub fn config(&self) -> NatsConfig {
+        NatsConfig {
+            url: self.url.clone(),
+            ..NatsConfig::default()
+        }
+    }
+
     /// Kills the server (`SIGKILL`), waits `down`, and starts it again on the same port.
     pub fn restart(&mut self, down: Duration) {
         self.process.kill();
@@ -266,6 +306,7 @@ impl Nats {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let mut cmd = Command::new(&exe);
+            cmd.args(&self.args).envs(self.env.iter().cloned());
             cmd.args(["-a", "127.0.0.1", "-p", &self.port.to_string()]);
             let name = format!("nats-restart-{}", self.restarts);
             self.process = Process::spawn(&name, cmd, self._dir.path());

@@ -15,10 +15,12 @@ fn workers_and_coordinator_survive_garbage_on_internal_subjects() {
         .parse()
         .expect("a worker id");
     let subjects = Subjects::default();
-    let url = cluster.nats.url.clone();
+    let nats = cluster.nats.config();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
-        let client = async_nats::connect(&url).await.expect("connect");
+        let client = baton_common::nats::connect(&nats, "garbage-test")
+            .await
+            .expect("connect");
         let mut state = 0x9e37_79b9u32;
         for i in 0..300u32 {
             state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);

@@ -60,7 +60,10 @@ fn malformed_public_requests_get_errors_and_are_counted() {
     let model = cluster.model.clone();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let client = runtime
-        .block_on(async_nats::connect(&cluster.nats.url))
+        .block_on(baton_common::nats::connect(
+            &cluster.nats.config(),
+            "bad-input-test",
+        ))
         .expect("connect");
     let malformed = runtime.block_on(async {
         let mut malformed = 0u64;

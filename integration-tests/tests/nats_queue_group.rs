@@ -84,10 +84,12 @@ fn two_coordinators_share_requests_and_one_serves_alone() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let mut second = second_coordinator(&cluster, dir.path());
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let url = cluster.nats.url.clone();
     let model = cluster.model.clone();
     let client = runtime
-        .block_on(async_nats::connect(&url))
+        .block_on(baton_common::nats::connect(
+            &cluster.nats.config(),
+            "queue-group-test",
+        ))
         .expect("connect");
 
     let shared = runtime.block_on(spread(&client, &model, 30));

@@ -1,6 +1,7 @@
-//! The official `openai` Python client against a cluster running the real model: chat
-//! and text completions, streamed and not, must give the same greedy text as
-//! `baton-worker generate` for the same request.
+//! The official `openai` Python client against a cluster running the real model, with
+//! an API key: chat and text completions, streamed and not, must give the same greedy
+//! text as `baton-worker generate` for the same request, and another key is refused as
+//! OpenAI refuses it.
 
 use std::process::Command;
 
@@ -12,6 +13,8 @@ const CHAT_PROMPT: &str = "Tell me a short story about a robot.";
 /// The prompt of the text completions (one the model continues rather than ends).
 const TEXT_PROMPT: &str = "Once upon a time, there was a little robot who";
 const MAX_TOKENS: u32 = 24;
+/// The coordinator's API key, which the client passes as `api_key`.
+const API_KEY: &str = "sk-openai-client-test-4e1d";
 
 /// Whether `python3` can import `openai`; prints a note when it cannot.
 fn openai_available() -> bool {
@@ -30,7 +33,7 @@ fn openai_client_gets_the_reference_greedy_text() {
     if !openai_available() {
         return;
     }
-    let Some(cluster) = Cluster::start(ClusterOptions::real(1)) else {
+    let Some(cluster) = Cluster::start(ClusterOptions::real(1).keys(&[API_KEY], &[])) else {
         return;
     };
     let script = workspace_root().join("integration-tests/python/openai_client.py");
@@ -38,6 +41,7 @@ fn openai_client_gets_the_reference_greedy_text() {
         .arg(&script)
         .args([&cluster.api.base, &cluster.model, CHAT_PROMPT, TEXT_PROMPT])
         .arg(MAX_TOKENS.to_string())
+        .arg(API_KEY)
         .output()
         .expect("running python3");
     assert!(
@@ -100,5 +104,9 @@ fn openai_client_gets_the_reference_greedy_text() {
     assert_eq!(
         results["unknown_model"],
         serde_json::json!({"status": 404, "code": "model_not_found"})
+    );
+    assert_eq!(
+        results["wrong_key"],
+        serde_json::json!({"status": 401, "code": "invalid_api_key"})
     );
 }

@@ -379,6 +379,7 @@ pub fn run_serve(args: &ServeBenchArgs) -> anyhow::Result<()> {
                         },
                         attempt: 0,
                         resume: None,
+                        max_prompt_tokens: 0,
                     }],
                     reply: tx,
                 })?;

@@ -31,7 +31,8 @@ pub enum Command {
     /// Drive the engine thread in-process at a given load (serving benchmark).
     BenchServe(crate::bench::ServeBenchArgs),
     /// Join a cluster over NATS and serve the model.
-    Serve(crate::serve::ServeArgs),
+    // Boxed: its NATS settings make it much larger than the other variants.
+    Serve(Box<crate::serve::ServeArgs>),
 }
 
 /// Arguments of `generate`.
@@ -99,7 +100,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             }
         },
         Command::Bench(args) => crate::bench::run::<CpuBackend>(&args, &Default::default()),
-        Command::Serve(args) => crate::serve::run(args),
+        Command::Serve(args) => crate::serve::run(*args),
         Command::BenchServe(args) => crate::bench::run_serve(&args),
     }
 }

@@ -25,8 +25,9 @@ pub struct RouteStream {
     pub model: String,
     /// Workers not to pick (they already refused this request).
     pub exclude: Vec<WorkerId>,
-    /// Streams that go to the chosen worker (a batch counts each).
-    pub count: u32,
+    /// One entry per stream that goes to the chosen worker (a batch has several): its
+    /// prompt's prefix keys ([`super::affinity::prefix_keys`]), empty when unknown.
+    pub prefixes: Vec<Vec<u64>>,
 }
 
 /// A stream routed by [`RouteStream`] is over (registry).

@@ -14,6 +14,7 @@ use baton_common::ids::WorkerId;
 use baton_common::protocol::Heartbeat;
 use tracing::{info, warn};
 
+use super::affinity::PrefixIndex;
 use super::messages::{
     CheckHealth, ClusterStatus, ForgetWorker, ListModels, ListWorkers, ReleaseWorker, RouteStream,
     WorkerHeartbeat, WorkerLost,
@@ -121,17 +122,47 @@ pub struct Membership {
     in_flight: HashMap<WorkerId, u32>,
     /// First time each model was seen, for `created` in the models list.
     first_seen: HashMap<String, u64>,
+    /// Which workers were sent which prompt prefixes.
+    affinity: PrefixIndex,
+    /// How the router weighs prefixes against load.
+    routing: RoutingSettings,
+}
+
+/// How the router weighs a worker's likely cached prefix against its load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoutingSettings {
+    /// `Some(s)`: prefer the worker that holds the most of a prompt while its load is
+    /// at most the least load + `s`; `None`: least loaded only.
+    pub affinity_slack: Option<u64>,
+    /// Most prompt chunk keys remembered.
+    pub affinity_entries: usize,
+}
+
+impl Default for RoutingSettings {
+    fn default() -> Self {
+        Self {
+            affinity_slack: Some(4),
+            affinity_entries: 1 << 16,
+        }
+    }
 }
 
 impl Membership {
     /// An empty registry whose workers expire after `timeout` of silence.
     pub fn new(timeout: Duration) -> Self {
+        Self::with_routing(timeout, RoutingSettings::default())
+    }
+
+    /// An empty registry that routes as `routing` says.
+    pub fn with_routing(timeout: Duration, routing: RoutingSettings) -> Self {
         Self {
             timeout,
             synced: false,
             workers: HashMap::new(),
             in_flight: HashMap::new(),
             first_seen: HashMap::new(),
+            affinity: PrefixIndex::new(routing.affinity_entries),
+            routing,
         }
     }
 
@@ -159,6 +190,7 @@ impl Membership {
 
     /// Drops `worker` now; returns whether it was known.
     pub fn forget(&mut self, worker: WorkerId) -> bool {
+        self.affinity.forget(worker);
         self.workers.remove(&worker).is_some()
     }
 
@@ -172,6 +204,7 @@ impl Membership {
             .collect();
         for id in &gone {
             self.workers.remove(id);
+            self.affinity.forget(*id);
         }
         gone
     }
@@ -189,17 +222,27 @@ impl Membership {
         exclude: &[WorkerId],
         now: Instant,
     ) -> Result<WorkerId, RouteError> {
-        self.route_many(model, exclude, 1, now)
+        self.route_many(model, exclude, &[Vec::new()], now)
     }
 
-    /// Picks a worker for `count` streams of `model` and counts them on it.
+    /// Picks a worker for streams of `model`, one per entry of `prefixes` (each stream's
+    /// [`prefix_keys`](super::affinity::prefix_keys)), counts them on it and records
+    /// that it now holds their prefixes.
     pub fn route_many(
         &mut self,
         model: &str,
         exclude: &[WorkerId],
-        count: u32,
+        prefixes: &[Vec<u64>],
         now: Instant,
     ) -> Result<WorkerId, RouteError> {
+        let mut cached: HashMap<WorkerId, usize> = HashMap::new();
+        if self.routing.affinity_slack.is_some() {
+            for keys in prefixes {
+                for (worker, n) in self.affinity.matches(keys) {
+                    *cached.entry(worker).or_insert(0) += n;
+                }
+            }
+        }
         let loads = self.live(now).map(|(id, w)| WorkerLoad {
             worker: *id,
             models: &w.model_names,
@@ -208,9 +251,24 @@ impl Membership {
             running: w.heartbeat.running,
             queued: w.heartbeat.queued,
             in_flight: self.in_flight.get(id).copied().unwrap_or(0),
+            kv_used: w.heartbeat.kv_used_bytes,
+            kv_budget: w.heartbeat.kv_budget_bytes,
+            cached: cached.get(id).copied().unwrap_or(0),
         });
-        let picked = router::choose(self.synced, loads, model, exclude)?;
+        let picked = router::choose(
+            self.synced,
+            loads,
+            model,
+            exclude,
+            self.routing.affinity_slack,
+        )?;
+        let count = prefixes.len().max(1) as u32;
         *self.in_flight.entry(picked).or_insert(0) += count;
+        if self.routing.affinity_slack.is_some() {
+            for keys in prefixes {
+                self.affinity.record(keys, picked);
+            }
+        }
         Ok(picked)
     }
 
@@ -310,10 +368,15 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// A registry whose workers expire after `timeout`; `on_lost` hears of departures.
-    pub fn new(timeout: Duration, on_lost: Option<Recipient<WorkerLost>>) -> Self {
+    /// A registry whose workers expire after `timeout`, routing as `routing` says;
+    /// `on_lost` hears of departures.
+    pub fn new(
+        timeout: Duration,
+        routing: RoutingSettings,
+        on_lost: Option<Recipient<WorkerLost>>,
+    ) -> Self {
         Self {
-            membership: Membership::new(timeout),
+            membership: Membership::with_routing(timeout, routing),
             on_lost,
         }
     }
@@ -357,7 +420,7 @@ impl Handler<RouteStream> for Registry {
 
     fn handle(&mut self, msg: RouteStream, _: &mut Context<Self>) -> Self::Result {
         self.membership
-            .route_many(&msg.model, &msg.exclude, msg.count.max(1), Instant::now())
+            .route_many(&msg.model, &msg.exclude, &msg.prefixes, Instant::now())
     }
 }
 
@@ -499,5 +562,43 @@ mod tests {
         m.observe(heartbeat(3, "b", 0), t0);
         let ids: Vec<String> = m.models(t0).into_iter().map(|e| e.id).collect();
         assert_eq!(ids, vec!["a", "b"]);
+    }
+
+    #[test]
+    fn a_prompt_prefix_sticks_to_its_worker_within_the_slack() {
+        let t0 = Instant::now();
+        let mut m = Membership::with_routing(
+            Duration::from_secs(3),
+            RoutingSettings {
+                affinity_slack: Some(2),
+                affinity_entries: 1000,
+            },
+        );
+        m.observe(heartbeat(1, "m", 0), t0);
+        m.observe(heartbeat(2, "m", 0), t0);
+        let system = vec![11, 12, 13];
+        let first = m
+            .route_many("m", &[], std::slice::from_ref(&system), t0)
+            .expect("a worker");
+        // The same prefix follows the first pick while its load is within 2 of the
+        // other's; a third stream tips it over (load 3 > 0 + 2).
+        for _ in 0..2 {
+            assert_eq!(
+                m.route_many("m", &[], std::slice::from_ref(&system), t0),
+                Ok(first)
+            );
+        }
+        let other = m
+            .route_many("m", &[], std::slice::from_ref(&system), t0)
+            .expect("a worker");
+        assert_ne!(other, first);
+        // Once both hold it, load decides.
+        assert_eq!(
+            m.route_many("m", &[], std::slice::from_ref(&system), t0),
+            Ok(other)
+        );
+        // A worker that leaves takes its prefixes with it.
+        m.forget(other);
+        assert_eq!(m.route_many("m", &[], &[system], t0), Ok(first));
     }
 }

@@ -19,9 +19,11 @@
 //!   *attempt*; events of older attempts are dropped and their sequences cancelled.
 //! - **Clients** subscribe with [`StartStream`] (new) or [`Attach`] (reconnect with
 //!   `Last-Event-ID`: the tokens after the given position are replayed from memory or the
-//!   store, then the live rest follows). When the last client of a stream goes away, the
-//!   worker is told to stop at once; a client that comes back later resumes the stream
-//!   from its checkpoint.
+//!   store, then the live rest follows). A client may attach only to a stream its
+//!   [`StreamAccess`] allows (its own key's, or any for an admin key); any other stream
+//!   is unknown to it, exactly as one that never existed. When the last client of a
+//!   stream goes away, the worker is told to stop at once; a client that comes back
+//!   later resumes the stream from its checkpoint.
 //! - **Restart**: streams the store holds unfinished are dispatched again when the
 //!   coordinator starts ([`Sessions::recover`]), and run to their end with or without a
 //!   client, so that a client reconnecting to the new process gets its whole text.
@@ -41,8 +43,12 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
+/// Why a stream resumes when its draining worker hands it over.
+const HANDED_OVER: &str = "handed over by a draining worker";
+
 use super::messages::{DispatchTokens, ForgetWorker, ReleaseWorker, WorkerLost};
 use super::registry::Registry;
+use crate::auth::{Owner, StreamAccess};
 use crate::dispatch::{Bound, DispatchError, Dispatcher};
 use crate::metrics::Metrics;
 use crate::nats::{NatsHandle, Probe, SubmitError};
@@ -210,6 +216,8 @@ pub struct Attach {
     pub after: Option<u32>,
     /// Where its updates go.
     pub subscriber: UnboundedSender<Update>,
+    /// Which streams the client may read; any other is [`AttachError::Unknown`].
+    pub access: StreamAccess,
 }
 
 /// A client's channel closed (sessions): when no client is left, the worker stops.
@@ -534,7 +542,7 @@ impl Sessions {
                 s.record.worker = Some(bound.worker);
                 s.last_progress = Instant::now();
                 let listened = s.listened();
-                info!(%stream, worker = %bound.worker, attempt, position = s.tokens.len(), model = %s.record.request.model, prompt_tokens = bound.prompt_tokens, "stream accepted");
+                info!(%stream, worker = %bound.worker, attempt, position = s.tokens.len(), model = %s.record.request.model, prompt_tokens = bound.prompt_tokens, key = %Owner(s.record.owner.as_ref()), "stream accepted");
                 let record = s.record.clone();
                 self.persist(stream, &record);
                 if let Some(reply) = reply {
@@ -584,11 +592,14 @@ impl Sessions {
         let Some(s) = self.sessions.get_mut(&stream) else {
             return;
         };
-        if s.resumes >= max {
-            let message = format!("the stream was resumed {max} times; giving up ({why})");
-            return self.fail(stream, ErrorKind::Internal, message);
+        // A hand-over is planned, not a failure: it does not count towards the limit.
+        if why != HANDED_OVER {
+            if s.resumes >= max {
+                let message = format!("the stream was resumed {max} times; giving up ({why})");
+                return self.fail(stream, ErrorKind::Internal, message);
+            }
+            s.resumes += 1;
         }
-        s.resumes += 1;
         self.metrics.resumed(why);
         self.unbind(stream, true);
         let Some(s) = self.sessions.get_mut(&stream) else {
@@ -702,6 +713,9 @@ impl Sessions {
                         if matches!(e.kind, ErrorKind::Internal) {
                             warn!(%stream, %worker, error = %e.message, "worker failed the stream");
                             resume.push((stream, Some(worker), "the worker failed it"));
+                        } else if matches!(e.kind, ErrorKind::Draining) {
+                            info!(%stream, %worker, "the draining worker handed the stream over");
+                            resume.push((stream, Some(worker), HANDED_OVER));
                         } else {
                             updates.push((stream, Update::Failed(e)));
                             ended.insert(stream);
@@ -837,11 +851,13 @@ impl Sessions {
         stream: StreamId,
         after: Option<u32>,
         subscriber: &UnboundedSender<Update>,
+        access: StreamAccess,
     ) -> Result<Attached, AttachError> {
         let store = self.store.as_ref().ok_or(AttachError::Unknown(stream))?;
         let record = store
             .stream(stream)
             .map_err(|e| AttachError::Store(e.to_string()))?
+            .filter(|r| access.allows(r.owner.as_ref()))
             .ok_or(AttachError::Unknown(stream))?;
         let Some(end) = &record.end else {
             return Err(AttachError::Unknown(stream));
@@ -921,10 +937,17 @@ impl Handler<Attach> for Sessions {
     type Result = Result<Attached, AttachError>;
 
     fn handle(&mut self, msg: Attach, ctx: &mut Context<Self>) -> Self::Result {
-        self.metrics.reattached.inc();
         let Some(s) = self.sessions.get_mut(&msg.stream) else {
-            return self.replay_ended(msg.stream, msg.after, &msg.subscriber);
+            let attached = self.replay_ended(msg.stream, msg.after, &msg.subscriber, msg.access);
+            if attached.is_ok() {
+                self.metrics.reattached.inc();
+            }
+            return attached;
         };
+        if !msg.access.allows(s.record.owner.as_ref()) {
+            return Err(AttachError::Unknown(msg.stream));
+        }
+        self.metrics.reattached.inc();
         // Tokens not yet flushed reach this client with everyone else's, after the flush.
         let from = msg.after.map_or(0, |a| a as usize + 1);
         for (i, (_, text)) in s.tokens.iter().enumerate().take(s.forwarded).skip(from) {

@@ -6,6 +6,11 @@
 //!
 //! An unknown model is **404** with code `model_not_found`, as OpenAI answers (400 would
 //! also be defensible; 404 lets OpenAI clients raise their `NotFoundError`).
+//!
+//! A missing or unknown API key is **401** with code `invalid_api_key` and a
+//! `WWW-Authenticate: Bearer` challenge (RFC 6750), as OpenAI answers; an API key on an
+//! admin route is **403** `insufficient_permissions`; a key over `max_streams_per_key` is
+//! **429** `rate_limit_exceeded` with `Retry-After`.
 
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
@@ -82,6 +87,27 @@ pub enum ApiError {
     /// An admin request names a worker nobody answers for.
     #[error("{0}")]
     WorkerNotFound(String),
+    /// API keys are configured and the request carries none.
+    #[error(
+        "You didn't provide an API key. Send it in the Authorization header \
+         (`Authorization: Bearer <key>`)."
+    )]
+    MissingApiKey,
+    /// The request's API key is not one of this server's.
+    #[error("Incorrect API key provided.")]
+    InvalidApiKey,
+    /// The route needs an admin key and the request's key is an API key.
+    #[error("{0} needs an admin key; the API key provided is not one")]
+    AdminKeyRequired(String),
+    /// The request's key holds `max_streams_per_key` open streams.
+    #[error(
+        "this API key holds {limit} open streams, its limit (max_streams_per_key); \
+         retry when one of them ends"
+    )]
+    TooManyStreams {
+        /// `max_streams_per_key`.
+        limit: u32,
+    },
 }
 
 /// OpenAI's error body.
@@ -126,6 +152,10 @@ impl ApiError {
             ApiError::ModelUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::WorkerTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::StreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::MissingApiKey => StatusCode::UNAUTHORIZED,
+            ApiError::InvalidApiKey => StatusCode::UNAUTHORIZED,
+            ApiError::AdminKeyRequired(_) => StatusCode::FORBIDDEN,
+            ApiError::TooManyStreams { .. } => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -158,6 +188,10 @@ impl ApiError {
             ApiError::ModelUnavailable(_) => "model_unavailable",
             ApiError::WorkerTimeout(_) => "worker_timeout",
             ApiError::StreamTimeout(_) => "stream_timeout",
+            ApiError::MissingApiKey => "invalid_api_key",
+            ApiError::InvalidApiKey => "invalid_api_key",
+            ApiError::AdminKeyRequired(_) => "insufficient_permissions",
+            ApiError::TooManyStreams { .. } => "rate_limit_exceeded",
         }
     }
 
@@ -180,6 +214,18 @@ impl ApiError {
                 param: self.param(),
                 code: Some(self.code()),
             },
+        }
+    }
+
+    /// The `WWW-Authenticate` challenge of a refused key (RFC 6750), if any.
+    fn challenge(&self) -> Option<&'static str> {
+        match self {
+            ApiError::MissingApiKey => Some(r#"Bearer realm="baton""#),
+            ApiError::InvalidApiKey => Some(r#"Bearer realm="baton", error="invalid_token""#),
+            ApiError::AdminKeyRequired(_) => {
+                Some(r#"Bearer realm="baton", error="insufficient_scope""#)
+            }
+            _ => None,
         }
     }
 
@@ -264,6 +310,12 @@ impl ResponseError for ApiError {
         if self.retry_after() {
             response.insert_header((header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS)));
         }
+        if let Some(challenge) = self.challenge() {
+            response.insert_header((
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(challenge),
+            ));
+        }
         response.json(self.body())
     }
 }
@@ -296,6 +348,43 @@ mod tests {
         assert_eq!(status(ApiError::ModelUnavailable("m".into())), 503);
         assert_eq!(status(ApiError::WorkerTimeout("slow".into())), 504);
         assert_eq!(status(ApiError::StreamTimeout(1)), 504);
+        assert_eq!(status(ApiError::MissingApiKey), 401);
+        assert_eq!(status(ApiError::InvalidApiKey), 401);
+        assert_eq!(status(ApiError::AdminKeyRequired("/metrics".into())), 403);
+        assert_eq!(status(ApiError::TooManyStreams { limit: 2 }), 429);
+    }
+
+    fn header(response: &HttpResponse, name: header::HeaderName) -> Option<&str> {
+        response.headers().get(name).and_then(|v| v.to_str().ok())
+    }
+
+    #[test]
+    fn refused_keys_get_a_bearer_challenge_in_the_openai_shape() {
+        for (e, challenge) in [
+            (ApiError::MissingApiKey, r#"Bearer realm="baton""#),
+            (
+                ApiError::InvalidApiKey,
+                r#"Bearer realm="baton", error="invalid_token""#,
+            ),
+        ] {
+            let response = e.error_response();
+            assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+            assert_eq!(header(&response, header::WWW_AUTHENTICATE), Some(challenge));
+            let body = serde_json::to_value(e.body()).expect("json");
+            assert_eq!(body["error"]["code"], "invalid_api_key");
+            assert_eq!(body["error"]["type"], "invalid_request_error");
+            assert_eq!(body["error"]["param"], serde_json::Value::Null);
+        }
+        let response = ApiError::AdminKeyRequired("/metrics".into()).error_response();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+        assert!(header(&response, header::WWW_AUTHENTICATE)
+            .is_some_and(|c| c.contains("insufficient_scope")));
+        let response = ApiError::TooManyStreams { limit: 3 }.error_response();
+        assert_eq!(header(&response, header::RETRY_AFTER), Some("1"));
+        assert!(header(&response, header::WWW_AUTHENTICATE).is_none());
+        let e = ApiError::TooManyStreams { limit: 3 };
+        assert!(e.to_string().contains("max_streams_per_key"));
+        assert_eq!(e.error_type(), "rate_limit_error");
     }
 
     #[test]

@@ -1,13 +1,15 @@
 //! The OpenAI-compatible HTTP API.
 //!
+//! - [`auth`]: the API key check in front of every route.
 //! - [`routes`]: handlers (`/v1/chat/completions`, `/v1/completions`, `/v1/models`,
-//!   `/health`).
+//!   `/v1/streams/{id}`, `/health`).
 //! - [`openai`]: request and response bodies.
 //! - [`validate`]: request validation into a [`validate::ValidRequest`].
 //! - [`sse`]: Server-Sent Events framing and chunks.
 //! - [`status`]: `/metrics`, `/v1/status` and the live status page at `/`.
 //! - [`error`]: the one mapping from errors to status codes.
 
+pub mod auth;
 pub mod error;
 pub mod openai;
 pub mod routes;
@@ -22,6 +24,7 @@ use baton_common::config::CoordinatorConfig;
 
 use crate::actors::registry::Registry;
 use crate::actors::sessions::Sessions;
+use crate::auth::Keys;
 use crate::metrics::Metrics;
 use crate::nats::NatsHandle;
 
@@ -30,6 +33,8 @@ use crate::nats::NatsHandle;
 pub struct AppState {
     /// Limits and timeouts.
     pub config: Arc<CoordinatorConfig>,
+    /// The API keys (none: the API is open) and their stream slots.
+    pub keys: Arc<Keys>,
     /// The worker registry (and router).
     pub registry: Addr<Registry>,
     /// Open stream sessions.

@@ -6,6 +6,11 @@
 //! body or as Server-Sent Events. A request with a `Last-Event-ID` header — or
 //! `GET /v1/streams/{id}` — reattaches to a stream instead: what came after that
 //! position, then the live rest.
+//!
+//! With API keys configured ([`super::auth`]), a stream belongs to the key that opened
+//! it: another API key reattaching gets 404, as for a stream that does not exist. Each
+//! answer, streamed or whole, new or reattached, holds one of its key's
+//! `max_streams_per_key` slots until it ends or its client goes away.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -19,6 +24,7 @@ use futures::StreamExt;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tracing::info;
 
+use super::auth::identity;
 use super::error::ApiError;
 use super::openai::{
     ChatChoice, ChatCompletion, ChatMessageOut, Completion, CompletionChoice, ModelCard, ModelList,
@@ -30,6 +36,7 @@ use super::AppState;
 use crate::actors::messages::{CheckHealth, ListModels};
 use crate::actors::registry::HealthStatus;
 use crate::actors::sessions::{Attach, AttachError, Sessions, StartStream, Update};
+use crate::auth::{Identity, KeyId, StreamSlot};
 use crate::metrics::StreamTracker;
 use crate::store::StreamRecord;
 
@@ -65,12 +72,13 @@ async fn chat_completions(
 ) -> Result<HttpResponse, ApiError> {
     let started = Instant::now();
     let result = async {
+        let identity = identity(&req, &state.keys)?;
         if let Some((stream, after)) = last_event_id(&req)? {
-            return reattach(&state, stream, after, started).await;
+            return reattach(&state, &identity, stream, after, started).await;
         }
         let body = read_body(&req, payload, state.config.max_body_bytes).await?;
         let request = ValidRequest::chat(&body, &state.config)?;
-        generate(&state, request, started).await
+        generate(&state, &identity, request, started).await
     }
     .await;
     counted(&state, "chat", result)
@@ -83,12 +91,13 @@ async fn completions(
 ) -> Result<HttpResponse, ApiError> {
     let started = Instant::now();
     let result = async {
+        let identity = identity(&req, &state.keys)?;
         if let Some((stream, after)) = last_event_id(&req)? {
-            return reattach(&state, stream, after, started).await;
+            return reattach(&state, &identity, stream, after, started).await;
         }
         let body = read_body(&req, payload, state.config.max_body_bytes).await?;
         let request = ValidRequest::completion(&body, &state.config)?;
-        generate(&state, request, started).await
+        generate(&state, &identity, request, started).await
     }
     .await;
     counted(&state, "completion", result)
@@ -179,15 +188,19 @@ struct Answer {
     prompt_tokens: u32,
     events: UnboundedReceiver<Update>,
     guard: StreamGuard,
+    /// The key's stream slot, freed with the answer.
+    slot: StreamSlot,
     started: Instant,
 }
 
 async fn generate(
     state: &AppState,
+    identity: &Identity,
     request: ValidRequest,
     started: Instant,
 ) -> Result<HttpResponse, ApiError> {
-    let opened = open_stream(&state.sessions, &request).await?;
+    let slot = admit(identity)?;
+    let opened = open_stream(&state.sessions, &request, identity.owner()).await?;
     let (stream, created, prompt_tokens) = (opened.stream, opened.created, opened.prompt_tokens);
     let (events, guard) = (opened.events, opened.guard);
     let answer = Answer {
@@ -199,6 +212,7 @@ async fn generate(
         prompt_tokens,
         events,
         guard,
+        slot,
         started,
     };
     if request.stream {
@@ -222,11 +236,21 @@ pub struct OpenedStream {
     pub guard: StreamGuard,
 }
 
-/// Records a validated request as a new stream and waits until a worker takes it; the
-/// HTTP and NATS fronts both start streams here.
+/// Takes one of the caller's stream slots, or refuses with 429.
+fn admit(identity: &Identity) -> Result<StreamSlot, ApiError> {
+    identity.admit().map_err(|full| {
+        info!(key = %identity, limit = full.limit, "stream refused: max_streams_per_key reached");
+        ApiError::TooManyStreams { limit: full.limit }
+    })
+}
+
+/// Records a validated request as a new stream owned by `owner` (the key that opened
+/// it, if any) and waits until a worker takes it; the HTTP and NATS fronts both start
+/// streams here.
 pub async fn open_stream(
     sessions: &Addr<Sessions>,
     request: &ValidRequest,
+    owner: Option<KeyId>,
 ) -> Result<OpenedStream, ApiError> {
     let stream = StreamId::random();
     let created = unix_now();
@@ -238,6 +262,7 @@ pub async fn open_stream(
             params: request.params.clone(),
             attempt: 0,
             resume: None,
+            max_prompt_tokens: request.max_prompt_tokens,
         },
         endpoint: request.endpoint,
         include_usage: request.include_usage,
@@ -246,6 +271,7 @@ pub async fn open_stream(
         worker: None,
         end: None,
         ended_at: 0,
+        owner,
     };
     let (tx, events) = unbounded_channel();
     // From here on, a client that goes away stops the stream.
@@ -285,6 +311,7 @@ fn sse_response(state: &AppState, answer: Answer, resumed: bool) -> HttpResponse
     let body = SseStream {
         events: answer.events,
         guard: answer.guard,
+        slot: answer.slot,
         tracker,
         writer,
         idle_timeout: Duration::from_millis(state.config.stream_timeout_ms),
@@ -419,12 +446,15 @@ fn last_event_id(req: &HttpRequest) -> Result<Option<(StreamId, Option<u32>)>, A
 }
 
 /// Reattaches a client to `stream`: what comes after `after`, then the live rest, as SSE.
+/// A stream `identity` may not read is not found.
 async fn reattach(
     state: &AppState,
+    identity: &Identity,
     stream: StreamId,
     after: Option<u32>,
     started: Instant,
 ) -> Result<HttpResponse, ApiError> {
+    let slot = admit(identity)?;
     let (tx, events) = unbounded_channel();
     let guard = StreamGuard::new(stream, state.sessions.clone());
     let attached = state
@@ -433,13 +463,14 @@ async fn reattach(
             stream,
             after,
             subscriber: tx,
+            access: identity.access(),
         })
         .await?
         .map_err(|e| match e {
             AttachError::Unknown(_) => ApiError::StreamNotFound(e.to_string()),
             AttachError::Store(m) => ApiError::Internal(m),
         })?;
-    info!(%stream, ?after, "client reattached");
+    info!(%stream, ?after, key = %identity, "client reattached");
     let record = attached.record;
     let answer = Answer {
         endpoint: record.endpoint,
@@ -450,6 +481,7 @@ async fn reattach(
         prompt_tokens: attached.prompt_tokens,
         events,
         guard,
+        slot,
         started,
     };
     Ok(sse_response(state, answer, after.is_some()))
@@ -462,6 +494,7 @@ async fn stream_events(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
+    let identity = identity(&req, &state.keys)?;
     let stream = path
         .parse::<StreamId>()
         .map_err(|_| ApiError::StreamNotFound(format!("{:?} is not a stream id", path.as_str())))?;
@@ -475,7 +508,7 @@ async fn stream_events(
         }
         None => None,
     };
-    reattach(&state, stream, after, Instant::now()).await
+    reattach(&state, &identity, stream, after, Instant::now()).await
 }
 
 fn unix_now() -> u64 {

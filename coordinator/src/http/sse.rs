@@ -213,6 +213,9 @@ pub struct SseStream {
     pub events: UnboundedReceiver<Update>,
     /// Detaches from the session when the body is dropped.
     pub guard: StreamGuard,
+    /// The key's stream slot: freed when the body is dropped (the stream ended or its
+    /// client went away), after the guard has detached.
+    pub slot: crate::auth::StreamSlot,
     /// Latencies and outcome, for the metrics.
     pub tracker: StreamTracker,
     /// Shapes the chunks.

@@ -53,19 +53,43 @@ pub async fn status(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
     }))
 }
 
-/// `POST /admin/workers/{id}/drain`: the worker stops taking work, finishes what it
-/// runs and leaves.
+/// Optional body of `POST /admin/workers/{id}/drain`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DrainBody {
+    /// How long the worker's streams may run on before they move to other workers, in
+    /// milliseconds (0: at once); absent: the worker's `drain_handover_ms`.
+    #[serde(default)]
+    handover_after_ms: Option<u64>,
+}
+
+/// `POST /admin/workers/{id}/drain`: the worker stops taking work, lets what it runs
+/// finish (handing over what still runs after `handover_after_ms`) and leaves. The body
+/// is optional: `{"handover_after_ms": N}`.
 pub async fn drain(
     state: web::Data<AppState>,
     path: web::Path<String>,
+    body: web::Bytes,
 ) -> Result<HttpResponse, ApiError> {
     let worker = path
         .parse::<WorkerId>()
         .map_err(|_| ApiError::WorkerNotFound(format!("{:?} is not a worker id", path.as_str())))?;
+    let options: DrainBody = if body.iter().all(u8::is_ascii_whitespace) {
+        DrainBody::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::invalid("handover_after_ms", format!("invalid drain body: {e}"))
+        })?
+    };
     let timeout = std::time::Duration::from_millis(state.config.submit_timeout_ms);
     let reply = state
         .nats
-        .drain(worker, "drain requested over HTTP".into(), timeout)
+        .drain(
+            worker,
+            "drain requested over HTTP".into(),
+            options.handover_after_ms,
+            timeout,
+        )
         .await
         .map_err(|e| match e {
             SubmitError::NoResponders => {

@@ -4,6 +4,11 @@
 //! field to blame. Ranges follow OpenAI: `temperature` ≥ 0 (0 is greedy; values above
 //! 2 are allowed), `top_p` in (0, 1], `n` = 1 only, `max_tokens` in
 //! 1..=`max_tokens_limit`.
+//!
+//! `max_prompt_tokens` is checked here for token-id prompts, whose length is known; text
+//! and chat prompts are counted by the worker after tokenizing (the limit travels in
+//! the submit), before anything runs. Their bytes say nothing sure about their tokens
+//! (one token may cover one byte or many), and `max_body_bytes` already bounds them.
 
 use baton_common::config::CoordinatorConfig;
 use baton_common::protocol::{ChatTurn, GenParams, PromptSpec};
@@ -40,6 +45,9 @@ pub struct ValidRequest {
     pub stream: bool,
     /// Send a usage chunk at the end of the stream.
     pub include_usage: bool,
+    /// Most prompt tokens (`max_prompt_tokens`; 0: the model's context only), for the
+    /// worker to check after tokenizing.
+    pub max_prompt_tokens: u32,
 }
 
 /// Parses JSON bytes into `T`; malformed JSON is an OpenAI-shaped 400.
@@ -172,6 +180,16 @@ impl ValidRequest {
                     ApiError::invalid("seed", format!("`seed` must be an integer, got {n}"))
                 })?,
         };
+        let max_prompt_tokens = config.max_prompt_tokens;
+        if let PromptSpec::Tokens(ids) = &prompt {
+            if max_prompt_tokens > 0 && ids.len() > max_prompt_tokens as usize {
+                return Err(ApiError::ContextLengthExceeded(format!(
+                    "the prompt has {} tokens, more than this server's limit of \
+                     {max_prompt_tokens} (max_prompt_tokens)",
+                    ids.len()
+                )));
+            }
+        }
         let stream = s.stream.unwrap_or(false);
         Ok(Self {
             endpoint,
@@ -189,6 +207,7 @@ impl ValidRequest {
             },
             stream,
             include_usage: stream && s.stream_options.is_some_and(|o| o.include_usage),
+            max_prompt_tokens,
         })
     }
 }
@@ -516,6 +535,29 @@ mod tests {
         for e in [with(json!({"top_p": 0})), with(json!({"n": 3}))] {
             assert_eq!(e.expect_err("bad").status().as_u16(), 400);
         }
+    }
+
+    #[test]
+    fn token_prompts_over_max_prompt_tokens_are_refused_here() {
+        let config = CoordinatorConfig {
+            max_prompt_tokens: 3,
+            ..CoordinatorConfig::default()
+        };
+        let body = |prompt: Value| json!({"model": "m", "prompt": prompt}).to_string();
+        let e = ValidRequest::completion(body(json!([1, 2, 3, 4])).as_bytes(), &config)
+            .expect_err("four tokens");
+        assert_eq!(
+            (e.status().as_u16(), e.code()),
+            (400, "context_length_exceeded")
+        );
+        assert!(e.to_string().contains("max_prompt_tokens"), "{e}");
+        let r = ValidRequest::completion(body(json!([1, 2, 3])).as_bytes(), &config)
+            .expect("three tokens");
+        assert_eq!(r.max_prompt_tokens, 3);
+        // Text is counted by the worker: the limit travels with the request.
+        let r = ValidRequest::completion(body(json!("a long text prompt")).as_bytes(), &config)
+            .expect("text");
+        assert_eq!(r.max_prompt_tokens, 3);
     }
 
     #[test]

@@ -87,10 +87,12 @@ pub struct FakeLog {
 }
 
 /// A worker that serves model `fake`. Its answer to any prompt is the words "Hello",
-/// " world", "!" repeated up to `max_tokens`. Prompts containing `TOO_LONG`, `BUSY` or
-/// `BROKEN` are refused (context length) or overloaded, or fail after one token; `SLOW`
-/// prompts produce a token every 20 ms until cancelled; `LATE_REPLY` prompts answer
-/// their submit after 300 ms.
+/// " world", "!" repeated up to `max_tokens`. A prompt of token ids counts its ids, any
+/// other [`PROMPT_TOKENS`], against a request's `max_prompt_tokens` (over it: refused,
+/// context length). Prompts
+/// containing `TOO_LONG`, `BUSY` or `BROKEN` are refused (context length) or
+/// overloaded, or fail after one token; `SLOW` prompts produce a token every 20 ms until
+/// cancelled; `LATE_REPLY` prompts answer their submit after 300 ms.
 pub struct FakeWorker {
     pub id: WorkerId,
     pub log: Arc<FakeLog>,
@@ -204,7 +206,12 @@ impl FakeWorker {
                             },
                         })
                     };
-                    if text.contains("TOO_LONG") {
+                    let counted = match &sr.prompt {
+                        PromptSpec::Tokens(ids) => ids.len() as u32,
+                        _ => PROMPT_TOKENS,
+                    };
+                    let over_limit = sr.max_prompt_tokens > 0 && counted > sr.max_prompt_tokens;
+                    if text.contains("TOO_LONG") || over_limit {
                         outcomes.push(refuse(ErrorKind::PromptTooLong));
                     } else if text.contains("BUSY") {
                         outcomes.push(refuse(ErrorKind::Overloaded));
@@ -304,11 +311,31 @@ impl Response {
 
 /// Sends one request (`Connection: close`) and reads the whole response.
 pub async fn request(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> Response {
+    request_with(addr, method, path, body, &[]).await
+}
+
+/// Header lines (`Name: value\r\n`) of `headers`.
+fn header_lines(headers: &[(&str, &str)]) -> String {
+    headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect()
+}
+
+/// [`request`] with extra headers.
+pub async fn request_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> Response {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
     let body = body.unwrap_or("");
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+         Content-Type: application/json\r\n{}Content-Length: {}\r\n\r\n",
+        header_lines(headers),
         body.len()
     );
     stream.write_all(head.as_bytes()).await.expect("write");
@@ -367,10 +394,23 @@ pub async fn open_stream(
     body: &str,
     until: &str,
 ) -> (TcpStream, String) {
+    open_stream_with(addr, "POST", path, body, &[], until).await
+}
+
+/// [`open_stream`] with another method and extra headers.
+pub async fn open_stream_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+    until: &str,
+) -> (TcpStream, String) {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
     let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         {}Content-Length: {}\r\n\r\n{body}",
+        header_lines(headers),
         body.len()
     );
     stream.write_all(head.as_bytes()).await.expect("write");

@@ -1,21 +1,26 @@
 //! `baton-drill`: the failover drills against a local cluster, one verdict line each.
 //!
 //! ```text
-//! baton-drill [--simulated] [--kills N] [--runs N] [--max-tokens N]
+//! baton-drill [--simulated] [--secure] [--kills N] [--runs N] [--max-tokens N]
 //! ```
 //!
 //! Starts a private `nats-server`, a coordinator and two workers (the default model, or
 //! the simulated engine), runs every drill of [`baton_integration_tests::drill`] with
 //! greedy and with seeded sampling, prints one line per drill, and exits 1 if any
-//! stream did not end exactly as an uninterrupted run.
+//! stream did not end exactly as an uninterrupted run. With `--secure`, NATS enforces
+//! `docs/nats-accounts.conf` over mutual TLS, and every process connects with its
+//! role's credentials and a client certificate (so NATS restarts test re-authentication).
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use baton_integration_tests::drill::{self, Sampling, Verdict};
+use baton_integration_tests::secure::NatsSecurity;
 use baton_integration_tests::{Cluster, ClusterOptions};
 
 struct Args {
     simulated: bool,
+    secure: bool,
     kills: usize,
     runs: usize,
     max_tokens: u32,
@@ -24,6 +29,7 @@ struct Args {
 fn parse() -> Result<Args, String> {
     let mut args = Args {
         simulated: false,
+        secure: false,
         kills: 20,
         runs: 3,
         max_tokens: 48,
@@ -37,12 +43,14 @@ fn parse() -> Result<Args, String> {
         };
         match a.as_str() {
             "--simulated" => args.simulated = true,
+            "--secure" => args.secure = true,
             "--kills" => args.kills = number("--kills")?,
             "--runs" => args.runs = number("--runs")?,
             "--max-tokens" => args.max_tokens = number("--max-tokens")? as u32,
             "-h" | "--help" => {
                 return Err(
-                    "usage: baton-drill [--simulated] [--kills N] [--runs N] [--max-tokens N]"
+                    "usage: baton-drill [--simulated] [--secure] [--kills N] [--runs N] \
+                     [--max-tokens N]"
                         .into(),
                 )
             }
@@ -60,11 +68,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let options = if args.simulated {
+    let mut options = if args.simulated {
         ClusterOptions::simulated(2).step_ms(20)
     } else {
         ClusterOptions::real(2)
     };
+    if args.secure {
+        options = options.secured(Arc::new(NatsSecurity::new().with_tls(true)));
+    }
     let Some(mut cluster) = Cluster::start(options) else {
         eprintln!("baton-drill: cannot start a cluster (see the note above)");
         return ExitCode::from(2);

@@ -178,21 +178,34 @@ impl Handler<CancelMsg> for Worker {
     }
 }
 
-/// Stop taking work; finish what was accepted.
+/// Stop taking work; let what was accepted run for `handover_after`, then hand what
+/// still runs over to other workers.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Drain;
+pub struct Drain {
+    /// How long accepted streams may run on here.
+    pub handover_after: Duration,
+}
 
 impl Handler<Drain> for Worker {
     type Result = ();
 
-    fn handle(&mut self, _: Drain, _: &mut Self::Context) {
+    fn handle(&mut self, msg: Drain, ctx: &mut Self::Context) {
         if !self.draining {
-            tracing::info!(worker = %self.id, "draining: no new work, finishing what runs");
+            tracing::info!(
+                worker = %self.id,
+                handover_after_ms = msg.handover_after.as_millis() as u64,
+                "draining: no new work, finishing what runs"
+            );
             self.draining = true;
             let _ = self.commands.send(Command::Drain);
             self.publish_heartbeat();
         }
+        // A later order with a shorter delay hands over sooner; handing over twice is
+        // harmless.
+        ctx.run_later(msg.handover_after, |this, _| {
+            let _ = this.commands.send(Command::HandOver);
+        });
     }
 }
 

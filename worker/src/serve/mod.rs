@@ -50,6 +50,9 @@ pub struct ServeArgs {
     /// Subject prefix.
     #[arg(long, env = env::SUBJECT_PREFIX)]
     pub subject_prefix: Option<String>,
+    /// NATS credentials and TLS (override `nats.user`, `nats.tls_ca`, …).
+    #[command(flatten)]
+    pub nats: baton_common::nats::NatsArgs,
     /// GGUF model file.
     #[arg(long, env = env::MODEL)]
     pub model: Option<String>,
@@ -68,6 +71,10 @@ pub struct ServeArgs {
     /// Prefix cache budget in MiB (0: disabled).
     #[arg(long)]
     pub prefix_cache_mib: Option<u64>,
+    /// How long a draining worker lets its streams run before it hands them over to
+    /// other workers, in milliseconds (overrides `worker.drain_handover_ms`).
+    #[arg(long)]
+    pub drain_handover_ms: Option<u64>,
     /// Run the simulated engine (no model; a test tool).
     #[arg(long)]
     pub simulated: bool,
@@ -76,8 +83,9 @@ pub struct ServeArgs {
     pub sim_step_ms: u64,
 }
 
-/// Longest a draining worker waits for its accepted work to finish.
-const DRAIN_LIMIT: Duration = Duration::from_secs(300);
+/// How long a worker that has handed its streams over waits for its last messages to
+/// go out before it leaves anyway.
+const DRAIN_GRACE: Duration = Duration::from_secs(10);
 
 /// Starts the engine thread; returns the model it serves once it is loaded.
 fn spawn_engine<E, F>(
@@ -128,14 +136,24 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(m) = args.prefix_cache_mib {
         cfg.prefix_cache_mib = m;
     }
+    if let Some(ms) = args.drain_handover_ms {
+        cfg.drain_handover_ms = ms;
+    }
+    let handover_after = Duration::from_millis(cfg.drain_handover_ms);
     let prefix_bytes =
         usize::try_from(cfg.prefix_cache_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
-    let nats_url = args.nats_url.clone().unwrap_or(file.nats.url.clone());
-    let subjects = Subjects::new(
-        args.subject_prefix
-            .clone()
-            .unwrap_or(file.nats.subject_prefix.clone()),
-    );
+    let mut nats = file.nats.clone();
+    if let Some(url) = &args.nats_url {
+        nats.url = url.clone();
+    }
+    if let Some(prefix) = &args.subject_prefix {
+        nats.subject_prefix = prefix.clone();
+    }
+    args.nats.apply(&mut nats);
+    // Contradictory credentials or a missing certificate fail now, not after the model
+    // has loaded.
+    baton_common::nats::connect_options(&nats, "baton-worker")?;
+    let subjects = Subjects::new(nats.subject_prefix.clone());
     let backend = match args.backend {
         Some(b) => b,
         None => cfg.backend.parse().map_err(anyhow::Error::msg)?,
@@ -205,10 +223,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     let system = actix_rt::System::new();
     system.block_on(async move {
-        let client = async_nats::connect(&nats_url)
-            .await
-            .with_context(|| format!("connecting to NATS at {nats_url}"))?;
         let id = WorkerId::random();
+        let client = baton_common::nats::connect(&nats, &format!("baton-worker-{id}")).await?;
         let sequencer = Arc::new(Sequencer::new(id.0));
         let submits = client.subscribe(subjects.submit(id)).await?;
         let cancels = client.subscribe(subjects.cancel(id)).await?;
@@ -255,7 +271,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             // An operator's drain, forwarded by a coordinator: the same drain as SIGTERM's.
             Body::Drain(order) => {
                 tracing::info!(worker = %id, reason = %order.reason, "drain requested over NATS");
-                addr.do_send(Drain);
+                addr.do_send(Drain {
+                    handover_after: order
+                        .handover_after_ms
+                        .map_or(handover_after, Duration::from_millis),
+                });
                 if let Some(reply) = reply {
                     let payload = drain_sequencer.encode(Body::DrainReply(DrainReply {
                         worker: id,
@@ -320,10 +340,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             _ = &mut publisher => true,
         };
         if !drained {
-            worker.do_send(Drain);
-            // Finish what was accepted; bounded, so a worker whose NATS is gone still
-            // leaves.
-            if tokio::time::timeout(DRAIN_LIMIT, publisher).await.is_err() {
+            worker.do_send(Drain { handover_after });
+            // Finish (or hand over) what was accepted; bounded, so a worker whose NATS is
+            // gone still leaves.
+            if tokio::time::timeout(handover_after + DRAIN_GRACE, publisher)
+                .await
+                .is_err()
+            {
                 tracing::warn!(worker = %id, "drain did not finish in time; leaving anyway");
             }
         }

@@ -76,6 +76,9 @@ pub enum Command {
     Cancel(Vec<(StreamId, u32)>),
     /// Refuse new work from now on.
     Drain,
+    /// Drop every sequence held, each with a [`ErrorKind::Draining`] failure: the
+    /// coordinator resumes them on other workers. Implies [`Command::Drain`].
+    HandOver,
 }
 
 /// Load figures the heartbeat reports, updated by the engine thread.
@@ -159,7 +162,18 @@ fn start_slot<E: SeqEngine>(
     req: &SeqRequest,
 ) -> Result<(Slot<E::Seq>, u32), WireError> {
     let started = engine.start(req)?;
-    let prompt_tokens = started.prompt_ids.len() as u32;
+    let prompt_tokens = u32::try_from(started.prompt_ids.len()).unwrap_or(u32::MAX);
+    // The coordinator's limit: the prompt is tokenized but nothing has run yet.
+    if req.max_prompt_tokens > 0 && prompt_tokens > req.max_prompt_tokens {
+        return Err(WireError {
+            kind: ErrorKind::PromptTooLong,
+            message: format!(
+                "the prompt has {prompt_tokens} tokens, more than this server's limit of {} \
+                 (max_prompt_tokens)",
+                req.max_prompt_tokens
+            ),
+        });
+    }
     let mut chain = Chain::new(engine.model_info().fingerprint, &started.prompt_ids);
     if let Some(resume) = &req.resume {
         for &t in &resume.tokens {
@@ -219,6 +233,7 @@ pub fn run<E: SeqEngine>(
             None
         };
         let mut cancelled: Vec<(CoordinatorId, StreamId, u32)> = Vec::new();
+        let mut handed_over: Vec<(CoordinatorId, StreamId, u32)> = Vec::new();
         for cmd in first
             .into_iter()
             .chain(std::iter::from_fn(|| commands.try_recv().ok()))
@@ -283,6 +298,18 @@ pub fn run<E: SeqEngine>(
                     }
                 }
                 Command::Drain => draining = true,
+                Command::HandOver => {
+                    draining = true;
+                    handed_over.extend(
+                        running
+                            .drain(..)
+                            .chain(queue.drain(..))
+                            .map(|slot| (slot.coordinator, slot.stream, slot.attempt)),
+                    );
+                    if !handed_over.is_empty() {
+                        tracing::info!(streams = handed_over.len(), "handing streams over");
+                    }
+                }
             }
         }
         // Admit waiting sequences while there is room.
@@ -313,6 +340,16 @@ pub fn run<E: SeqEngine>(
                     reason: baton_common::protocol::FinishReason::Cancelled,
                     prompt_tokens: 0,
                     completion_tokens: 0,
+                }),
+            });
+        }
+        for (coordinator, stream, attempt) in handed_over {
+            outbox.entry(coordinator).or_default().push(StreamEvent {
+                stream,
+                attempt,
+                kind: EventKind::Failed(WireError {
+                    kind: ErrorKind::Draining,
+                    message: "the worker is leaving; the stream moves to another worker".into(),
                 }),
             });
         }
@@ -405,6 +442,7 @@ mod tests {
             },
             attempt,
             resume,
+            max_prompt_tokens: 0,
         }
     }
 
@@ -467,6 +505,28 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn prompts_over_max_prompt_tokens_are_refused() {
+        let h = Harness::new();
+        // The simulated prompt "three word prompt" is three tokens.
+        let mut req = request(1, None, 0);
+        req.max_prompt_tokens = 2;
+        match h.submit(req) {
+            SubmitOutcome::Refused(r) => {
+                assert_eq!(r.error.kind, ErrorKind::PromptTooLong);
+                assert!(
+                    r.error.message.contains("max_prompt_tokens"),
+                    "{}",
+                    r.error.message
+                );
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        let mut req = request(2, None, 0);
+        req.max_prompt_tokens = 3;
+        assert!(matches!(h.submit(req), SubmitOutcome::Accepted(_)));
     }
 
     #[test]
@@ -542,5 +602,45 @@ mod tests {
         let attempts: Vec<u32> = events.iter().map(|e| e.attempt).collect();
         let first_new = attempts.iter().position(|&a| a == 1).unwrap_or(0);
         assert!(attempts[first_new..].iter().all(|&a| a == 1));
+    }
+
+    #[test]
+    fn a_hand_over_fails_every_held_stream_as_draining_and_refuses_new_ones() {
+        let mut h = Harness::new();
+        // Five long streams: four run, one waits (max_running 4).
+        for stream in 1..=5 {
+            let mut long = request(stream, None, 0);
+            long.params.max_tokens = 1000;
+            assert!(matches!(h.submit(long), SubmitOutcome::Accepted(_)));
+        }
+        h.commands.send(Command::HandOver).expect("engine thread");
+        let mut ends: HashMap<StreamId, EventKind> = HashMap::new();
+        while ends.len() < 5 {
+            let outbox = h.out.blocking_recv().expect("events");
+            for e in outbox.into_iter().flat_map(|(_, events)| events) {
+                if !matches!(e.kind, EventKind::Token(_)) {
+                    assert!(ends.insert(e.stream, e.kind).is_none(), "two ends");
+                }
+            }
+        }
+        for (stream, end) in ends {
+            match end {
+                EventKind::Failed(e) => assert_eq!(e.kind, ErrorKind::Draining),
+                other => panic!("stream {stream} ended with {other:?}"),
+            }
+        }
+        // Nothing is left, so the engine thread ends; until it has, new work is refused.
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let sent = h.commands.send(Command::Submit {
+            coordinator: CoordinatorId(1),
+            sequences: vec![request(6, None, 0)],
+            reply,
+        });
+        if let (Ok(()), Ok(mut outcomes)) = (sent, rx.blocking_recv()) {
+            match outcomes.remove(0) {
+                SubmitOutcome::Refused(r) => assert_eq!(r.error.kind, ErrorKind::Draining),
+                other => panic!("expected a refusal, got {other:?}"),
+            }
+        }
     }
 }

@@ -1,0 +1,93 @@
+//! `baton-soak`: a bounded soak against a local cluster, one verdict line.
+//!
+//! ```text
+//! baton-soak [--simulated] [--minutes N] [--kill-every-s N] [--concurrency N] [--max-tokens N]
+//! ```
+//!
+//! Starts a private `nats-server`, a coordinator (with its checkpoint store) and two
+//! workers (the default model, or the simulated engine), runs
+//! [`baton_integration_tests::soak`], prints the memory samples and the verdict line, and
+//! exits 1 if any stream failed or differed from an uninterrupted run.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use baton_integration_tests::soak::{self, SoakOptions};
+use baton_integration_tests::{Cluster, ClusterOptions};
+
+const USAGE: &str = "usage: baton-soak [--simulated] [--minutes N] [--kill-every-s N] \
+                     [--concurrency N] [--max-tokens N]";
+
+fn parse() -> Result<(bool, SoakOptions), String> {
+    let mut simulated = false;
+    let mut options = SoakOptions::default();
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut number = |name: &str| -> Result<f64, String> {
+            it.next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .filter(|v| v.is_finite() && *v > 0.0)
+                .ok_or_else(|| format!("{name} takes a positive number"))
+        };
+        match a.as_str() {
+            "--simulated" => simulated = true,
+            "--minutes" => options.duration = Duration::from_secs_f64(number(&a)? * 60.0),
+            "--kill-every-s" => options.kill_every = Duration::from_secs_f64(number(&a)?),
+            "--concurrency" => options.concurrency = number(&a)? as usize,
+            "--max-tokens" => options.max_tokens = number(&a)? as u32,
+            "-h" | "--help" => return Err(USAGE.into()),
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    if options.concurrency == 0 || options.max_tokens == 0 {
+        return Err("--concurrency and --max-tokens take whole numbers from 1".into());
+    }
+    Ok((simulated, options))
+}
+
+fn main() -> ExitCode {
+    let (simulated, options) = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let cluster_options = if simulated {
+        ClusterOptions::simulated(2).step_ms(20)
+    } else {
+        ClusterOptions::real(2)
+    };
+    let Some(mut cluster) = Cluster::start(cluster_options) else {
+        eprintln!("baton-soak: cannot start a cluster (see the note above)");
+        return ExitCode::from(2);
+    };
+    eprintln!(
+        "baton-soak: {}, {:.1} min, {} streams in flight, {} tokens each, \
+         kill -9 worker B every {} s",
+        if simulated {
+            "simulated engine"
+        } else {
+            "default model"
+        },
+        options.duration.as_secs_f64() / 60.0,
+        options.concurrency,
+        options.max_tokens,
+        options.kill_every.as_secs()
+    );
+    let report = soak::run(&mut cluster, &options);
+    print!("{}", report.samples_table());
+    for p in &report.problems {
+        println!("    {p}");
+    }
+    for f in &report.failures {
+        println!("    {f}");
+    }
+    println!("{}", report.line());
+    if report.ok() {
+        ExitCode::SUCCESS
+    } else {
+        println!("logs:\n{}", cluster.logs());
+        ExitCode::FAILURE
+    }
+}
