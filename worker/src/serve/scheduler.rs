@@ -607,15 +607,15 @@ mod tests {
     #[test]
     fn a_hand_over_fails_every_held_stream_as_draining_and_refuses_new_ones() {
         let mut h = Harness::new();
-        // Five long streams: four run, one waits (max_running 4).
-        for stream in 1..=5 {
+        // Four long streams (the harness queues at most four between two steps).
+        for stream in 1..=4 {
             let mut long = request(stream, None, 0);
             long.params.max_tokens = 1000;
             assert!(matches!(h.submit(long), SubmitOutcome::Accepted(_)));
         }
         h.commands.send(Command::HandOver).expect("engine thread");
         let mut ends: HashMap<StreamId, EventKind> = HashMap::new();
-        while ends.len() < 5 {
+        while ends.len() < 4 {
             let outbox = h.out.blocking_recv().expect("events");
             for e in outbox.into_iter().flat_map(|(_, events)| events) {
                 if !matches!(e.kind, EventKind::Token(_)) {
@@ -633,7 +633,7 @@ mod tests {
         let (reply, rx) = tokio::sync::oneshot::channel();
         let sent = h.commands.send(Command::Submit {
             coordinator: CoordinatorId(1),
-            sequences: vec![request(6, None, 0)],
+            sequences: vec![request(5, None, 0)],
             reply,
         });
         if let (Ok(()), Ok(mut outcomes)) = (sent, rx.blocking_recv()) {
