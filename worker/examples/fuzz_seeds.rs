@@ -138,6 +138,7 @@ fn wire_seeds(dir: &Path) -> anyhow::Result<()> {
                     params: params.clone(),
                     attempt: 0,
                     resume: None,
+                    max_prompt_tokens: 0,
                 },
                 SeqRequest {
                     stream: StreamId(12),
@@ -149,6 +150,7 @@ fn wire_seeds(dir: &Path) -> anyhow::Result<()> {
                         tokens: vec![4, 5],
                         hash: 0xfeed,
                     }),
+                    max_prompt_tokens: 512,
                 },
             ],
         }),
@@ -207,6 +209,7 @@ fn wire_seeds(dir: &Path) -> anyhow::Result<()> {
         }),
         Body::Drain(DrainWorker {
             reason: "maintenance".into(),
+            handover_after_ms: Some(300),
         }),
         Body::DrainReply(DrainReply {
             worker,
