@@ -22,6 +22,15 @@ pub struct Outcome {
     pub outcome: String,
 }
 
+/// Why a message on one of the worker's subjects was dropped.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Dropped {
+    /// The subject's role: `submit` or `cancel`.
+    pub subject: String,
+    /// `malformed` (did not decode) or `misplaced` (a kind that does not belong there).
+    pub reason: String,
+}
+
 /// Every metric of a worker.
 #[derive(Debug)]
 pub struct WorkerMetrics {
@@ -33,6 +42,8 @@ pub struct WorkerMetrics {
     pub cancels: Counter,
     /// Probes answered.
     pub probes: Counter,
+    /// Messages dropped, by subject and reason.
+    pub dropped: Family<Dropped, Counter>,
     running: Gauge,
     queued: Gauge,
     kv_used: Gauge,
@@ -54,6 +65,7 @@ impl WorkerMetrics {
             submitted: Family::default(),
             cancels: Counter::default(),
             probes: Counter::default(),
+            dropped: Family::default(),
             running: Gauge::default(),
             queued: Gauge::default(),
             kv_used: Gauge::default(),
@@ -74,6 +86,11 @@ impl WorkerMetrics {
         );
         r.register("cancels", "Cancel requests received", m.cancels.clone());
         r.register("probes", "Liveness probes answered", m.probes.clone());
+        r.register(
+            "dropped_messages",
+            "Malformed or misplaced NATS messages dropped, by subject and reason",
+            m.dropped.clone(),
+        );
         r.register(
             "running_sequences",
             "Sequences in the running batch",
@@ -115,6 +132,16 @@ impl WorkerMetrics {
         self.submitted
             .get_or_create(&Outcome {
                 outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts one message dropped from `subject` for `reason`.
+    pub fn dropped(&self, subject: &str, reason: &str) {
+        self.dropped
+            .get_or_create(&Dropped {
+                subject: subject.to_string(),
+                reason: reason.to_string(),
             })
             .inc();
     }
@@ -188,7 +215,15 @@ mod tests {
         load.running.store(3, Ordering::Relaxed);
         load.tokens.store(42, Ordering::Relaxed);
         m.submitted("accepted");
+        m.dropped("submit", "malformed");
+        m.dropped("submit", "malformed");
         let text = m.encode();
+        assert!(
+            text.contains(
+                "baton_worker_dropped_messages_total{subject=\"submit\",reason=\"malformed\"} 2"
+            ),
+            "{text}"
+        );
         assert!(text.contains("baton_worker_running_sequences 3"), "{text}");
         assert!(
             text.contains("baton_worker_generation_tokens_total 42"),

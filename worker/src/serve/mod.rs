@@ -238,7 +238,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         let drain_load = load.clone();
         let worker = Worker {
-            metrics,
+            metrics: metrics.clone(),
             id,
             client: client.clone(),
             subjects: subjects.clone(),
@@ -254,7 +254,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 
         let addr = worker.clone();
         let (drain_client, drain_sequencer) = (client.clone(), sequencer.clone());
-        listen(submits, "submit", move |body, reply| match body {
+        listen(submits, "submit", metrics.clone(), move |body, reply| match body {
             Body::Submit(submit) => {
                 addr.do_send(SubmitMsg { submit, reply });
                 true
@@ -297,7 +297,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             _ => false,
         });
         let addr = worker.clone();
-        listen(cancels, "cancel", move |body, _| match body {
+        listen(cancels, "cancel", metrics.clone(), move |body, _| match body {
             Body::Cancel(c) => {
                 addr.do_send(CancelMsg {
                     streams: c.streams.iter().map(|s| (s.stream, s.attempt)).collect(),
@@ -358,10 +358,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// Decodes every message of `sub` and hands it to `handle`, which says whether the kind
-/// belongs on this subject. Malformed or misplaced messages are logged and dropped.
+/// belongs on this subject. Malformed or misplaced messages are logged, counted and
+/// dropped.
 fn listen(
     mut sub: async_nats::Subscriber,
     what: &'static str,
+    metrics: Arc<metrics::WorkerMetrics>,
     mut handle: impl FnMut(Body, Option<async_nats::Subject>) -> bool + 'static,
 ) {
     actix::spawn(async move {
@@ -376,10 +378,12 @@ fn listen(
             match decode(&msg.payload) {
                 Ok(wire) => {
                     if !handle(wire.body, msg.reply) {
+                        metrics.dropped(what, "misplaced");
                         tracing::warn!("unexpected message kind on the {what} subject dropped");
                     }
                 }
                 Err(e) => {
+                    metrics.dropped(what, "malformed");
                     tracing::warn!(error = %e, "malformed message on the {what} subject dropped");
                 }
             }
