@@ -208,6 +208,9 @@ pub struct RssSample {
     pub coordinator_kib: Option<u64>,
     /// Worker A's.
     pub worker_kib: Option<u64>,
+    /// What worker A's prefix cache holds (`baton_worker_prefix_cache_bytes`): part of
+    /// its RSS, bounded by `worker.prefix_cache_mib`.
+    pub worker_cache_kib: Option<u64>,
 }
 
 /// How a soak went.
@@ -270,7 +273,7 @@ impl SoakReport {
              {} streams completed, {} failed, {} failed over ({} resumes), {} kills; \
              {} tokens checked: {} lost, {} repeated, {} differing, {} id gaps, {} endings differ; \
              token ids {} checked, {} differ, {} unseen; {} streams differ ({} never moved); \
-             RSS coordinator {}, worker A {}",
+             RSS coordinator {}, worker A {} (prefix cache {})",
             if self.ok() { "PASS" } else { "FAIL" },
             self.elapsed.as_secs_f64() / 60.0,
             self.options.concurrency,
@@ -293,20 +296,24 @@ impl SoakReport {
             t.mismatched_unmoved,
             rss(|s| s.coordinator_kib),
             rss(|s| s.worker_kib),
+            rss(|s| s.worker_cache_kib),
         )
     }
 
     /// The memory samples, one line each.
     pub fn samples_table(&self) -> String {
-        let mut out = String::from("  time     coordinator  worker A   (RSS, MiB)\n");
+        let mut out = String::from(
+            "  time     coordinator  worker A  (RSS, MiB)  worker A's prefix cache (MiB)\n",
+        );
         for s in &self.samples {
             let mib =
                 |k: Option<u64>| k.map_or("-".into(), |k| format!("{:.1}", k as f64 / 1024.0));
             out.push_str(&format!(
-                "  {:>6.1}s  {:>11}  {:>8}\n",
+                "  {:>6.1}s  {:>11}  {:>8}  {:>41}\n",
                 s.at.as_secs_f64(),
                 mib(s.coordinator_kib),
-                mib(s.worker_kib)
+                mib(s.worker_kib),
+                mib(s.worker_cache_kib)
             ));
         }
         out
@@ -508,7 +515,30 @@ fn sample(cluster: &mut Cluster, start: Instant) -> RssSample {
         at: start.elapsed(),
         coordinator_kib: cluster.coordinator.rss_kib(),
         worker_kib: cluster.workers[LIVE_SLOT].rss_kib(),
+        worker_cache_kib: prefix_cache_kib(cluster),
     }
+}
+
+/// Worker A's `baton_worker_prefix_cache_bytes`, in KiB, read from its metrics endpoint
+/// (whose address it logs at start).
+fn prefix_cache_kib(cluster: &Cluster) -> Option<u64> {
+    let log = cluster.workers[LIVE_SLOT].log();
+    let addr = log
+        .lines()
+        .find(|l| l.contains("metrics listening"))
+        .and_then(|l| crate::cluster::field(l, "addr"))?;
+    let text = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .ok()?
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .and_then(|r| r.text())
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("baton_worker_prefix_cache_bytes "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|bytes| bytes as u64 / 1024)
 }
 
 /// The sum of `baton_stream_resumes_total` over its causes.

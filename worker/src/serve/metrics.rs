@@ -53,6 +53,7 @@ pub struct WorkerMetrics {
     prefix_misses: Counter,
     prefix_reused_tokens: Counter,
     prefix_blocks: Gauge,
+    prefix_bytes: Gauge,
 }
 
 impl WorkerMetrics {
@@ -75,6 +76,7 @@ impl WorkerMetrics {
             prefix_misses: Counter::default(),
             prefix_reused_tokens: Counter::default(),
             prefix_blocks: Gauge::default(),
+            prefix_bytes: Gauge::default(),
         };
         m.kv_budget
             .set(i64::try_from(kv_budget).unwrap_or(i64::MAX));
@@ -124,6 +126,11 @@ impl WorkerMetrics {
             "Blocks the prefix cache holds",
             m.prefix_blocks.clone(),
         );
+        r.register(
+            "prefix_cache_bytes",
+            "Bytes of keys and values the prefix cache holds",
+            m.prefix_bytes.clone(),
+        );
         Arc::new(Self { registry, ..m })
     }
 
@@ -167,6 +174,7 @@ impl WorkerMetrics {
             }
         }
         self.prefix_blocks.set(read(&self.load.prefix_blocks));
+        self.prefix_bytes.set(read(&self.load.prefix_bytes));
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();
