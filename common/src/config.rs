@@ -236,7 +236,8 @@ pub struct WorkerConfig {
     pub model_name: Option<String>,
     /// `cpu` or `cuda`.
     pub backend: String,
-    /// Weight format in memory: `native` (GGUF blocks, CPU), `f16` or `f32`.
+    /// Weight format in memory: `native` (GGUF blocks, CPU), `native-i16` (the same,
+    /// 16-bit integer inputs at single-stream decode), `f16` or `f32`.
     pub weights: String,
     /// Most sequences running at once.
     pub max_running: u32,

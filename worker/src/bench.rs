@@ -21,7 +21,7 @@ pub struct BenchArgs {
     /// GGUF model file.
     #[arg(long, env = baton_common::env::MODEL, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
     pub model: PathBuf,
-    /// Weight format kept in memory: native, f16 or f32.
+    /// Weight format kept in memory: native, native-i16, f16 or f32.
     #[arg(long, default_value = "native")]
     pub dtype: WeightDtype,
     /// Prompt length of the prefill test.
@@ -62,7 +62,7 @@ pub fn peak_rss_bytes() -> Option<u64> {
 /// Runs the benchmark and prints its lines.
 pub fn run<B: Backend>(args: &BenchArgs, device: &B::Device) -> anyhow::Result<()> {
     let threads = rayon::current_num_threads();
-    let tag = format!("dtype={:?} threads={threads}", args.dtype).to_lowercase();
+    let tag = format!("dtype={} threads={threads}", args.dtype);
     let t0 = Instant::now();
     let engine = Engine::<B>::load(&args.model, args.dtype, device)?;
     println!("baton load {tag} seconds={:.2}", t0.elapsed().as_secs_f64());

@@ -71,7 +71,8 @@ pub struct GenerateArgs {
     /// Stop strings (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
-    /// Weight format kept in memory: native (the file's blocks, CPU), f16 or f32.
+    /// Weight format kept in memory: native (the file's blocks, CPU), native-i16 (the same
+    /// with 16-bit integer activations at decode), f16 or f32.
     #[arg(long, default_value = "native")]
     pub dtype: WeightDtype,
     /// Backend: cpu or cuda.

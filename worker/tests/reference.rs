@@ -172,3 +172,10 @@ fn check_against_reference(dtype: WeightDtype) {
     }
     assert!(kinds.contains("raw") && kinds.contains("chat"));
 }
+
+/// 16-bit integer activations at decode (`native-i16`): the same agreement as the exact
+/// formats, logits within the same tolerance.
+#[test]
+fn native_i16_weights_match_the_reference() {
+    check_against_reference(WeightDtype::NativeI16);
+}

@@ -62,7 +62,7 @@ pub struct ServeArgs {
     /// Backend: cpu or cuda.
     #[arg(long, env = env::BACKEND)]
     pub backend: Option<BackendKind>,
-    /// Weight format: native, f16 or f32.
+    /// Weight format: native, native-i16, f16 or f32.
     #[arg(long, env = env::WEIGHTS)]
     pub weights: Option<WeightDtype>,
     /// Most sequences running at once.

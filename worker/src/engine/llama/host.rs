@@ -12,7 +12,7 @@ use super::{
     cache::KvCache,
     linear::Linear,
     model::{Embedding, Llama},
-    qmatmul::QMatrix,
+    qmatmul::{Prepared, QMatrix},
     team::{Counters, Shared, SpinBarrier},
 };
 
@@ -218,7 +218,7 @@ impl<B: Backend> Llama<B> {
         rayon::broadcast(|_| {
             let _guard = barrier.guard();
             let mut h = vec![0.0f32; rows * hidden];
-            let mut xsum = Vec::new();
+            let mut xsum = Prepared::default();
             let mut tile = Vec::new();
             let mut yt = Vec::new();
             let mut yt2 = Vec::new();
@@ -236,7 +236,7 @@ impl<B: Backend> Llama<B> {
                     eps,
                     &mut h,
                 );
-                b.qkv.block_sums(&h, &mut xsum);
+                b.qkv.prepare(&h, rows, &mut xsum);
                 while let Some(item) = counters.next(phase, width / d) {
                     let (r0, r1) = (item * d, item * d + d);
                     yt.resize(d * rows, 0.0);
@@ -287,7 +287,7 @@ impl<B: Backend> Llama<B> {
                 barrier.wait();
 
                 let a = unsafe { atts.get(0..rows * qd) };
-                b.out.block_sums(a, &mut xsum);
+                b.out.prepare(a, rows, &mut xsum);
                 while let Some((r0, r1)) = chunk(&counters, phase, hidden) {
                     yt.resize((r1 - r0) * rows, 0.0);
                     b.out
@@ -298,7 +298,7 @@ impl<B: Backend> Llama<B> {
                 barrier.wait();
 
                 rms_norm(unsafe { xs.get(0..rows * hidden) }, b.ffn_norm, eps, &mut h);
-                b.gate_up.block_sums(&h, &mut xsum);
+                b.gate_up.prepare(&h, rows, &mut xsum);
                 while let Some((r0, r1)) = chunk(&counters, phase, ffn) {
                     let n = (r1 - r0) * rows;
                     yt.resize(n, 0.0);
@@ -326,7 +326,7 @@ impl<B: Backend> Llama<B> {
                 barrier.wait();
 
                 let a = unsafe { acts.get(0..rows * ffn) };
-                b.down.block_sums(a, &mut xsum);
+                b.down.prepare(a, rows, &mut xsum);
                 while let Some((r0, r1)) = chunk(&counters, phase, hidden) {
                     yt.resize((r1 - r0) * rows, 0.0);
                     b.down
@@ -343,7 +343,7 @@ impl<B: Backend> Llama<B> {
             }
             h.resize(last.len(), 0.0);
             rms_norm(&last, w.norm, eps, &mut h);
-            w.lm_head.block_sums(&h, &mut xsum);
+            w.lm_head.prepare(&h, nseq, &mut xsum);
             while let Some((r0, r1)) = chunk(&counters, phase, vocab) {
                 yt.resize((r1 - r0) * nseq, 0.0);
                 w.lm_head

@@ -112,7 +112,7 @@ impl<B: Backend> Loader<'_, B> {
 
     /// Reads the `out × inp` matrix `name` (GGUF dims `[inp, out]`) in the weight format.
     fn matrix(&mut self, name: &str, inp: usize, out: usize) -> Result<Matrix, LoadError> {
-        if self.dtype != WeightDtype::Native {
+        if !self.dtype.is_native() {
             return Ok(Matrix::Dense(self.read(name, &[inp, out])?));
         }
         let info = self.info(name, &[inp, out])?;
@@ -122,11 +122,13 @@ impl<B: Backend> Loader<'_, B> {
             // No kernel for this type: convert to 8-bit blocks.
             QMatrix::quantize_q8(&self.gguf.dequantize_tensor(info)?, out, inp)
         };
-        let q = q.ok_or_else(|| {
-            LoadError::Config(format!(
-                "tensor {name:?}: rows of {inp} values cannot be kept in 32-value blocks"
-            ))
-        })?;
+        let q = q
+            .ok_or_else(|| {
+                LoadError::Config(format!(
+                    "tensor {name:?}: rows of {inp} values cannot be kept in 32-value blocks"
+                ))
+            })?
+            .with_int_inputs(self.dtype == WeightDtype::NativeI16);
         self.tick();
         Ok(Matrix::Quant(q))
     }
@@ -143,7 +145,10 @@ impl<B: Backend> Loader<'_, B> {
     fn linear(&self, m: Matrix, out: usize, inp: usize) -> Linear<B> {
         match m {
             Matrix::Dense(v) => Linear::new(v, out, inp, self.dtype, self.device),
-            Matrix::Quant(q) => Linear::quant(Arc::new(q), self.device),
+            Matrix::Quant(q) => Linear::quant(
+                Arc::new(q.with_int_inputs(self.dtype == WeightDtype::NativeI16)),
+                self.device,
+            ),
         }
     }
 }

@@ -6,10 +6,17 @@
 //! load into struct-of-arrays form — scales and minimums as f32 beside the packed
 //! integers — so the inner loop converts no f16 and reads contiguous bytes.
 //!
-//! Activations stay f32 and products accumulate in f32 (no 8-bit activations as
-//! llama.cpp uses), so results match a dequantize-then-multiply reference up to the
-//! order of additions. On x86-64 with AVX2 and FMA (checked at run time) the dot
-//! products use 256-bit vectors; elsewhere a portable loop does the same arithmetic.
+//! By default activations stay f32 and products accumulate in f32, so results match a
+//! dequantize-then-multiply reference up to the order of additions. A matrix may
+//! instead take integer activations ([`QMatrix::with_int_inputs`]) for products of fewer
+//! than [`QMatrix::INT_INPUTS_BELOW`] input rows (decode): each 32-value block of input is
+//! quantized to `i16` with its own scale and the block dot products run in integers
+//! (exact i32 sums), with fewer instructions per weight than widening every weight to
+//! f32, at the cost of a rounding error of at most half a step (`max|x| / 65534`) per
+//! input value; the 4-bit minimum terms still use the exact f32 sums. (llama.cpp
+//! quantizes activations to `i8`; on this model that moved logits by up to 1.7 and
+//! greedy text within a few tokens, so 16 bits it is.) On x86-64 with AVX2 and FMA (checked at run time) the
+//! dot products use 256-bit vectors; elsewhere a portable loop does the same arithmetic.
 
 use half::f16;
 use rayon::prelude::*;
@@ -42,6 +49,21 @@ pub struct QMatrix {
     /// Packed values: 16 bytes a block for `Nibble` (low nibbles are elements 0..16,
     /// high nibbles 16..32, as in GGUF), 32 for `Byte`.
     qs: Vec<u8>,
+    /// Whether products of few input rows quantize them to 16-bit blocks.
+    int_inputs: bool,
+}
+
+/// Input rows prepared for products with one matrix ([`QMatrix::prepare`]): the
+/// per-block sums that 4-bit minimums need and, for integer activations, the rows
+/// quantized to 16-bit blocks.
+#[derive(Debug, Clone, Default)]
+pub struct Prepared {
+    /// `Σ x` of each 32-value block, `[n, cols/32]` (4-bit matrices only).
+    sums: Vec<f32>,
+    /// The rows as 16-bit values, `[n, cols]`; empty when products use f32 inputs.
+    q: Vec<i16>,
+    /// Scale of each block of `q`, `[n, cols/32]`.
+    d: Vec<f32>,
 }
 
 fn f16_at(b: &[u8], at: usize) -> f32 {
@@ -77,6 +99,7 @@ impl QMatrix {
             scales: Vec::with_capacity(n_blocks),
             mins: Vec::new(),
             qs: Vec::new(),
+            int_inputs: false,
         };
         match ty {
             GgmlType::Q8_0 => {
@@ -135,7 +158,15 @@ impl QMatrix {
             scales,
             mins: Vec::new(),
             qs,
+            int_inputs: false,
         })
+    }
+
+    /// The same matrix, taking 16-bit integer activations in products of fewer than
+    /// [`QMatrix::INT_INPUTS_BELOW`] input rows when `on`.
+    pub fn with_int_inputs(mut self, on: bool) -> Self {
+        self.int_inputs = on;
+        self
     }
 
     /// Output rows.
@@ -176,6 +207,7 @@ impl QMatrix {
             scales: Vec::with_capacity(order.len() * bpr),
             mins: Vec::new(),
             qs: Vec::with_capacity(order.len() * bpr * qpb),
+            int_inputs: self.int_inputs,
         };
         for &r in order {
             out.scales
@@ -265,28 +297,48 @@ impl QMatrix {
     /// product instead of block dot products per pair of rows.
     pub const DENSE_FROM: usize = 8;
 
+    /// Rows of input below which a matrix with integer activations uses them; from
+    /// four rows on, the f32 kernel that expands each block once for four rows wins.
+    pub const INT_INPUTS_BELOW: usize = 4;
+
     /// Weight rows dequantized per dense tile.
     const TILE: usize = 64;
 
-    /// Per-block sums of the input rows `x: [n, cols]` into `out` (`[n, cols/32]`), for
-    /// the minimums of 4-bit blocks: `Σ(q·d + m)·x = d·Σq·x + m·Σx`. Empty for 8-bit
-    /// blocks, which have no minimum.
-    pub fn block_sums(&self, x: &[f32], out: &mut Vec<f32>) {
-        out.clear();
+    /// Prepares the input rows `x: [n, cols]` for [`QMatrix::product_rows`]: per-block
+    /// sums for the minimums of 4-bit blocks (`Σ(q·d + m)·x = d·Σq·x + m·Σx`; none for
+    /// 8-bit blocks, which have no minimum) and, when this matrix takes integer
+    /// activations and `n` is below [`QMatrix::INT_INPUTS_BELOW`], the rows quantized
+    /// to 16-bit blocks (`x ≈ q·d`, `d = max|x| / 32767` per block).
+    pub fn prepare(&self, x: &[f32], n: usize, out: &mut Prepared) {
+        out.sums.clear();
+        out.q.clear();
+        out.d.clear();
         if self.kind == QKind::Nibble {
-            out.extend(x.chunks_exact(BLOCK).map(|c| c.iter().sum::<f32>()));
+            out.sums
+                .extend(x.chunks_exact(BLOCK).map(|c| c.iter().sum::<f32>()));
+        }
+        if self.int_inputs && n < Self::INT_INPUTS_BELOW {
+            out.q.reserve(x.len());
+            out.d.reserve(x.len() / BLOCK);
+            for block in x.chunks_exact(BLOCK) {
+                let amax = block.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                let d = amax / 32767.0;
+                let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+                out.d.push(d);
+                out.q.extend(block.iter().map(|v| (v * inv).round() as i16));
+            }
         }
     }
 
     /// Products of weight rows `r0..r1` with every row of `x: [n, cols]`, into
-    /// `out: [r1 − r0, n]` (weight-row-major). `xsum` comes from
-    /// [`QMatrix::block_sums`] of the same `x`; `tile` is scratch for dense tiles.
+    /// `out: [r1 − r0, n]` (weight-row-major). `prep` comes from
+    /// [`QMatrix::prepare`] of the same `x`; `tile` is scratch for dense tiles.
     #[allow(clippy::too_many_arguments)]
     pub fn product_rows(
         &self,
         x: &[f32],
         n: usize,
-        xsum: &[f32],
+        prep: &Prepared,
         r0: usize,
         r1: usize,
         tile: &mut Vec<f32>,
@@ -298,6 +350,7 @@ impl QMatrix {
         );
         let bpr = self.cols / BLOCK;
         let qpb = self.qs_per_block();
+        let xsum = &prep.sums[..];
         if n >= Self::DENSE_FROM {
             // Many input rows (prefill): dequantize the weight rows once and multiply
             // them by all input rows with an f32 GEMM.
@@ -341,6 +394,34 @@ impl QMatrix {
             return;
         }
         let avx2 = simd::available();
+        if !prep.q.is_empty() {
+            assert!(
+                prep.q.len() == x.len() && prep.d.len() == n * bpr,
+                "prepared rows disagree with the input"
+            );
+            for (i, o) in out.chunks_exact_mut(n).enumerate() {
+                let r = r0 + i;
+                let scales = &self.scales[r * bpr..(r + 1) * bpr];
+                let qs = &self.qs[r * bpr * qpb..(r + 1) * bpr * qpb];
+                for (j, y) in o.iter_mut().enumerate() {
+                    let xq = &prep.q[j * self.cols..(j + 1) * self.cols];
+                    let xd = &prep.d[j * bpr..(j + 1) * bpr];
+                    *y = match self.kind {
+                        QKind::Byte => simd::dot_byte_int(avx2, qs, scales, xq, xd),
+                        QKind::Nibble => simd::dot_nibble_int(
+                            avx2,
+                            qs,
+                            scales,
+                            &self.mins[r * bpr..(r + 1) * bpr],
+                            xq,
+                            xd,
+                            &xsum[j * bpr..(j + 1) * bpr],
+                        ),
+                    };
+                }
+            }
+            return;
+        }
         for (i, o) in out.chunks_exact_mut(n).enumerate() {
             let r = r0 + i;
             let scales = &self.scales[r * bpr..(r + 1) * bpr];
@@ -381,8 +462,8 @@ impl QMatrix {
     /// row, in parallel slices of weight rows.
     pub fn matmul(&self, x: &[f32], n: usize) -> Vec<f32> {
         assert_eq!(x.len(), n * self.cols, "input is not [n, cols]");
-        let mut xsum = Vec::new();
-        self.block_sums(x, &mut xsum);
+        let mut prep = Prepared::default();
+        self.prepare(x, n, &mut prep);
         let rows_per_task = if n >= Self::DENSE_FROM {
             Self::TILE
         } else {
@@ -394,7 +475,7 @@ impl QMatrix {
             .for_each_init(Vec::new, |tile, (task, out)| {
                 let r0 = task * rows_per_task;
                 let r1 = r0 + out.len() / n;
-                self.product_rows(x, n, &xsum, r0, r1, tile, out);
+                self.product_rows(x, n, &prep, r0, r1, tile, out);
             });
         if n == 1 {
             return yt;
@@ -483,6 +564,78 @@ mod simd {
             let _ = (mins, nibble, out);
             unreachable!("dequant_row is only called when AVX2 is available")
         }
+    }
+
+    /// `Σ_b d_b · e_b · Σ_i q_bi · p_bi` over 8-bit weight blocks (`q`, `d`) and 16-bit
+    /// input blocks (`p`, `e`), summed in integers within a block.
+    pub fn dot_byte_int(avx2: bool, qs: &[u8], scales: &[f32], xq: &[i16], xd: &[f32]) -> f32 {
+        assert!(
+            qs.len() == xq.len() && scales.len() * 32 == xq.len() && xd.len() == scales.len(),
+            "block slices disagree"
+        );
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: AVX2 and FMA were detected at run time; every block reads 32 bytes
+            // of `qs` and of `xq`, which the lengths above guarantee.
+            return unsafe { x86::dot_byte_int(qs, scales, xq, xd) };
+        }
+        let _ = avx2;
+        let mut total = 0.0f32;
+        for (((q, p), d), e) in qs
+            .chunks_exact(32)
+            .zip(xq.chunks_exact(32))
+            .zip(scales)
+            .zip(xd)
+        {
+            let s: i32 = q
+                .iter()
+                .zip(p)
+                .map(|(&q, &p)| i32::from(q as i8) * i32::from(p))
+                .sum();
+            total += d * e * s as f32;
+        }
+        total
+    }
+
+    /// `Σ_b (d_b · e_b · Σ_i q_bi · p_bi + m_b · Σ_i x_bi)` over 4-bit weight blocks and
+    /// 16-bit input blocks (`p`, `e`), given the exact per-block sums of the input.
+    pub fn dot_nibble_int(
+        avx2: bool,
+        qs: &[u8],
+        scales: &[f32],
+        mins: &[f32],
+        xq: &[i16],
+        xd: &[f32],
+        xsum: &[f32],
+    ) -> f32 {
+        assert!(
+            qs.len() * 2 == xq.len()
+                && scales.len() * 32 == xq.len()
+                && mins.len() == scales.len()
+                && xd.len() == scales.len()
+                && xsum.len() == scales.len(),
+            "block slices disagree"
+        );
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: AVX2 and FMA were detected at run time; every block reads 16 bytes
+            // of `qs` and 32 of `xq`, which the lengths above guarantee.
+            return unsafe { x86::dot_nibble_int(qs, scales, mins, xq, xd, xsum) };
+        }
+        let _ = avx2;
+        let mut total = 0.0f32;
+        for (b, (q, p)) in qs.chunks_exact(16).zip(xq.chunks_exact(32)).enumerate() {
+            let (lo, hi) = p.split_at(16);
+            let s: i32 = q
+                .iter()
+                .zip(lo.iter().zip(hi))
+                .map(|(&q, (&l, &h))| {
+                    i32::from(q & 0x0F) * i32::from(l) + i32::from(q >> 4) * i32::from(h)
+                })
+                .sum();
+            total += scales[b] * xd[b] * s as f32 + mins[b] * xsum[b];
+        }
+        total
     }
 
     /// `Σ_b d_b · Σ_i q_bi · x_bi` over 8-bit blocks.
@@ -597,6 +750,139 @@ mod simd {
             } else {
                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
             }
+        }
+
+        /// `Σ w·p` of one block as eight f32 lanes: weights `w0` (elements 0..16) and
+        /// `w1` (16..32) as i16, inputs the 32 i16 at `p`. Sums stay exact in i32: each
+        /// lane adds four products of at most 128 · 32767.
+        ///
+        /// # Safety
+        /// Needs AVX2; `p` must point at 32 readable i16.
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn block_dot_i16(w0: __m256i, w1: __m256i, p: *const i16) -> __m256 {
+            // SAFETY: the caller guarantees 32 i16 at `p`.
+            unsafe {
+                let p0 = _mm256_loadu_si256(p.cast());
+                let p1 = _mm256_loadu_si256(p.add(16).cast());
+                let s = _mm256_add_epi32(_mm256_madd_epi16(w0, p0), _mm256_madd_epi16(w1, p1));
+                _mm256_cvtepi32_ps(s)
+            }
+        }
+
+        /// # Safety
+        /// Needs AVX2 and FMA; `qs.len() == xq.len() == 32 · scales.len()` and
+        /// `xd.len() == scales.len()`.
+        #[target_feature(enable = "avx2,fma")]
+        pub unsafe fn dot_byte_int(qs: &[u8], scales: &[f32], xq: &[i16], xd: &[f32]) -> f32 {
+            // One block's product, with its scale.
+            #[inline]
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn one(
+                qs: &[u8],
+                scales: &[f32],
+                xq: &[i16],
+                xd: &[f32],
+                b: usize,
+            ) -> (__m256, __m256) {
+                // SAFETY: the caller keeps `b` below `scales.len()`; the length contract
+                // puts block `b` inside `qs`, `xq` and `xd`.
+                unsafe {
+                    // Weights stream through once: ask for the bytes a few rows ahead.
+                    _mm_prefetch::<_MM_HINT_T0>(qs.as_ptr().wrapping_add(b * 32 + 8192).cast());
+                    let w = _mm256_loadu_si256(qs.as_ptr().add(b * 32).cast());
+                    let w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
+                    let w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(w));
+                    let p = xq.as_ptr().add(b * 32);
+                    let s = block_dot_i16(w0, w1, p);
+                    let scale = *scales.get_unchecked(b) * *xd.get_unchecked(b);
+                    (_mm256_set1_ps(scale), s)
+                }
+            }
+            // Two accumulators, so that consecutive blocks do not wait on each other.
+            let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let n = scales.len();
+            let mut b = 0;
+            while b + 2 <= n {
+                // SAFETY: b + 1 < n.
+                unsafe {
+                    let (d0, s0) = one(qs, scales, xq, xd, b);
+                    let (d1, s1) = one(qs, scales, xq, xd, b + 1);
+                    acc0 = _mm256_fmadd_ps(d0, s0, acc0);
+                    acc1 = _mm256_fmadd_ps(d1, s1, acc1);
+                }
+                b += 2;
+            }
+            if b < n {
+                // SAFETY: b < n.
+                unsafe {
+                    let (d0, s0) = one(qs, scales, xq, xd, b);
+                    acc0 = _mm256_fmadd_ps(d0, s0, acc0);
+                }
+            }
+            hsum(_mm256_add_ps(acc0, acc1))
+        }
+
+        /// # Safety
+        /// Needs AVX2 and FMA; `2 · qs.len() == xq.len() == 32 · scales.len()`, and
+        /// `mins`, `xd`, `xsum` as long as `scales`.
+        #[target_feature(enable = "avx2,fma")]
+        pub unsafe fn dot_nibble_int(
+            qs: &[u8],
+            scales: &[f32],
+            mins: &[f32],
+            xq: &[i16],
+            xd: &[f32],
+            xsum: &[f32],
+        ) -> f32 {
+            // One block's product and its scale.
+            #[inline]
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn one(
+                qs: &[u8],
+                scales: &[f32],
+                xq: &[i16],
+                xd: &[f32],
+                b: usize,
+            ) -> (__m256, __m256) {
+                // SAFETY: the caller keeps `b` below `scales.len()`; the length contract
+                // puts block `b` inside `qs`, `xq` and `xd`.
+                unsafe {
+                    // Weights stream through once: ask for the bytes a few rows ahead.
+                    _mm_prefetch::<_MM_HINT_T0>(qs.as_ptr().wrapping_add(b * 16 + 4096).cast());
+                    let low = _mm_set1_epi8(0x0F);
+                    let packed = _mm_loadu_si128(qs.as_ptr().add(b * 16).cast());
+                    // Elements 0..16 are the low nibbles, 16..32 the high ones.
+                    let w0 = _mm256_cvtepu8_epi16(_mm_and_si128(packed, low));
+                    let w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low));
+                    let s = block_dot_i16(w0, w1, xq.as_ptr().add(b * 32));
+                    let scale = *scales.get_unchecked(b) * *xd.get_unchecked(b);
+                    (_mm256_set1_ps(scale), s)
+                }
+            }
+            // Two accumulators, so that consecutive blocks do not wait on each other.
+            let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let n = scales.len();
+            let mut b = 0;
+            while b + 2 <= n {
+                // SAFETY: b + 1 < n.
+                unsafe {
+                    let (d0, s0) = one(qs, scales, xq, xd, b);
+                    let (d1, s1) = one(qs, scales, xq, xd, b + 1);
+                    acc0 = _mm256_fmadd_ps(d0, s0, acc0);
+                    acc1 = _mm256_fmadd_ps(d1, s1, acc1);
+                }
+                b += 2;
+            }
+            if b < n {
+                // SAFETY: b < n.
+                unsafe {
+                    let (d0, s0) = one(qs, scales, xq, xd, b);
+                    acc0 = _mm256_fmadd_ps(d0, s0, acc0);
+                }
+            }
+            // SAFETY: AVX2/FMA by this function's contract.
+            hsum(_mm256_add_ps(acc0, acc1)) + unsafe { min_terms(mins, xsum) }
         }
 
         /// `Σ w·x` over one block's 32 values, with `w` from [`expand`].
@@ -833,6 +1119,88 @@ mod tests {
                     }
                 };
                 assert!((portable - want[r]).abs() < 1e-4);
+            }
+        }
+    }
+
+    #[test]
+    fn eight_bit_activations_stay_within_their_rounding() {
+        let (rows, cols) = (40, 128);
+        let w = values(rows * cols, 11);
+        let bpr = cols / BLOCK;
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_0] {
+            let bytes = quantize(ty, &w).expect("quantize");
+            let deq = dequantize(ty, &bytes, rows * cols).expect("dequantize");
+            let q = QMatrix::from_gguf(ty, rows, cols, &bytes)
+                .expect("repack")
+                .with_int_inputs(true);
+            let qpb = q.qs_per_block();
+            for n in [1, 2, 3, 4, 7, 9] {
+                let x: Vec<f32> = values(n * cols, 5 + n as u32)
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| v * (1.0 + (i % 7) as f32))
+                    .collect();
+                let exact = reference(&deq, rows, cols, &x, n);
+                let got = q.matmul(&x, n);
+                let mut prep = Prepared::default();
+                q.prepare(&x, n, &mut prep);
+                if n >= QMatrix::INT_INPUTS_BELOW {
+                    assert!(prep.q.is_empty(), "{ty:?} n={n}: more rows stay f32");
+                    for (a, b) in got.iter().zip(&exact) {
+                        assert!((a - b).abs() < 1e-4, "{ty:?} n={n}: {a} vs {b}");
+                    }
+                    continue;
+                }
+                assert_eq!(
+                    prep.q.len(),
+                    x.len(),
+                    "{ty:?} n={n}: integer inputs prepared"
+                );
+                for j in 0..n {
+                    for r in 0..rows {
+                        // The rounding of each input value is at most half its block's
+                        // step, so the product moves by at most Σ |w| · step / 2.
+                        let bound: f64 = (0..bpr)
+                            .map(|b| {
+                                let step = f64::from(prep.d[j * bpr + b]);
+                                (0..BLOCK)
+                                    .map(|i| f64::from(deq[r * cols + b * BLOCK + i].abs()))
+                                    .sum::<f64>()
+                                    * step
+                                    / 2.0
+                            })
+                            .sum();
+                        let (a, e) = (f64::from(got[j * rows + r]), f64::from(exact[j * rows + r]));
+                        assert!(
+                            (a - e).abs() <= bound * 1.001 + 1e-4,
+                            "{ty:?} n={n} ({j}, {r}): {a} vs {e}, bound {bound}"
+                        );
+                    }
+                }
+                // The vector kernel and the portable loop agree.
+                let r = 3;
+                let qs = &q.qs[r * bpr * qpb..(r + 1) * bpr * qpb];
+                let sc = &q.scales[r * bpr..(r + 1) * bpr];
+                let (xq, xd) = (&prep.q[..cols], &prep.d[..bpr]);
+                let (portable, vector) = match q.kind {
+                    QKind::Byte => (
+                        simd::dot_byte_int(false, qs, sc, xq, xd),
+                        simd::dot_byte_int(simd::available(), qs, sc, xq, xd),
+                    ),
+                    QKind::Nibble => {
+                        let mins = &q.mins[r * bpr..(r + 1) * bpr];
+                        let sums = &prep.sums[..bpr];
+                        (
+                            simd::dot_nibble_int(false, qs, sc, mins, xq, xd, sums),
+                            simd::dot_nibble_int(simd::available(), qs, sc, mins, xq, xd, sums),
+                        )
+                    }
+                };
+                assert!(
+                    (portable - vector).abs() <= 1e-5 * (1.0 + portable.abs()),
+                    "{ty:?}: portable {portable} vs vector {vector}"
+                );
             }
         }
     }
