@@ -451,8 +451,16 @@ pub fn run(cluster: &mut Cluster, options: &SoakOptions) -> SoakReport {
                 clients.run();
             });
         }
+        // The clients stop when the clock does, even if it panics (a binary that
+        // cannot be restarted, say): otherwise the scope would wait for them forever.
+        struct StopOnDrop<'a>(&'a AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let _stop = StopOnDrop(&clients.stop);
         drive(cluster, options, start, &mut report);
-        clients.stop.store(true, Ordering::Relaxed);
     });
     report.elapsed = start.elapsed();
     let (tally, failures) = clients
