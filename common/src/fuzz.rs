@@ -12,6 +12,29 @@ use crate::ids::{CoordinatorId, StreamId, WorkerId};
 use crate::protocol::{decode, encode};
 use crate::public::{decode_reply, encode_reply, DrainRequest, ReplayRequest};
 
+/// Runs `target` on every file in `fuzz/regressions/<name>/` (the inputs that fuzz
+/// target once crashed on; hidden files skipped), for the crates' regression tests.
+/// Panics if the folder cannot be read, as a missing folder would silently test nothing.
+pub fn replay(name: &str, mut target: impl FnMut(&[u8])) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/regressions")
+        .join(name);
+    let entries =
+        std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("directory entry").path();
+        if path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        {
+            continue;
+        }
+        let data = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        eprintln!("replaying {}", path.display());
+        target(&data);
+    }
+}
+
 /// Feeds `data` to every wire decoder; panics only on a bug (a decoder that panics, or
 /// a value that does not survive its round trip).
 pub fn wire(data: &[u8]) {

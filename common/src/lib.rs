@@ -11,7 +11,8 @@
 //! - [`nats`]: connecting to NATS with the configured credentials and TLS.
 //! - [`secret`]: values that never print (keys, passwords).
 //! - [`env`](mod@env): the names of every environment variable Baton reads.
-//! - [`fuzz`]: what the `wire` fuzz target feeds arbitrary bytes to.
+//! - [`fuzz`]: what the `wire` fuzz target feeds arbitrary bytes to, and the replay of
+//!   past crash inputs that every crate's regression test runs.
 
 #![deny(missing_docs)]
 

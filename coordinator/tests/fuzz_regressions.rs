@@ -1,23 +1,7 @@
 //! Replays every input in `fuzz/regressions/http/` (inputs the `http` fuzz target once
 //! crashed on) through the target's own entry function, `baton_coordinator::fuzz::http`.
 
-use std::path::Path;
-
 #[test]
 fn past_http_fuzz_crashes_stay_fixed() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/regressions/http");
-    let entries =
-        std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()));
-    for entry in entries {
-        let path = entry.expect("directory entry").path();
-        if path
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with('.'))
-        {
-            continue;
-        }
-        let data = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        eprintln!("replaying {}", path.display());
-        baton_coordinator::fuzz::http(&data);
-    }
+    baton_common::fuzz::replay("http", baton_coordinator::fuzz::http);
 }
