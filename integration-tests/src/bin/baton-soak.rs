@@ -2,7 +2,10 @@
 //!
 //! ```text
 //! baton-soak [--simulated] [--minutes N] [--kill-every-s N] [--concurrency N] [--max-tokens N]
+//!            [--weights FORMAT]
 //! ```
+//!
+//! `--weights` sets the workers' `worker.weights` (`native`, `native-i16`, `f16`, `f32`).
 //!
 //! Starts a private `nats-server`, a coordinator (with its checkpoint store) and two
 //! workers (the default model, or the simulated engine), runs
@@ -16,10 +19,14 @@ use baton_integration_tests::soak::{self, SoakOptions};
 use baton_integration_tests::{Cluster, ClusterOptions};
 
 const USAGE: &str = "usage: baton-soak [--simulated] [--minutes N] [--kill-every-s N] \
-                     [--concurrency N] [--max-tokens N]";
+                     [--concurrency N] [--max-tokens N] [--weights FORMAT]";
 
-fn parse() -> Result<(bool, SoakOptions), String> {
+/// The weight formats a worker takes (`worker.weights`).
+const WEIGHTS: [&str; 4] = ["native", "native-i16", "f16", "f32"];
+
+fn parse() -> Result<(bool, Option<String>, SoakOptions), String> {
     let mut simulated = false;
+    let mut weights = None;
     let mut options = SoakOptions::default();
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -35,6 +42,13 @@ fn parse() -> Result<(bool, SoakOptions), String> {
             "--kill-every-s" => options.kill_every = Duration::from_secs_f64(number(&a)?),
             "--concurrency" => options.concurrency = number(&a)? as usize,
             "--max-tokens" => options.max_tokens = number(&a)? as u32,
+            "--weights" => {
+                let w = it.next().unwrap_or_default();
+                if !WEIGHTS.contains(&w.as_str()) {
+                    return Err(format!("--weights takes one of {}", WEIGHTS.join(", ")));
+                }
+                weights = Some(w);
+            }
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -42,34 +56,40 @@ fn parse() -> Result<(bool, SoakOptions), String> {
     if options.concurrency == 0 || options.max_tokens == 0 {
         return Err("--concurrency and --max-tokens take whole numbers from 1".into());
     }
-    Ok((simulated, options))
+    Ok((simulated, weights, options))
 }
 
 fn main() -> ExitCode {
-    let (simulated, options) = match parse() {
+    let (simulated, weights, options) = match parse() {
         Ok(a) => a,
         Err(e) => {
             eprintln!("{e}");
             return ExitCode::from(2);
         }
     };
-    let cluster_options = if simulated {
+    let mut cluster_options = if simulated {
         ClusterOptions::simulated(2).step_ms(20)
     } else {
         ClusterOptions::real(2)
     };
+    if let Some(w) = &weights {
+        cluster_options
+            .extra
+            .push(("worker", format!("weights = \"{w}\"")));
+    }
     let Some(mut cluster) = Cluster::start(cluster_options) else {
         eprintln!("baton-soak: cannot start a cluster (see the note above)");
         return ExitCode::from(2);
     };
     eprintln!(
-        "baton-soak: {}, {:.1} min, {} streams in flight, {} tokens each, \
+        "baton-soak: {}{}, {:.1} min, {} streams in flight, {} tokens each, \
          kill -9 worker B every {} s",
         if simulated {
             "simulated engine"
         } else {
             "default model"
         },
+        weights.map_or(String::new(), |w| format!(" ({w} weights)")),
         options.duration.as_secs_f64() / 60.0,
         options.concurrency,
         options.max_tokens,
