@@ -357,6 +357,16 @@ impl Cluster {
             .and_then(|l| field(l, "worker"))
     }
 
+    /// The address of worker `index`'s metrics endpoint, as it logged it at start
+    /// (`metrics listening addr=<host:port>`).
+    pub fn worker_metrics_addr(&self, index: usize) -> Option<String> {
+        self.workers[index]
+            .log()
+            .lines()
+            .find(|l| l.contains("metrics listening"))
+            .and_then(|l| field(l, "addr"))
+    }
+
     /// The tails of every process's log, for panic messages.
     pub fn logs(&self) -> String {
         let mut out = String::new();

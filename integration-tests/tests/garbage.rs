@@ -10,12 +10,14 @@ use baton_common::{
 use baton_integration_tests::{cluster::field, summarize, Cluster, ClusterOptions};
 use serde_json::json;
 
-/// The sum of every sample of `metric` (all label sets) in a text exposition.
-fn sum_metric(text: &str, metric: &str) -> u64 {
+/// The sum of the samples of `metric` in a text exposition whose labels contain
+/// `label` (`""`: every label set).
+fn sum_metric(text: &str, metric: &str, label: &str) -> u64 {
     text.lines()
         .filter(|l| {
             l.strip_prefix(metric)
                 .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+                && l.contains(label)
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .map(|v| v as u64)
@@ -41,11 +43,8 @@ fn workers_and_coordinator_survive_garbage_on_internal_subjects() {
         .expect("coordinator id in its log")
         .parse()
         .expect("a coordinator id");
-    let worker_metrics = cluster.workers[0]
-        .log()
-        .lines()
-        .find(|l| l.contains("metrics listening"))
-        .and_then(|l| field(l, "addr"))
+    let worker_metrics = cluster
+        .worker_metrics_addr(0)
         .expect("the worker's metrics address in its log");
     let subjects = Subjects::default();
     // Messages sent per subject: the worker's submit and cancel subjects, and the
@@ -110,9 +109,9 @@ fn workers_and_coordinator_survive_garbage_on_internal_subjects() {
             .ok()
             .and_then(|r| r.body.as_str().map(str::to_string))
             .unwrap_or_default();
-        let settled = sum_metric(&worker_text, "baton_worker_dropped_messages_total")
+        let settled = sum_metric(&worker_text, "baton_worker_dropped_messages_total", "")
             >= worker_expected
-            && sum_metric(&coordinator_text, "baton_wire_malformed_messages_total")
+            && sum_metric(&coordinator_text, "baton_wire_malformed_messages_total", "")
                 >= coordinator_expected;
         if settled || Instant::now() > deadline {
             break;
@@ -121,21 +120,18 @@ fn workers_and_coordinator_survive_garbage_on_internal_subjects() {
     }
     cluster.assert_alive();
     for (subject, n) in [("submit", sent[0]), ("cancel", sent[1])] {
-        let counted: u64 = worker_text
-            .lines()
-            .filter(|l| {
-                l.starts_with("baton_worker_dropped_messages_total{")
-                    && l.contains(&format!("subject=\"{subject}\""))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum();
+        let counted = sum_metric(
+            &worker_text,
+            "baton_worker_dropped_messages_total",
+            &format!("subject=\"{subject}\""),
+        );
         assert_eq!(
             counted, n,
             "the worker's {subject} subject: {n} sent, {counted} counted\n{worker_text}"
         );
     }
     assert_eq!(
-        sum_metric(&coordinator_text, "baton_wire_malformed_messages_total"),
+        sum_metric(&coordinator_text, "baton_wire_malformed_messages_total", ""),
         coordinator_expected,
         "the coordinator's subjects: {coordinator_expected} sent\n{coordinator_text}"
     );

@@ -484,10 +484,16 @@ fn drive(cluster: &mut Cluster, options: &SoakOptions, start: Instant, report: &
     let mut next_sample = start + options.warmup();
     let mut next_kill = start + options.kill_every;
     let mut restart_at: Option<Instant> = None;
+    // Worker A lives the whole run: its metrics address is read from its log once.
+    let metrics = cluster
+        .worker_metrics_addr(LIVE_SLOT)
+        .map(|addr| format!("http://{addr}/metrics"));
     loop {
         let now = Instant::now();
         if now >= next_sample && now < end {
-            report.samples.push(sample(cluster, start));
+            report
+                .samples
+                .push(sample(cluster, metrics.as_deref(), start));
             next_sample += options.sample_every();
         }
         if restart_at.is_some_and(|t| now >= t) {
@@ -511,35 +517,32 @@ fn drive(cluster: &mut Cluster, options: &SoakOptions, start: Instant, report: &
             return;
         }
         if now >= end && restart_at.is_none() {
-            report.samples.push(sample(cluster, start));
+            report
+                .samples
+                .push(sample(cluster, metrics.as_deref(), start));
             return;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
-fn sample(cluster: &mut Cluster, start: Instant) -> RssSample {
+/// Memory now; `metrics` is worker A's metrics URL.
+fn sample(cluster: &mut Cluster, metrics: Option<&str>, start: Instant) -> RssSample {
     RssSample {
         at: start.elapsed(),
         coordinator_kib: cluster.coordinator.rss_kib(),
         worker_kib: cluster.workers[LIVE_SLOT].rss_kib(),
-        worker_cache_kib: prefix_cache_kib(cluster),
+        worker_cache_kib: metrics.and_then(prefix_cache_kib),
     }
 }
 
-/// Worker A's `baton_worker_prefix_cache_bytes`, in KiB, read from its metrics endpoint
-/// (whose address it logs at start).
-fn prefix_cache_kib(cluster: &Cluster) -> Option<u64> {
-    let log = cluster.workers[LIVE_SLOT].log();
-    let addr = log
-        .lines()
-        .find(|l| l.contains("metrics listening"))
-        .and_then(|l| crate::cluster::field(l, "addr"))?;
+/// `baton_worker_prefix_cache_bytes` at the metrics URL `url`, in KiB.
+fn prefix_cache_kib(url: &str) -> Option<u64> {
     let text = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(2))
         .build()
         .ok()?
-        .get(format!("http://{addr}/metrics"))
+        .get(url)
         .send()
         .and_then(|r| r.text())
         .ok()?;

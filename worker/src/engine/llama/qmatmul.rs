@@ -752,6 +752,39 @@ mod simd {
             }
         }
 
+        /// `Σ_b scale_b · s_b` summed to one f32, where `|b| expr` gives block `b`'s
+        /// `(scale, s)` as vectors, for `b` in `0..n`: two accumulators, so that
+        /// consecutive blocks do not wait on each other. A macro, not a function taking a
+        /// closure, so that everything stays inside the caller's target features.
+        macro_rules! scaled_blocks {
+            ($n:expr, |$b:ident| $one:expr) => {{
+                let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                let n = $n;
+                let mut i = 0;
+                while i + 2 <= n {
+                    let (d0, s0) = {
+                        let $b = i;
+                        $one
+                    };
+                    let (d1, s1) = {
+                        let $b = i + 1;
+                        $one
+                    };
+                    acc0 = _mm256_fmadd_ps(d0, s0, acc0);
+                    acc1 = _mm256_fmadd_ps(d1, s1, acc1);
+                    i += 2;
+                }
+                if i < n {
+                    let (d0, s0) = {
+                        let $b = i;
+                        $one
+                    };
+                    acc0 = _mm256_fmadd_ps(d0, s0, acc0);
+                }
+                hsum(_mm256_add_ps(acc0, acc1))
+            }};
+        }
+
         /// `Σ w·p` of one block as eight f32 lanes: weights `w0` (elements 0..16) and
         /// `w1` (16..32) as i16, inputs the 32 i16 at `p`. Sums stay exact in i32: each
         /// lane adds four products of at most 128 · 32767.
@@ -799,28 +832,8 @@ mod simd {
                     (_mm256_set1_ps(scale), s)
                 }
             }
-            // Two accumulators, so that consecutive blocks do not wait on each other.
-            let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            let n = scales.len();
-            let mut b = 0;
-            while b + 2 <= n {
-                // SAFETY: b + 1 < n.
-                unsafe {
-                    let (d0, s0) = one(qs, scales, xq, xd, b);
-                    let (d1, s1) = one(qs, scales, xq, xd, b + 1);
-                    acc0 = _mm256_fmadd_ps(d0, s0, acc0);
-                    acc1 = _mm256_fmadd_ps(d1, s1, acc1);
-                }
-                b += 2;
-            }
-            if b < n {
-                // SAFETY: b < n.
-                unsafe {
-                    let (d0, s0) = one(qs, scales, xq, xd, b);
-                    acc0 = _mm256_fmadd_ps(d0, s0, acc0);
-                }
-            }
-            hsum(_mm256_add_ps(acc0, acc1))
+            // SAFETY: every block index is below `scales.len()`.
+            unsafe { scaled_blocks!(scales.len(), |b| one(qs, scales, xq, xd, b)) }
         }
 
         /// # Safety
@@ -860,29 +873,11 @@ mod simd {
                     (_mm256_set1_ps(scale), s)
                 }
             }
-            // Two accumulators, so that consecutive blocks do not wait on each other.
-            let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            let n = scales.len();
-            let mut b = 0;
-            while b + 2 <= n {
-                // SAFETY: b + 1 < n.
-                unsafe {
-                    let (d0, s0) = one(qs, scales, xq, xd, b);
-                    let (d1, s1) = one(qs, scales, xq, xd, b + 1);
-                    acc0 = _mm256_fmadd_ps(d0, s0, acc0);
-                    acc1 = _mm256_fmadd_ps(d1, s1, acc1);
-                }
-                b += 2;
+            // SAFETY: every block index is below `scales.len()`; AVX2/FMA by this
+            // function's contract.
+            unsafe {
+                scaled_blocks!(scales.len(), |b| one(qs, scales, xq, xd, b)) + min_terms(mins, xsum)
             }
-            if b < n {
-                // SAFETY: b < n.
-                unsafe {
-                    let (d0, s0) = one(qs, scales, xq, xd, b);
-                    acc0 = _mm256_fmadd_ps(d0, s0, acc0);
-                }
-            }
-            // SAFETY: AVX2/FMA by this function's contract.
-            hsum(_mm256_add_ps(acc0, acc1)) + unsafe { min_terms(mins, xsum) }
         }
 
         /// `Σ w·x` over one block's 32 values, with `w` from [`expand`].
