@@ -323,8 +323,10 @@ impl<B: Backend> Engine<B> {
         if let Some(&id) = prompt_ids.iter().find(|&&t| t as usize >= vocab) {
             return Err(ForwardError::BadToken { id, vocab }.into());
         }
+        let mut cache = self.model.new_cache();
+        cache.set_decode_from(prompt_ids.len());
         Ok(Sequence {
-            cache: self.model.new_cache(),
+            cache,
             pending: prompt_ids.clone(),
             stops: StopMatcher::new(&params.stop),
             prompt_ids,

@@ -31,6 +31,7 @@ pub struct KvCache<B: Backend> {
     layers: Vec<Option<LayerKv<B>>>,
     host: Vec<HostKv>,
     len: usize,
+    decode_from: Option<usize>,
 }
 
 impl<B: Backend> KvCache<B> {
@@ -40,6 +41,24 @@ impl<B: Backend> KvCache<B> {
             layers: vec![None; n_layers],
             host: vec![HostKv::default(); n_layers],
             len: 0,
+            decode_from: None,
+        }
+    }
+
+    /// Marks positions `from..` as generated tokens: with integer-input weights
+    /// (`native-i16`) their rows take the integer kernels whether they run one a step or
+    /// replayed together after a move, and the prompt's rows the f32 kernels. Unset, a
+    /// row is treated as generated when it is the only new row of a non-empty cache.
+    pub fn set_decode_from(&mut self, from: usize) {
+        self.decode_from = Some(from);
+    }
+
+    /// Whether the row at `pos`, one of `rows` new rows, is a generated token's (see
+    /// [`KvCache::set_decode_from`]).
+    pub(crate) fn is_decode_row(&self, pos: usize, rows: usize) -> bool {
+        match self.decode_from {
+            Some(from) => pos >= from,
+            None => rows == 1 && pos > 0,
         }
     }
 

@@ -185,6 +185,13 @@ impl<B: Backend> Llama<B> {
             row_pos.extend(s.pos..s.pos + s.len);
         }
         let last_rows: Vec<usize> = spans.iter().map(|s| s.row + s.len - 1).collect();
+        // Rows of generated tokens take integer inputs where the weights allow it, the
+        // prompt's rows f32 (see `KvCache::set_decode_from`): a row's kernels depend on
+        // its own sequence alone, never on what shares the step.
+        let row_int: Vec<bool> = (0..rows)
+            .map(|j| caches[row_seq[j]].is_decode_row(row_pos[j], spans[row_seq[j]].len))
+            .collect();
+        let last_int: Vec<bool> = last_rows.iter().map(|&r| row_int[r]).collect();
         let longest = spans.iter().map(|s| s.pos + s.len).max().unwrap_or(0);
         // Every layer's cache grows to its new length now; the QKV phase writes into it.
         for (span, cache) in spans.iter().zip(caches.iter_mut()) {
@@ -236,7 +243,7 @@ impl<B: Backend> Llama<B> {
                     eps,
                     &mut h,
                 );
-                b.qkv.prepare(&h, rows, &mut xsum);
+                b.qkv.prepare(&h, &row_int, &mut xsum);
                 while let Some(item) = counters.next(phase, width / d) {
                     let (r0, r1) = (item * d, item * d + d);
                     yt.resize(d * rows, 0.0);
@@ -287,7 +294,7 @@ impl<B: Backend> Llama<B> {
                 barrier.wait();
 
                 let a = unsafe { atts.get(0..rows * qd) };
-                b.out.prepare(a, rows, &mut xsum);
+                b.out.prepare(a, &row_int, &mut xsum);
                 while let Some((r0, r1)) = chunk(&counters, phase, hidden) {
                     yt.resize((r1 - r0) * rows, 0.0);
                     b.out
@@ -298,7 +305,7 @@ impl<B: Backend> Llama<B> {
                 barrier.wait();
 
                 rms_norm(unsafe { xs.get(0..rows * hidden) }, b.ffn_norm, eps, &mut h);
-                b.gate_up.prepare(&h, rows, &mut xsum);
+                b.gate_up.prepare(&h, &row_int, &mut xsum);
                 while let Some((r0, r1)) = chunk(&counters, phase, ffn) {
                     let n = (r1 - r0) * rows;
                     yt.resize(n, 0.0);
@@ -326,7 +333,7 @@ impl<B: Backend> Llama<B> {
                 barrier.wait();
 
                 let a = unsafe { acts.get(0..rows * ffn) };
-                b.down.prepare(a, rows, &mut xsum);
+                b.down.prepare(a, &row_int, &mut xsum);
                 while let Some((r0, r1)) = chunk(&counters, phase, hidden) {
                     yt.resize((r1 - r0) * rows, 0.0);
                     b.down
@@ -343,7 +350,7 @@ impl<B: Backend> Llama<B> {
             }
             h.resize(last.len(), 0.0);
             rms_norm(&last, w.norm, eps, &mut h);
-            w.lm_head.prepare(&h, nseq, &mut xsum);
+            w.lm_head.prepare(&h, &last_int, &mut xsum);
             while let Some((r0, r1)) = chunk(&counters, phase, vocab) {
                 yt.resize((r1 - r0) * nseq, 0.0);
                 w.lm_head
@@ -396,19 +403,18 @@ mod tests {
     };
 
     fn native(ty: GgmlType, seed: u64) -> (tempfile::TempDir, Llama<B>) {
+        load(ty, seed, WeightDtype::Native)
+    }
+
+    fn load(ty: GgmlType, seed: u64, dtype: WeightDtype) -> (tempfile::TempDir, Llama<B>) {
         let dir = tempfile::TempDir::new().expect("tempdir");
         let path = dir.path().join("tiny.gguf");
         let mut spec = SyntheticSpec::tiny(seed);
         spec.weight_type = ty;
         write_synthetic_llama(&path, &spec).expect("write");
         let gguf = GgufFile::open(&path).expect("open");
-        let model = load_llama::<B>(
-            &gguf,
-            WeightDtype::Native,
-            &Default::default(),
-            &mut |_, _| {},
-        )
-        .expect("load");
+        let model =
+            load_llama::<B>(&gguf, dtype, &Default::default(), &mut |_, _| {}).expect("load");
         (dir, model)
     }
 
@@ -486,6 +492,126 @@ mod tests {
                     "{ty:?} step {step}: host and burn differ by {diff}"
                 );
             }
+        }
+    }
+
+    /// With integer inputs a generated token's logits are bitwise the same whatever
+    /// shares its step (other sequences decoding, another's prompt joining) and however
+    /// the cache before it was filled: one token a step, or replayed in one pass with the
+    /// prompt after a move to another worker.
+    #[test]
+    fn generated_rows_do_not_depend_on_their_batch() {
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+            let (_dir, model) = load(ty, 5, WeightDtype::NativeI16);
+            let prompt: &[u32] = &[5, 70, 200, 3, 9, 41, 7];
+            let steps: [u32; 4] = [12, 250, 31, 8];
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let cache = || {
+                let mut c = model.new_cache();
+                c.set_decode_from(prompt.len());
+                c
+            };
+
+            // Alone: the prompt, then one token a step.
+            let mut a = cache();
+            run(
+                &model,
+                &mut [SeqInput {
+                    tokens: prompt,
+                    cache: &mut a,
+                }],
+            );
+            let alone: Vec<Vec<f32>> = steps
+                .iter()
+                .map(|t| {
+                    run(
+                        &model,
+                        &mut [SeqInput {
+                            tokens: std::slice::from_ref(t),
+                            cache: &mut a,
+                        }],
+                    )
+                    .remove(0)
+                })
+                .collect();
+
+            // Beside others: the same prompt, then each step beside a second sequence
+            // decoding, with a third sequence's prompt joining at the second step.
+            let (mut a, mut b, mut c) = (cache(), cache(), model.new_cache());
+            run(
+                &model,
+                &mut [SeqInput {
+                    tokens: prompt,
+                    cache: &mut a,
+                }],
+            );
+            run(
+                &model,
+                &mut [SeqInput {
+                    tokens: &[1, 2, 3, 4, 5, 6, 7, 8, 9],
+                    cache: &mut b,
+                }],
+            );
+            let third: [u32; 10] = [300, 17, 17, 17, 99, 4, 4, 4, 4, 61];
+            let mut batched = Vec::new();
+            for (i, t) in steps.iter().enumerate() {
+                let other = [40 + i as u32];
+                let next = [140 + i as u32];
+                let joining: &[u32] = if i == 1 { &third } else { &next };
+                let mut seqs = vec![
+                    SeqInput {
+                        tokens: &other,
+                        cache: &mut b,
+                    },
+                    SeqInput {
+                        tokens: joining,
+                        cache: &mut c,
+                    },
+                    SeqInput {
+                        tokens: std::slice::from_ref(t),
+                        cache: &mut a,
+                    },
+                ];
+                if i == 0 {
+                    // The third sequence has not arrived yet.
+                    seqs.remove(1);
+                }
+                batched.push(run(&model, &mut seqs).pop().expect("a's logits"));
+            }
+
+            // Moved: prompt and every token but the last in one pass, then the last.
+            let mut moved_cache = cache();
+            let mut replay: Vec<u32> = prompt.to_vec();
+            replay.extend_from_slice(&steps[..steps.len() - 1]);
+            run(
+                &model,
+                &mut [SeqInput {
+                    tokens: &replay,
+                    cache: &mut moved_cache,
+                }],
+            );
+            let last = &steps[steps.len() - 1..];
+            let moved = run(
+                &model,
+                &mut [SeqInput {
+                    tokens: last,
+                    cache: &mut moved_cache,
+                }],
+            );
+
+            for (step, (x, y)) in alone.iter().zip(&batched).enumerate() {
+                assert_eq!(
+                    bits(x),
+                    bits(y),
+                    "{ty:?} step {step}: batched logits differ from alone"
+                );
+            }
+            let want = bits(alone.last().expect("steps"));
+            assert_eq!(
+                bits(&moved[0]),
+                want,
+                "{ty:?}: a moved sequence's logits differ"
+            );
         }
     }
 }

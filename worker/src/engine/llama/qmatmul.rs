@@ -8,14 +8,20 @@
 //!
 //! By default activations stay f32 and products accumulate in f32, so results match a
 //! dequantize-then-multiply reference up to the order of additions. A matrix may
-//! instead take integer activations ([`QMatrix::with_int_inputs`]) for products of fewer
-//! than [`QMatrix::INT_INPUTS_BELOW`] input rows (decode): each 32-value block of input is
-//! quantized to `i16` with its own scale and the block dot products run in integers
-//! (exact i32 sums), with fewer instructions per weight than widening every weight to
-//! f32, at the cost of a rounding error of at most half a step (`max|x| / 65534`) per
-//! input value; the 4-bit minimum terms still use the exact f32 sums. (llama.cpp
-//! quantizes activations to `i8`; on this model that moved logits by up to 1.7 and
-//! greedy text within a few tokens, so 16 bits it is.) On x86-64 with AVX2 and FMA (checked at run time) the
+//! instead take integer activations ([`QMatrix::with_int_inputs`]) for the input rows
+//! its caller marks ([`QMatrix::prepare`]; the forward pass marks generated tokens'
+//! rows and leaves prompts in f32): each 32-value block of input is quantized to `i16`
+//! with its own scale and the block dot products run in integers (exact i32 sums), with
+//! fewer instructions per weight than widening every weight to f32, at the cost of a
+//! rounding error of at most half a step (`max|x| / 65534`) per input value; the 4-bit
+//! minimum terms still use the exact f32 sums. Integer rows are batch-invariant: a
+//! row's result is bitwise the same whether it is multiplied alone or beside any other
+//! rows, integer or f32, so a generated token never depends on what shares its step
+//! (the f32 kernels pick different summation orders for 1, 4 and 8+ rows). Prompts
+//! stay f32: 16-bit inputs through a whole prefill moved the default model's last
+//! logits by 1.8e-2, against 5e-3 allowed. (llama.cpp quantizes activations to `i8`;
+//! on this model that moved logits by up to 1.7 and greedy text within a few tokens, so
+//! 16 bits it is.) On x86-64 with AVX2 and FMA (checked at run time) the
 //! dot products use 256-bit vectors; elsewhere a portable loop does the same arithmetic.
 
 use half::f16;
@@ -49,21 +55,29 @@ pub struct QMatrix {
     /// Packed values: 16 bytes a block for `Nibble` (low nibbles are elements 0..16,
     /// high nibbles 16..32, as in GGUF), 32 for `Byte`.
     qs: Vec<u8>,
-    /// Whether products of few input rows quantize them to 16-bit blocks.
+    /// Whether products quantize the input rows asked for to 16-bit blocks.
     int_inputs: bool,
 }
 
 /// Input rows prepared for products with one matrix ([`QMatrix::prepare`]): the
 /// per-block sums that 4-bit minimums need and, for integer activations, the rows
-/// quantized to 16-bit blocks.
+/// that take them quantized to 16-bit blocks.
 #[derive(Debug, Clone, Default)]
 pub struct Prepared {
     /// `Σ x` of each 32-value block, `[n, cols/32]` (4-bit matrices only).
     sums: Vec<f32>,
-    /// The rows as 16-bit values, `[n, cols]`; empty when products use f32 inputs.
+    /// The rows that take integer inputs, in order.
+    int_rows: Vec<usize>,
+    /// Those rows as 16-bit values, `[int_rows, cols]`.
     q: Vec<i16>,
-    /// Scale of each block of `q`, `[n, cols/32]`.
+    /// Scale of each block of `q`, `[int_rows, cols/32]`.
     d: Vec<f32>,
+    /// When only some rows are integer: their block sums, and the other rows (`x` and
+    /// block sums) gathered, so that each kind runs over contiguous rows.
+    isums: Vec<f32>,
+    f_rows: Vec<usize>,
+    fx: Vec<f32>,
+    fsums: Vec<f32>,
 }
 
 fn f16_at(b: &[u8], at: usize) -> f32 {
@@ -162,8 +176,7 @@ impl QMatrix {
         })
     }
 
-    /// The same matrix, taking 16-bit integer activations in products of fewer than
-    /// [`QMatrix::INT_INPUTS_BELOW`] input rows when `on`.
+    /// The same matrix, taking 16-bit integer activations in every product when `on`.
     pub fn with_int_inputs(mut self, on: bool) -> Self {
         self.int_inputs = on;
         self
@@ -297,35 +310,79 @@ impl QMatrix {
     /// product instead of block dot products per pair of rows.
     pub const DENSE_FROM: usize = 8;
 
-    /// Rows of input below which a matrix with integer activations uses them; from
-    /// four rows on, the f32 kernel that expands each block once for four rows wins.
-    pub const INT_INPUTS_BELOW: usize = 4;
-
     /// Weight rows dequantized per dense tile.
     const TILE: usize = 64;
 
     /// Prepares the input rows `x: [n, cols]` for [`QMatrix::product_rows`]: per-block
     /// sums for the minimums of 4-bit blocks (`Σ(q·d + m)·x = d·Σq·x + m·Σx`; none for
     /// 8-bit blocks, which have no minimum) and, when this matrix takes integer
-    /// activations and `n` is below [`QMatrix::INT_INPUTS_BELOW`], the rows quantized
-    /// to 16-bit blocks (`x ≈ q·d`, `d = max|x| / 32767` per block).
-    pub fn prepare(&self, x: &[f32], n: usize, out: &mut Prepared) {
+    /// activations, the rows `j` with `int_rows[j]` quantized to 16-bit blocks
+    /// (`x ≈ q·d`, `d = max|x| / 32767` per block); `int_rows` is empty or `n` long.
+    /// Every block is prepared on its own, so a row's preparation does not depend on the
+    /// rows beside it.
+    pub fn prepare(&self, x: &[f32], int_rows: &[bool], out: &mut Prepared) {
+        let (cols, bpr) = (self.cols, self.cols / BLOCK);
+        let n = x.len() / cols;
+        assert!(
+            x.len() == n * cols && (int_rows.is_empty() || int_rows.len() == n),
+            "prepared rows disagree with the input"
+        );
         out.sums.clear();
+        out.int_rows.clear();
         out.q.clear();
         out.d.clear();
+        out.isums.clear();
+        out.f_rows.clear();
+        out.fx.clear();
+        out.fsums.clear();
         if self.kind == QKind::Nibble {
             out.sums
                 .extend(x.chunks_exact(BLOCK).map(|c| c.iter().sum::<f32>()));
         }
-        if self.int_inputs && n < Self::INT_INPUTS_BELOW {
-            out.q.reserve(x.len());
-            out.d.reserve(x.len() / BLOCK);
-            for block in x.chunks_exact(BLOCK) {
+        if !self.int_inputs {
+            return;
+        }
+        out.int_rows
+            .extend((0..int_rows.len()).filter(|&j| int_rows[j]));
+        if out.int_rows.is_empty() {
+            return;
+        }
+        out.q.reserve(out.int_rows.len() * cols);
+        out.d.reserve(out.int_rows.len() * bpr);
+        for &j in &out.int_rows {
+            for block in x[j * cols..(j + 1) * cols].chunks_exact(BLOCK) {
                 let amax = block.iter().fold(0.0f32, |a, v| a.max(v.abs()));
                 let d = amax / 32767.0;
                 let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
                 out.d.push(d);
-                out.q.extend(block.iter().map(|v| (v * inv).round() as i16));
+                // `(v · inv).round()` (halves away from zero) in operations that
+                // vectorize, where `f32::round` is a library call a value: truncate, then
+                // step away from zero when the part cut off is at least a half (exact:
+                // |v · inv| ≤ 32767).
+                let at = out.q.len();
+                out.q.resize(at + BLOCK, 0);
+                for (q, v) in out.q[at..].iter_mut().zip(block) {
+                    let r = v * inv;
+                    let t = r as i32;
+                    let cut = r - t as f32;
+                    *q = (t + i32::from(cut >= 0.5) - i32::from(cut <= -0.5)) as i16;
+                }
+            }
+        }
+        if out.int_rows.len() == n {
+            return;
+        }
+        // Mixed: gather each kind's rows.
+        let nibble = !out.sums.is_empty();
+        for (j, &int) in int_rows.iter().enumerate() {
+            if !int {
+                out.f_rows.push(j);
+                out.fx.extend_from_slice(&x[j * cols..(j + 1) * cols]);
+            }
+            if nibble {
+                let sums = &out.sums[j * bpr..(j + 1) * bpr];
+                let to = if int { &mut out.isums } else { &mut out.fsums };
+                to.extend_from_slice(sums);
             }
         }
     }
@@ -348,9 +405,45 @@ impl QMatrix {
             x.len() == n * self.cols && r0 <= r1 && r1 <= self.rows && out.len() == (r1 - r0) * n,
             "product shapes disagree"
         );
+        let n_int = prep.int_rows.len();
+        if n_int == 0 {
+            self.product_rows_f32(x, n, &prep.sums, r0, r1, tile, out);
+        } else if n_int == n {
+            self.product_rows_int(n, &prep.q, &prep.d, &prep.sums, r0, out);
+        } else {
+            // Each kind over its own rows, then back into their columns.
+            let tr = r1 - r0;
+            let n_f = n - n_int;
+            let mut part = vec![0.0f32; tr * n_int.max(n_f)];
+            self.product_rows_int(
+                n_int,
+                &prep.q,
+                &prep.d,
+                &prep.isums,
+                r0,
+                &mut part[..tr * n_int],
+            );
+            scatter(&part[..tr * n_int], &prep.int_rows, n, out);
+            let part = &mut part[..tr * n_f];
+            self.product_rows_f32(&prep.fx, n_f, &prep.fsums, r0, r1, tile, part);
+            scatter(part, &prep.f_rows, n, out);
+        }
+    }
+
+    /// [`QMatrix::product_rows`] with f32 inputs `x: [n, cols]` and their block sums.
+    #[allow(clippy::too_many_arguments)]
+    fn product_rows_f32(
+        &self,
+        x: &[f32],
+        n: usize,
+        xsum: &[f32],
+        r0: usize,
+        r1: usize,
+        tile: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
         let bpr = self.cols / BLOCK;
         let qpb = self.qs_per_block();
-        let xsum = &prep.sums[..];
         if n >= Self::DENSE_FROM {
             // Many input rows (prefill): dequantize the weight rows once and multiply
             // them by all input rows with an f32 GEMM.
@@ -394,34 +487,6 @@ impl QMatrix {
             return;
         }
         let avx2 = simd::available();
-        if !prep.q.is_empty() {
-            assert!(
-                prep.q.len() == x.len() && prep.d.len() == n * bpr,
-                "prepared rows disagree with the input"
-            );
-            for (i, o) in out.chunks_exact_mut(n).enumerate() {
-                let r = r0 + i;
-                let scales = &self.scales[r * bpr..(r + 1) * bpr];
-                let qs = &self.qs[r * bpr * qpb..(r + 1) * bpr * qpb];
-                for (j, y) in o.iter_mut().enumerate() {
-                    let xq = &prep.q[j * self.cols..(j + 1) * self.cols];
-                    let xd = &prep.d[j * bpr..(j + 1) * bpr];
-                    *y = match self.kind {
-                        QKind::Byte => simd::dot_byte_int(avx2, qs, scales, xq, xd),
-                        QKind::Nibble => simd::dot_nibble_int(
-                            avx2,
-                            qs,
-                            scales,
-                            &self.mins[r * bpr..(r + 1) * bpr],
-                            xq,
-                            xd,
-                            &xsum[j * bpr..(j + 1) * bpr],
-                        ),
-                    };
-                }
-            }
-            return;
-        }
         for (i, o) in out.chunks_exact_mut(n).enumerate() {
             let r = r0 + i;
             let scales = &self.scales[r * bpr..(r + 1) * bpr];
@@ -458,12 +523,51 @@ impl QMatrix {
         }
     }
 
+    /// [`QMatrix::product_rows`] with integer inputs: four input rows at a time share
+    /// each widened weight block, the rest go one by one, and every row's result is
+    /// bitwise the one it gets alone ([`simd::dot_int`]), so a sequence's numbers do not
+    /// depend on what shares its step. Input rows run in groups small enough to stay in
+    /// cache while the weight rows pass over them.
+    fn product_rows_int(
+        &self,
+        n: usize,
+        q: &[i16],
+        d: &[f32],
+        sums: &[f32],
+        r0: usize,
+        out: &mut [f32],
+    ) {
+        const GROUP: usize = 16;
+        let (bpr, qpb) = (self.cols / BLOCK, self.qs_per_block());
+        let r1 = r0 + out.len() / n.max(1);
+        let mins = if self.kind == QKind::Nibble {
+            &self.mins[r0 * bpr..r1 * bpr]
+        } else {
+            &[][..]
+        };
+        for g0 in (0..n).step_by(GROUP) {
+            simd::dot_int_rows(
+                simd::available(),
+                self.kind,
+                bpr,
+                &self.qs[r0 * bpr * qpb..r1 * bpr * qpb],
+                &self.scales[r0 * bpr..r1 * bpr],
+                mins,
+                q,
+                d,
+                sums,
+                g0..(g0 + GROUP).min(n),
+                out,
+            );
+        }
+    }
+
     /// `x: [n, cols]` (row-major) → `[n, rows]`: every row of `x` against every weight
     /// row, in parallel slices of weight rows.
     pub fn matmul(&self, x: &[f32], n: usize) -> Vec<f32> {
         assert_eq!(x.len(), n * self.cols, "input is not [n, cols]");
         let mut prep = Prepared::default();
-        self.prepare(x, n, &mut prep);
+        self.prepare(x, &vec![true; n], &mut prep);
         let rows_per_task = if n >= Self::DENSE_FROM {
             Self::TILE
         } else {
@@ -487,6 +591,16 @@ impl QMatrix {
             }
         }
         y
+    }
+}
+
+/// `out[i][cols[k]] = part[i][k]`: the columns of a product over some input rows put
+/// back among all `n`.
+fn scatter(part: &[f32], cols: &[usize], n: usize, out: &mut [f32]) {
+    for (o, p) in out.chunks_exact_mut(n).zip(part.chunks_exact(cols.len())) {
+        for (&j, &v) in cols.iter().zip(p) {
+            o[j] = v;
+        }
     }
 }
 
@@ -566,76 +680,88 @@ mod simd {
         }
     }
 
-    /// `Σ_b d_b · e_b · Σ_i q_bi · p_bi` over 8-bit weight blocks (`q`, `d`) and 16-bit
-    /// input blocks (`p`, `e`), summed in integers within a block.
-    pub fn dot_byte_int(avx2: bool, qs: &[u8], scales: &[f32], xq: &[i16], xd: &[f32]) -> f32 {
-        assert!(
-            qs.len() == xq.len() && scales.len() * 32 == xq.len() && xd.len() == scales.len(),
-            "block slices disagree"
-        );
-        #[cfg(target_arch = "x86_64")]
-        if avx2 {
-            // SAFETY: AVX2 and FMA were detected at run time; every block reads 32 bytes
-            // of `qs` and of `xq`, which the lengths above guarantee.
-            return unsafe { x86::dot_byte_int(qs, scales, xq, xd) };
-        }
-        let _ = avx2;
-        let mut total = 0.0f32;
-        for (((q, p), d), e) in qs
-            .chunks_exact(32)
-            .zip(xq.chunks_exact(32))
-            .zip(scales)
-            .zip(xd)
-        {
-            let s: i32 = q
-                .iter()
-                .zip(p)
-                .map(|(&q, &p)| i32::from(q as i8) * i32::from(p))
-                .sum();
-            total += d * e * s as f32;
-        }
-        total
-    }
-
-    /// `Σ_b (d_b · e_b · Σ_i q_bi · p_bi + m_b · Σ_i x_bi)` over 4-bit weight blocks and
-    /// 16-bit input blocks (`p`, `e`), given the exact per-block sums of the input.
-    pub fn dot_nibble_int(
+    /// Weight rows (`qs`, `scales`, `mins`: `m` rows of `nb` blocks each) against input
+    /// rows `rows` of `xq` (rows of 16-bit blocks `p`, their scales `e` in `xd`), into
+    /// `out: [m, n]` (`n = xd.len() / nb`; columns `rows` written):
+    /// `Σ_b d_b · e_b · Σ_i q_bi · p_bi`, plus `Σ_b m_b · Σ_i x_bi` for 4-bit blocks
+    /// (from the exact per-block input sums `sums`, laid out as `xd`; empty for 8-bit
+    /// blocks, as is `mins`). Block sums are exact in integers and each product's
+    /// floating-point additions run in one fixed order, so every input row's result is
+    /// bitwise the one it gets alone, whichever rows run beside it (the AVX2 kernel and
+    /// the portable loop each agree with themselves).
+    #[allow(clippy::too_many_arguments)]
+    pub fn dot_int_rows(
         avx2: bool,
+        kind: super::QKind,
+        nb: usize,
         qs: &[u8],
         scales: &[f32],
         mins: &[f32],
         xq: &[i16],
         xd: &[f32],
-        xsum: &[f32],
-    ) -> f32 {
-        assert!(
-            qs.len() * 2 == xq.len()
-                && scales.len() * 32 == xq.len()
-                && mins.len() == scales.len()
-                && xd.len() == scales.len()
-                && xsum.len() == scales.len(),
-            "block slices disagree"
-        );
+        sums: &[f32],
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        let nibble = kind == super::QKind::Nibble;
+        let m = scales.len().checked_div(nb).unwrap_or(0);
+        let n = xd.len().checked_div(nb).unwrap_or(0);
+        let w_ok = nb > 0
+            && scales.len() == m * nb
+            && qs.len() == if nibble { 16 } else { 32 } * m * nb
+            && (!nibble || mins.len() == m * nb);
+        let x_ok = xd.len() == n * nb
+            && xq.len() == 32 * xd.len()
+            && (!nibble || sums.len() == xd.len())
+            && rows.start <= rows.end
+            && rows.end <= n
+            && out.len() == m * n;
+        assert!(w_ok && x_ok, "block slices disagree");
         #[cfg(target_arch = "x86_64")]
         if avx2 {
-            // SAFETY: AVX2 and FMA were detected at run time; every block reads 16 bytes
-            // of `qs` and 32 of `xq`, which the lengths above guarantee.
-            return unsafe { x86::dot_nibble_int(qs, scales, mins, xq, xd, xsum) };
+            // SAFETY: AVX2 and FMA were detected at run time; the lengths checked above
+            // put every block of every row asked for in bounds.
+            unsafe {
+                if nibble {
+                    x86::dot_int_rows::<true>(nb, qs, scales, mins, xq, xd, sums, rows, out);
+                } else {
+                    x86::dot_int_rows::<false>(nb, qs, scales, mins, xq, xd, sums, rows, out);
+                }
+            }
+            return;
         }
         let _ = avx2;
-        let mut total = 0.0f32;
-        for (b, (q, p)) in qs.chunks_exact(16).zip(xq.chunks_exact(32)).enumerate() {
-            let (lo, hi) = p.split_at(16);
-            let s: i32 = q
-                .iter()
-                .zip(lo.iter().zip(hi))
-                .map(|(&q, (&l, &h))| {
-                    i32::from(q & 0x0F) * i32::from(l) + i32::from(q >> 4) * i32::from(h)
-                })
-                .sum();
-            total += scales[b] * xd[b] * s as f32 + mins[b] * xsum[b];
+        let qpb = if nibble { 16 } else { 32 };
+        for r in 0..m {
+            for j in rows.clone() {
+                let mut total = 0.0f32;
+                for b in 0..nb {
+                    let (wb, xb) = (r * nb + b, j * nb + b);
+                    let p = &xq[xb * 32..xb * 32 + 32];
+                    let q = &qs[wb * qpb..wb * qpb + qpb];
+                    let s: i32 = if nibble {
+                        let (lo, hi) = p.split_at(16);
+                        q.iter()
+                            .zip(lo.iter().zip(hi))
+                            .map(|(&q, (&l, &h))| {
+                                i32::from(q & 0x0F) * i32::from(l)
+                                    + i32::from(q >> 4) * i32::from(h)
+                            })
+                            .sum()
+                    } else {
+                        q.iter()
+                            .zip(p)
+                            .map(|(&q, &p)| i32::from(q as i8) * i32::from(p))
+                            .sum()
+                    };
+                    total += scales[wb] * xd[xb] * s as f32;
+                    if nibble {
+                        total += mins[wb] * sums[xb];
+                    }
+                }
+                out[r * n + j] = total;
+            }
         }
-        total
     }
 
     /// `Σ_b d_b · Σ_i q_bi · x_bi` over 8-bit blocks.
@@ -752,39 +878,6 @@ mod simd {
             }
         }
 
-        /// `Σ_b scale_b · s_b` summed to one f32, where `|b| expr` gives block `b`'s
-        /// `(scale, s)` as vectors, for `b` in `0..n`: two accumulators, so that
-        /// consecutive blocks do not wait on each other. A macro, not a function taking a
-        /// closure, so that everything stays inside the caller's target features.
-        macro_rules! scaled_blocks {
-            ($n:expr, |$b:ident| $one:expr) => {{
-                let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-                let n = $n;
-                let mut i = 0;
-                while i + 2 <= n {
-                    let (d0, s0) = {
-                        let $b = i;
-                        $one
-                    };
-                    let (d1, s1) = {
-                        let $b = i + 1;
-                        $one
-                    };
-                    acc0 = _mm256_fmadd_ps(d0, s0, acc0);
-                    acc1 = _mm256_fmadd_ps(d1, s1, acc1);
-                    i += 2;
-                }
-                if i < n {
-                    let (d0, s0) = {
-                        let $b = i;
-                        $one
-                    };
-                    acc0 = _mm256_fmadd_ps(d0, s0, acc0);
-                }
-                hsum(_mm256_add_ps(acc0, acc1))
-            }};
-        }
-
         /// `Σ w·p` of one block as eight f32 lanes: weights `w0` (elements 0..16) and
         /// `w1` (16..32) as i16, inputs the 32 i16 at `p`. Sums stay exact in i32: each
         /// lane adds four products of at most 128 · 32767.
@@ -803,80 +896,166 @@ mod simd {
             }
         }
 
+        /// Block `b` of every input row into `acc`: the weight block is widened to i16
+        /// once, then each row adds `(d_b · e_kb) · Σ q·p` to its accumulator.
+        ///
         /// # Safety
-        /// Needs AVX2 and FMA; `qs.len() == xq.len() == 32 · scales.len()` and
-        /// `xd.len() == scales.len()`.
+        /// Needs AVX2 and FMA; block `b` must be inside `qs`, `scales` and every `xq[k]`,
+        /// `xd[k]`.
+        #[inline]
         #[target_feature(enable = "avx2,fma")]
-        pub unsafe fn dot_byte_int(qs: &[u8], scales: &[f32], xq: &[i16], xd: &[f32]) -> f32 {
-            // One block's product, with its scale.
-            #[inline]
-            #[target_feature(enable = "avx2,fma")]
-            unsafe fn one(
-                qs: &[u8],
-                scales: &[f32],
-                xq: &[i16],
-                xd: &[f32],
-                b: usize,
-            ) -> (__m256, __m256) {
-                // SAFETY: the caller keeps `b` below `scales.len()`; the length contract
-                // puts block `b` inside `qs`, `xq` and `xd`.
-                unsafe {
-                    // Weights stream through once: ask for the bytes a few rows ahead.
-                    _mm_prefetch::<_MM_HINT_T0>(qs.as_ptr().wrapping_add(b * 32 + 8192).cast());
-                    let w = _mm256_loadu_si256(qs.as_ptr().add(b * 32).cast());
-                    let w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
-                    let w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(w));
-                    let p = xq.as_ptr().add(b * 32);
-                    let s = block_dot_i16(w0, w1, p);
-                    let scale = *scales.get_unchecked(b) * *xd.get_unchecked(b);
-                    (_mm256_set1_ps(scale), s)
-                }
-            }
-            // SAFETY: every block index is below `scales.len()`.
-            unsafe { scaled_blocks!(scales.len(), |b| one(qs, scales, xq, xd, b)) }
-        }
-
-        /// # Safety
-        /// Needs AVX2 and FMA; `2 · qs.len() == xq.len() == 32 · scales.len()`, and
-        /// `mins`, `xd`, `xsum` as long as `scales`.
-        #[target_feature(enable = "avx2,fma")]
-        pub unsafe fn dot_nibble_int(
+        unsafe fn int_block<const NIBBLE: bool, const R: usize>(
             qs: &[u8],
             scales: &[f32],
-            mins: &[f32],
-            xq: &[i16],
-            xd: &[f32],
-            xsum: &[f32],
-        ) -> f32 {
-            // One block's product and its scale.
-            #[inline]
-            #[target_feature(enable = "avx2,fma")]
-            unsafe fn one(
-                qs: &[u8],
-                scales: &[f32],
-                xq: &[i16],
-                xd: &[f32],
-                b: usize,
-            ) -> (__m256, __m256) {
-                // SAFETY: the caller keeps `b` below `scales.len()`; the length contract
-                // puts block `b` inside `qs`, `xq` and `xd`.
-                unsafe {
+            xq: &[&[i16]; R],
+            xd: &[&[f32]; R],
+            b: usize,
+            acc: &mut [__m256; R],
+        ) {
+            // SAFETY: the caller keeps block `b` in bounds of every slice.
+            unsafe {
+                let (w0, w1) = if NIBBLE {
                     // Weights stream through once: ask for the bytes a few rows ahead.
                     _mm_prefetch::<_MM_HINT_T0>(qs.as_ptr().wrapping_add(b * 16 + 4096).cast());
                     let low = _mm_set1_epi8(0x0F);
                     let packed = _mm_loadu_si128(qs.as_ptr().add(b * 16).cast());
                     // Elements 0..16 are the low nibbles, 16..32 the high ones.
-                    let w0 = _mm256_cvtepu8_epi16(_mm_and_si128(packed, low));
-                    let w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low));
-                    let s = block_dot_i16(w0, w1, xq.as_ptr().add(b * 32));
-                    let scale = *scales.get_unchecked(b) * *xd.get_unchecked(b);
-                    (_mm256_set1_ps(scale), s)
+                    (
+                        _mm256_cvtepu8_epi16(_mm_and_si128(packed, low)),
+                        _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low)),
+                    )
+                } else {
+                    _mm_prefetch::<_MM_HINT_T0>(qs.as_ptr().wrapping_add(b * 32 + 8192).cast());
+                    let w = _mm256_loadu_si256(qs.as_ptr().add(b * 32).cast());
+                    (
+                        _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)),
+                        _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(w)),
+                    )
+                };
+                let d = _mm256_set1_ps(*scales.get_unchecked(b));
+                for k in 0..R {
+                    let s = block_dot_i16(w0, w1, xq[k].as_ptr().add(b * 32));
+                    // d_b · e_kb in every lane, as one f32 product.
+                    let scale = _mm256_mul_ps(d, _mm256_broadcast_ss(&*xd[k].as_ptr().add(b)));
+                    acc[k] = _mm256_fmadd_ps(scale, s, acc[k]);
                 }
             }
-            // SAFETY: every block index is below `scales.len()`; AVX2/FMA by this
-            // function's contract.
-            unsafe {
-                scaled_blocks!(scales.len(), |b| one(qs, scales, xq, xd, b)) + min_terms(mins, xsum)
+        }
+
+        /// One weight row against `R` rows of 16-bit inputs. Each row keeps two
+        /// accumulators, even blocks in one and odd blocks in the other (so that
+        /// consecutive blocks of a lone row do not wait on each other), summed at the
+        /// end: the same additions in the same order for every `R`.
+        ///
+        /// # Safety
+        /// Needs AVX2 and FMA; `qs` holds `scales.len()` blocks, every `xq[k]` is
+        /// `32 · scales.len()` long and every `xd[k]` as long as `scales`; for nibbles
+        /// `mins` and every `sums[k]` are as long as `scales`.
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn dot_int<const NIBBLE: bool, const R: usize>(
+            qs: &[u8],
+            scales: &[f32],
+            mins: &[f32],
+            xq: [&[i16]; R],
+            xd: [&[f32]; R],
+            sums: [&[f32]; R],
+        ) -> [f32; R] {
+            let n = scales.len();
+            let mut even = [_mm256_setzero_ps(); R];
+            let mut odd = [_mm256_setzero_ps(); R];
+            let mut b = 0;
+            // SAFETY (the blocks): every index passed is below `n`.
+            while b + 2 <= n {
+                unsafe {
+                    int_block::<NIBBLE, R>(qs, scales, &xq, &xd, b, &mut even);
+                    int_block::<NIBBLE, R>(qs, scales, &xq, &xd, b + 1, &mut odd);
+                }
+                b += 2;
+            }
+            if b < n {
+                unsafe { int_block::<NIBBLE, R>(qs, scales, &xq, &xd, b, &mut even) };
+            }
+            // A plain loop, not a closure: closures do not inherit the target features.
+            let mut out = [0.0f32; R];
+            for k in 0..R {
+                out[k] = hsum(_mm256_add_ps(even[k], odd[k]));
+                if NIBBLE {
+                    // SAFETY: AVX2/FMA by this function's contract.
+                    out[k] += unsafe { min_terms(mins, sums[k]) };
+                }
+            }
+            out
+        }
+
+        /// [`super::dot_int_rows`]: four input rows at a time against every weight row,
+        /// then the rest one at a time.
+        ///
+        /// # Safety
+        /// Needs AVX2 and FMA; the lengths as [`super::dot_int_rows`] checks them.
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = "avx2,fma")]
+        pub unsafe fn dot_int_rows<const NIBBLE: bool>(
+            nb: usize,
+            qs: &[u8],
+            scales: &[f32],
+            mins: &[f32],
+            xq: &[i16],
+            xd: &[f32],
+            sums: &[f32],
+            rows: std::ops::Range<usize>,
+            out: &mut [f32],
+        ) {
+            let (m, n) = (scales.len() / nb, xd.len() / nb);
+            let qpb = if NIBBLE { 16 } else { 32 };
+            let mut j = rows.start;
+            while j < rows.end {
+                let take = if j + 4 <= rows.end { 4 } else { 1 };
+                // SAFETY: input row `j + k < rows.end <= n` and weight row `r < m` are in
+                // bounds of every slice by the caller's checks.
+                unsafe {
+                    let xq_at =
+                        |k: usize| xq.get_unchecked(32 * nb * (j + k)..32 * nb * (j + k + 1));
+                    let xd_at = |k: usize| xd.get_unchecked(nb * (j + k)..nb * (j + k + 1));
+                    let sums_at = |k: usize| {
+                        if NIBBLE {
+                            sums.get_unchecked(nb * (j + k)..nb * (j + k + 1))
+                        } else {
+                            &[][..]
+                        }
+                    };
+                    for r in 0..m {
+                        let w = (
+                            qs.get_unchecked(qpb * nb * r..qpb * nb * (r + 1)),
+                            scales.get_unchecked(nb * r..nb * (r + 1)),
+                            if NIBBLE {
+                                mins.get_unchecked(nb * r..nb * (r + 1))
+                            } else {
+                                &[][..]
+                            },
+                        );
+                        let o = out.get_unchecked_mut(n * r + j..n * r + j + take);
+                        if take == 4 {
+                            o.copy_from_slice(&dot_int::<NIBBLE, 4>(
+                                w.0,
+                                w.1,
+                                w.2,
+                                [xq_at(0), xq_at(1), xq_at(2), xq_at(3)],
+                                [xd_at(0), xd_at(1), xd_at(2), xd_at(3)],
+                                [sums_at(0), sums_at(1), sums_at(2), sums_at(3)],
+                            ));
+                        } else {
+                            o[0] = dot_int::<NIBBLE, 1>(
+                                w.0,
+                                w.1,
+                                w.2,
+                                [xq_at(0)],
+                                [xd_at(0)],
+                                [sums_at(0)],
+                            )[0];
+                        }
+                    }
+                }
+                j += take;
             }
         }
 
@@ -1119,7 +1298,7 @@ mod tests {
     }
 
     #[test]
-    fn eight_bit_activations_stay_within_their_rounding() {
+    fn sixteen_bit_activations_stay_within_their_rounding() {
         let (rows, cols) = (40, 128);
         let w = values(rows * cols, 11);
         let bpr = cols / BLOCK;
@@ -1129,7 +1308,6 @@ mod tests {
             let q = QMatrix::from_gguf(ty, rows, cols, &bytes)
                 .expect("repack")
                 .with_int_inputs(true);
-            let qpb = q.qs_per_block();
             for n in [1, 2, 3, 4, 7, 9] {
                 let x: Vec<f32> = values(n * cols, 5 + n as u32)
                     .iter()
@@ -1139,14 +1317,7 @@ mod tests {
                 let exact = reference(&deq, rows, cols, &x, n);
                 let got = q.matmul(&x, n);
                 let mut prep = Prepared::default();
-                q.prepare(&x, n, &mut prep);
-                if n >= QMatrix::INT_INPUTS_BELOW {
-                    assert!(prep.q.is_empty(), "{ty:?} n={n}: more rows stay f32");
-                    for (a, b) in got.iter().zip(&exact) {
-                        assert!((a - b).abs() < 1e-4, "{ty:?} n={n}: {a} vs {b}");
-                    }
-                    continue;
-                }
+                q.prepare(&x, &vec![true; n], &mut prep);
                 assert_eq!(
                     prep.q.len(),
                     x.len(),
@@ -1173,30 +1344,124 @@ mod tests {
                         );
                     }
                 }
-                // The vector kernel and the portable loop agree.
-                let r = 3;
-                let qs = &q.qs[r * bpr * qpb..(r + 1) * bpr * qpb];
-                let sc = &q.scales[r * bpr..(r + 1) * bpr];
-                let (xq, xd) = (&prep.q[..cols], &prep.d[..bpr]);
-                let (portable, vector) = match q.kind {
-                    QKind::Byte => (
-                        simd::dot_byte_int(false, qs, sc, xq, xd),
-                        simd::dot_byte_int(simd::available(), qs, sc, xq, xd),
-                    ),
-                    QKind::Nibble => {
-                        let mins = &q.mins[r * bpr..(r + 1) * bpr];
-                        let sums = &prep.sums[..bpr];
-                        (
-                            simd::dot_nibble_int(false, qs, sc, mins, xq, xd, sums),
-                            simd::dot_nibble_int(simd::available(), qs, sc, mins, xq, xd, sums),
-                        )
-                    }
-                };
-                assert!(
-                    (portable - vector).abs() <= 1e-5 * (1.0 + portable.abs()),
-                    "{ty:?}: portable {portable} vs vector {vector}"
-                );
+                // The vector kernel and the portable loop agree, every weight row
+                // against every input row.
+                let mut outs = [vec![0.0f32; rows * n], vec![0.0f32; rows * n]];
+                for (avx2, out) in [false, simd::available()].into_iter().zip(&mut outs) {
+                    simd::dot_int_rows(
+                        avx2,
+                        q.kind,
+                        bpr,
+                        &q.qs,
+                        &q.scales,
+                        &q.mins,
+                        &prep.q,
+                        &prep.d,
+                        &prep.sums,
+                        0..n,
+                        out,
+                    );
+                }
+                for (portable, vector) in outs[0].iter().zip(&outs[1]) {
+                    assert!(
+                        (portable - vector).abs() <= 1e-5 * (1.0 + portable.abs()),
+                        "{ty:?}: portable {portable} vs vector {vector}"
+                    );
+                }
             }
+        }
+    }
+
+    /// With integer inputs, every row's product is bitwise the one it gets alone,
+    /// however many rows share the product (one to a prefill's worth, through every
+    /// grouping of the kernels); the f32 kernels, which change summation order with the
+    /// number of rows, make no such promise.
+    #[test]
+    fn integer_products_do_not_depend_on_the_batch() {
+        let (rows, cols) = (37, 160);
+        let w = values(rows * cols, 23);
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_0] {
+            let bytes = quantize(ty, &w).expect("quantize");
+            let q = QMatrix::from_gguf(ty, rows, cols, &bytes)
+                .expect("repack")
+                .with_int_inputs(true);
+            let n = 41;
+            let x: Vec<f32> = values(n * cols, 9)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v * (0.5 + (i % 13) as f32))
+                .collect();
+            let alone: Vec<Vec<f32>> = (0..n)
+                .map(|j| q.matmul(&x[j * cols..(j + 1) * cols], 1))
+                .collect();
+            // Some rows integer, the others f32 (a prompt joining generated tokens): the
+            // integer rows as alone, the f32 rows as the f32 product of those rows.
+            let mixed: Vec<bool> = (0..n).map(|j| j % 3 != 1).collect();
+            let mut prep = Prepared::default();
+            q.prepare(&x, &mixed, &mut prep);
+            let (mut tile, mut yt) = (Vec::new(), vec![0.0f32; rows * n]);
+            q.product_rows(&x, n, &prep, 0, rows, &mut tile, &mut yt);
+            let f32_rows: Vec<usize> = (0..n).filter(|&j| !mixed[j]).collect();
+            let fx: Vec<f32> = f32_rows
+                .iter()
+                .flat_map(|&j| x[j * cols..(j + 1) * cols].iter().copied())
+                .collect();
+            let plain = q.clone().with_int_inputs(false).matmul(&fx, f32_rows.len());
+            for j in 0..n {
+                for r in 0..rows {
+                    let got = yt[r * n + j];
+                    if mixed[j] {
+                        assert_eq!(
+                            got.to_bits(),
+                            alone[j][r].to_bits(),
+                            "{ty:?}: mixed row {j}"
+                        );
+                    } else {
+                        let k = f32_rows.iter().position(|&f| f == j).expect("an f32 row");
+                        let want = plain[k * rows + r];
+                        assert_eq!(got.to_bits(), want.to_bits(), "{ty:?}: f32 row {j}");
+                    }
+                }
+            }
+            for m in [2, 3, 4, 5, 8, 9, 16, 17, 33, 41] {
+                for start in [0, n - m] {
+                    let y = q.matmul(&x[start * cols..(start + m) * cols], m);
+                    for j in 0..m {
+                        let got = &y[j * rows..(j + 1) * rows];
+                        let want = &alone[start + j];
+                        let same = got
+                            .iter()
+                            .zip(want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(
+                            same,
+                            "{ty:?}: row {} of {m} differs from its product alone",
+                            start + j
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Inputs are rounded as `f32::round` does (halves away from zero), ties included.
+    #[test]
+    fn inputs_round_halves_away_from_zero() {
+        let w = values(2 * 32, 1);
+        let q = QMatrix::quantize_q8(&w, 2, 32)
+            .expect("q8")
+            .with_int_inputs(true);
+        // The block's largest value maps to 32767, so each of these lands on (or next
+        // to) a half step.
+        let mut x: Vec<f32> = (0..31)
+            .map(|i| (i as f32 - 15.0) * 0.5 + 0.25 * (i % 3) as f32)
+            .collect();
+        x.push(32767.0);
+        let mut prep = Prepared::default();
+        q.prepare(&x, &[true], &mut prep);
+        let inv = 1.0 / (32767.0f32 / 32767.0);
+        for (got, v) in prep.q.iter().zip(&x) {
+            assert_eq!(i32::from(*got), (v * inv).round() as i32, "{v}");
         }
     }
 
