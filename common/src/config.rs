@@ -134,6 +134,10 @@ pub struct CoordinatorConfig {
     pub stream_timeout_ms: u64,
     /// Directory of the checkpoint store (sled).
     pub store_path: String,
+    /// Size of the checkpoint store's page cache (sled's `cache_capacity`), in MiB, as
+    /// sled counts it: pages at their size in the file, which in memory take several
+    /// times that. Pages past it are read back from the file when needed.
+    pub store_cache_mib: u64,
     /// When a step's tokens reach clients, relative to the checkpoint store.
     pub checkpoint: CheckpointMode,
     /// How long a finished stream stays in the store for reconnecting clients, in
@@ -209,6 +213,7 @@ impl Default for CoordinatorConfig {
             worker_timeout_ms: 3_000,
             stream_timeout_ms: 60_000,
             store_path: "baton-data/coordinator".into(),
+            store_cache_mib: 4,
             checkpoint: CheckpointMode::Sync,
             reconnect_window_s: 600,
             stall_probe_ms: 200,
@@ -352,6 +357,10 @@ mod tests {
         )
         .expect("parse");
         assert_eq!(c.coordinator.listen, "0.0.0.0:9000");
+        assert_eq!(
+            c.coordinator.store_cache_mib, 4,
+            "sled's page cache is bounded"
+        );
         assert_eq!(c.worker.max_running, 4);
         assert_eq!(c.nats, NatsConfig::default());
     }

@@ -121,10 +121,13 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
         CheckpointMode::Off => None,
         CheckpointMode::Sync | CheckpointMode::Async => {
             let path = settings.store_path.clone();
+            let cache_bytes = settings.store_cache_mib.saturating_mul(1 << 20);
             let opened =
-                Store::open(std::path::Path::new(&path)).map_err(|source| StartError::Store {
-                    path: path.clone(),
-                    source,
+                Store::open(std::path::Path::new(&path), cache_bytes).map_err(|source| {
+                    StartError::Store {
+                        path: path.clone(),
+                        source,
+                    }
                 })?;
             info!(%path, checkpoint = settings.checkpoint.as_str(), streams = opened.len(), "checkpoint store open");
             Some(opened)

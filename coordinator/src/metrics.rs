@@ -17,6 +17,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::actors::registry::WorkerView;
 use crate::nats::Counters;
 
 /// A request's endpoint and how it ended.
@@ -65,6 +66,12 @@ pub struct Metrics {
     pub e2e_latency: Histogram,
     /// Streams with a client attached now.
     pub streams_in_flight: Gauge,
+    /// Streams the sessions hold now (running, resuming, or detached and waiting for a
+    /// client to come back): what `max_streams` bounds.
+    pub streams_held: Gauge,
+    /// Streams in the checkpoint store at its last collection (every 30 s): the held
+    /// ones and the ended ones kept for `reconnect_window_s`.
+    pub store_streams: Gauge,
     /// Tokens sent to clients.
     pub tokens: Counter,
     /// Streams moved to another worker, by cause.
@@ -117,6 +124,8 @@ impl Metrics {
             inter_token_latency: Histogram::new(latency_buckets()),
             e2e_latency: Histogram::new(latency_buckets()),
             streams_in_flight: Gauge::default(),
+            streams_held: Gauge::default(),
+            store_streams: Gauge::default(),
             tokens: Counter::default(),
             resumes: Family::default(),
             reattached: Counter::default(),
@@ -160,6 +169,16 @@ impl Metrics {
             "streams_in_flight",
             "Streams with a client attached",
             m.streams_in_flight.clone(),
+        );
+        r.register(
+            "streams_held",
+            "Streams the coordinator holds (running, resuming, detached)",
+            m.streams_held.clone(),
+        );
+        r.register(
+            "checkpoint_store_streams",
+            "Streams in the checkpoint store at its last collection",
+            m.store_streams.clone(),
         );
         r.register(
             "generation_tokens",
@@ -268,6 +287,36 @@ impl Metrics {
         };
         catch_up(&self.wire_malformed, counters.garbage());
         catch_up(&self.wire_missed, counters.missed());
+    }
+
+    /// Sets the per-worker gauges to `workers`, the live ones: the label sets of
+    /// workers that left go (each restarted worker has a new id, so they would
+    /// otherwise pile up).
+    pub fn set_workers(&self, workers: &[WorkerView]) {
+        self.workers_live.set(workers.len() as i64);
+        self.worker_running.clear();
+        self.worker_queued.clear();
+        self.worker_kv_used_bytes.clear();
+        self.worker_kv_budget_bytes.clear();
+        for w in workers {
+            let label = WorkerLabel {
+                worker: w.id.to_string(),
+                model: w.models.join(","),
+            };
+            self.worker_running
+                .get_or_create(&label)
+                .set(i64::from(w.running));
+            self.worker_queued
+                .get_or_create(&label)
+                .set(i64::from(w.queued));
+            let bytes = |b: u64| i64::try_from(b).unwrap_or(i64::MAX);
+            self.worker_kv_used_bytes
+                .get_or_create(&label)
+                .set(bytes(w.kv_used_bytes));
+            self.worker_kv_budget_bytes
+                .get_or_create(&label)
+                .set(bytes(w.kv_budget_bytes));
+        }
     }
 
     /// Records the tokens sent since the last call, `elapsed` seconds ago, at `unix`.
@@ -409,5 +458,41 @@ mod tests {
             text.contains("baton_wire_malformed_messages_total 3"),
             "{text}"
         );
+    }
+
+    fn worker(id: u128) -> WorkerView {
+        WorkerView {
+            id: baton_common::ids::WorkerId(id),
+            models: vec!["m".into()],
+            capacity: 4,
+            running: 1,
+            queued: 0,
+            in_flight: 1,
+            kv_used_bytes: 10,
+            kv_budget_bytes: 100,
+            draining: false,
+            version: "v".into(),
+            last_seen_ms: 0,
+        }
+    }
+
+    #[test]
+    fn workers_that_left_lose_their_label_sets() {
+        let m = Metrics::new();
+        let (a, b) = (worker(1), worker(2));
+        m.set_workers(&[a.clone(), b.clone()]);
+        let text = m.encode();
+        assert!(text.contains(&format!("worker=\"{}\"", b.id)), "{text}");
+        // Worker B is killed; a new B (another id) joins.
+        let c = worker(3);
+        m.set_workers(&[a.clone(), c.clone()]);
+        let text = m.encode();
+        assert!(!text.contains(&format!("worker=\"{}\"", b.id)), "{text}");
+        assert_eq!(
+            text.matches("baton_worker_running_sequences{").count(),
+            2,
+            "{text}"
+        );
+        assert!(text.contains("baton_workers_live 2"), "{text}");
     }
 }

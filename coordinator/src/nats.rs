@@ -5,6 +5,7 @@
 //! is not a valid message of the expected kind is counted in [`Counters`] and dropped.
 
 use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,6 +21,7 @@ use baton_common::protocol::{
 };
 use baton_common::subjects::{Subjects, REQUEST_ID_HEADER};
 use futures::{FutureExt, StreamExt};
+use lru::LruCache;
 use tracing::{info, warn};
 
 use crate::actors::messages::{DispatchTokens, WorkerHeartbeat};
@@ -61,16 +63,28 @@ pub enum Probe {
 /// Most token messages handed to the sessions at once.
 const MAX_TOKEN_MESSAGES: usize = 256;
 
+/// Most publishers whose token sequence is followed; the one heard from longest ago is
+/// forgotten first (every restarted worker is a new publisher).
+const GAP_PUBLISHERS: usize = 4096;
+
 /// Counts the token messages each publisher's envelope sequence says were lost.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct GapCounter {
-    next: HashMap<u128, u64>,
+    /// The next sequence number expected of each publisher.
+    next: LruCache<u128, u64>,
 }
 
 impl GapCounter {
+    /// Follows at most `publishers` publishers (at least one).
+    fn new(publishers: usize) -> Self {
+        Self {
+            next: LruCache::new(NonZeroUsize::new(publishers.max(1)).expect("at least one")),
+        }
+    }
+
     /// Records message `seq` of `publisher`; returns how many were skipped before it.
     fn observe(&mut self, publisher: u128, seq: u64) -> u64 {
-        let expected = self.next.entry(publisher).or_insert(seq);
+        let expected = self.next.get_or_insert_mut(publisher, || seq);
         let missed = seq.saturating_sub(*expected);
         if seq >= *expected {
             *expected = seq + 1;
@@ -137,6 +151,17 @@ impl Sequencers {
         };
         seq.encode(body)
     }
+
+    /// Drops the sequences of `subjects` (their receiver is gone).
+    fn forget(&self, subjects: &[String]) {
+        let mut map = self
+            .by_subject
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for subject in subjects {
+            map.remove(subject);
+        }
+    }
 }
 
 /// A cloneable front to this coordinator's NATS connection.
@@ -198,6 +223,14 @@ impl NatsHandle {
         &self.subjects
     }
 
+    /// Forgets the envelope sequences of `worker`'s subjects: it left the registry, and a
+    /// restarted worker has a new id. Should it be heard from again, its messages are
+    /// numbered from 0.
+    pub fn forget_worker(&self, worker: WorkerId) {
+        self.sequencers
+            .forget(&[self.subjects.submit(worker), self.subjects.cancel(worker)]);
+    }
+
     /// Subscribes to heartbeats and to this coordinator's tokens, and feeds them to the
     /// actors from two tasks on the current arbiter.
     pub async fn listen(
@@ -229,7 +262,7 @@ impl NatsHandle {
         });
         let counters = self.counters.clone();
         actix::spawn(async move {
-            let mut gaps = GapCounter::default();
+            let mut gaps = GapCounter::new(GAP_PUBLISHERS);
             // Every message that has arrived goes to the sessions in one batch: one
             // checkpoint flush for all of them (group commit).
             while let Some(first) = tokens.next().await {
@@ -441,13 +474,44 @@ mod tests {
 
     #[test]
     fn gaps_are_counted_per_publisher() {
-        let mut g = GapCounter::default();
+        let mut g = GapCounter::new(8);
         assert_eq!(g.observe(1, 5), 0, "the first message sets the start");
         assert_eq!(g.observe(1, 6), 0);
         assert_eq!(g.observe(2, 0), 0);
         assert_eq!(g.observe(1, 9), 2);
         assert_eq!(g.observe(1, 9), 0, "a duplicate is no gap");
         assert_eq!(g.observe(1, 10), 0);
+    }
+
+    #[test]
+    fn gap_counting_follows_a_bounded_number_of_publishers() {
+        let mut g = GapCounter::new(3);
+        for publisher in 0..100 {
+            assert_eq!(g.observe(publisher, 0), 0);
+        }
+        assert_eq!(
+            g.next.len(),
+            3,
+            "publishers heard from longest ago are dropped"
+        );
+        assert_eq!(g.observe(99, 3), 2, "recent publishers are still followed");
+    }
+
+    #[test]
+    fn a_forgotten_subject_starts_again_and_leaves_the_map() {
+        let seqs = Sequencers {
+            publisher: 1,
+            by_subject: Mutex::new(HashMap::new()),
+        };
+        let body = || Body::Cancel(Cancel { streams: vec![] });
+        let seq = |b: Vec<u8>| decode(&b).expect("decode").envelope.seq;
+        seqs.encode("a", body());
+        seqs.encode("b", body());
+        seqs.forget(&["a".to_string()]);
+        let held = |s: &Sequencers| s.by_subject.lock().expect("lock").len();
+        assert_eq!(held(&seqs), 1);
+        assert_eq!(seq(seqs.encode("a", body())), 0);
+        assert_eq!(seq(seqs.encode("b", body())), 1);
     }
 
     #[test]

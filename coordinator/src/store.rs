@@ -16,6 +16,13 @@
 //! survives a coordinator kill and a power loss (as far as the disk honours fsync). In
 //! `async` mode sled flushes by itself every 500 ms: a kill or power loss loses up to
 //! that much of the log, which a resumed stream regenerates.
+//!
+//! Memory: sled keeps the pages it has read or written in a cache of
+//! `coordinator.store_cache_mib`, counted at the pages' size in the file (in memory they
+//! take several times that). sled's own default, 1 GiB, would let the coordinator grow
+//! with everything the store holds, some 145 bytes a token. What the sessions read back
+//! (a reconnecting client's tokens, streams to recover after a restart) is mostly recent;
+//! older pages are read from the file when needed.
 
 use std::path::Path;
 
@@ -81,6 +88,15 @@ pub struct StoredToken {
     pub hash: u64,
     /// Text that became final with it.
     pub text: String,
+}
+
+/// What one collection of the store did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Collected {
+    /// Streams removed (ended before the cut, or unreadable).
+    pub removed: usize,
+    /// Streams left.
+    pub kept: usize,
 }
 
 /// The sled database of one coordinator.
@@ -153,10 +169,12 @@ fn decode_token(key: &[u8], value: &[u8]) -> Result<StoredToken, StoreError> {
 }
 
 impl Store {
-    /// Opens (or creates) the store in `dir`. Fails when another process holds it.
-    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+    /// Opens (or creates) the store in `dir`, with a page cache of at most
+    /// `cache_bytes` (sled needs at least 256). Fails when another process holds it.
+    pub fn open(dir: &Path, cache_bytes: u64) -> Result<Self, StoreError> {
         let db = sled::Config::new()
             .path(dir)
+            .cache_capacity(cache_bytes.max(256))
             .flush_every_ms(Some(500))
             .open()?;
         Ok(Self {
@@ -260,11 +278,13 @@ impl Store {
         Ok(out)
     }
 
-    /// Removes streams that ended before `before` (Unix seconds); returns how many.
-    pub fn collect(&self, before: u64) -> Result<usize, StoreError> {
+    /// Removes streams that ended before `before` (Unix seconds).
+    pub fn collect(&self, before: u64) -> Result<Collected, StoreError> {
         let mut old = Vec::new();
+        let mut seen = 0;
         for item in self.streams.iter() {
             let (k, v) = item?;
+            seen += 1;
             let Ok(bytes) = <[u8; 16]>::try_from(k.as_ref()) else {
                 continue;
             };
@@ -280,7 +300,10 @@ impl Store {
         for stream in &old {
             self.remove_stream(*stream)?;
         }
-        Ok(old.len())
+        Ok(Collected {
+            removed: old.len(),
+            kept: seen - old.len(),
+        })
     }
 
     /// Streams in the store.
@@ -344,7 +367,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (a, b) = (StreamId(5), StreamId(6));
         {
-            let store = Store::open(dir.path()).expect("open");
+            let store = Store::open(dir.path(), 1 << 20).expect("open");
             assert_eq!(store.coordinator_id(42).expect("id"), 42);
             store.put_stream(a, &record()).expect("put");
             let mut done = record();
@@ -361,7 +384,7 @@ mod tests {
                 .expect("append");
             store.flush().await.expect("flush");
         }
-        let store = Store::open(dir.path()).expect("reopen");
+        let store = Store::open(dir.path(), 1 << 20).expect("reopen");
         assert_eq!(store.coordinator_id(7).expect("id"), 42, "the id is kept");
         let tokens = store.tokens(a, 0).expect("tokens");
         assert_eq!(
@@ -386,11 +409,36 @@ mod tests {
         assert_eq!(open.len(), 1);
         assert_eq!(open[0], (a, record()));
         // Collection removes only ended streams older than the cut, with their tokens.
-        assert_eq!(store.collect(10).expect("collect"), 0);
-        assert_eq!(store.collect(11).expect("collect"), 1);
+        let collected = |removed, kept| Collected { removed, kept };
+        assert_eq!(store.collect(10).expect("collect"), collected(0, 2));
+        assert_eq!(store.collect(11).expect("collect"), collected(1, 1));
         assert!(store.stream(b).expect("get").is_none());
         assert!(store.tokens(b, 0).expect("tokens").is_empty());
         assert_eq!(store.len(), 1);
+    }
+
+    #[actix_rt::test]
+    async fn a_cache_smaller_than_the_data_reads_everything_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // 4 KiB of cache for ~100 KiB of tokens: most pages live only in the file.
+        let store = Store::open(dir.path(), 4096).expect("open");
+        let streams: Vec<StreamId> = (0..20).map(|i| StreamId(1000 + i)).collect();
+        let text = "x".repeat(40);
+        for stream in &streams {
+            let tokens: Vec<TokenEvent> = (0..100).map(|i| token(i, &text)).collect();
+            store
+                .append(tokens.iter().map(|t| (*stream, t)))
+                .expect("append");
+        }
+        store.flush().await.expect("flush");
+        for stream in &streams {
+            let back = store.tokens(*stream, 0).expect("tokens");
+            assert_eq!(back.len(), 100);
+            assert!(back
+                .iter()
+                .enumerate()
+                .all(|(i, t)| t.index == i as u32 && t.text == text));
+        }
     }
 
     #[test]

@@ -438,3 +438,53 @@ async fn requests_arriving_during_a_submit_share_the_next_one_and_max_streams_is
     );
     running.handle.stop(false).await;
 }
+
+/// `baton_streams_held` once it is `want` (polled for up to 5 s), or its last value.
+async fn streams_held(addr: SocketAddr, want: u64) -> Option<u64> {
+    let mut held = None;
+    for _ in 0..250 {
+        let text = request(addr, "GET", "/metrics", None).await.body;
+        held = text
+            .lines()
+            .find_map(|l| l.strip_prefix("baton_streams_held "))
+            .and_then(|v| v.trim().parse().ok());
+        if held == Some(want) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    held
+}
+
+#[actix_web::test]
+async fn a_stream_its_client_left_is_dropped_after_the_reconnect_window() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (running, addr) = coordinator_with(&nats, "abandoned", |c| {
+        c.coordinator.reconnect_window_s = 1;
+    })
+    .await;
+    let worker = FakeWorker::start(&nats.url, Subjects::new("abandoned")).await;
+    wait_healthy(addr).await;
+    let body = chat("SLOW", json!({"stream": true})).to_string();
+    let (client, seen) = open_stream(addr, "/v1/chat/completions", &body, "data: ").await;
+    let id = seen
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("x-request-id")
+                .then(|| value.trim().to_string())
+        })
+        .expect("a request id");
+    assert_eq!(streams_held(addr, 1).await, Some(1));
+    // The client goes away: the worker stops the stream, which waits for its client.
+    drop(client);
+    let cancelled = || worker.log.cancelled.lock().expect("lock").len() == 1;
+    assert!(eventually(5, cancelled).await, "the stream was stopped");
+    // Nobody comes back within the window: the stream is dropped.
+    assert_eq!(streams_held(addr, 0).await, Some(0), "after the window");
+    let r = request(addr, "GET", &format!("/v1/streams/{id}"), None).await;
+    assert_eq!(r.status, 404, "{}", r.body);
+    running.handle.stop(false).await;
+}

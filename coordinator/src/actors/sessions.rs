@@ -23,7 +23,9 @@
 //!   [`StreamAccess`] allows (its own key's, or any for an admin key); any other stream
 //!   is unknown to it, exactly as one that never existed. When the last client of a
 //!   stream goes away, the worker is told to stop at once; a client that comes back
-//!   later resumes the stream from its checkpoint.
+//!   within the reconnect window resumes the stream from its checkpoint. After the
+//!   window the stream is dropped from memory and the store, so that streams nobody
+//!   comes back to do not pile up.
 //! - **Restart**: streams the store holds unfinished are dispatched again when the
 //!   coordinator starts ([`Sessions::recover`]), and run to their end with or without a
 //!   client, so that a client reconnecting to the new process gets its whole text.
@@ -103,8 +105,12 @@ enum Phase {
     Dispatching,
     /// Running on a worker.
     Running(WorkerId),
-    /// No client listens; the worker was told to stop. A client that attaches resumes it.
-    Detached,
+    /// No client listens; the worker was told to stop. A client that attaches within
+    /// the reconnect window resumes it; after that, the stream is forgotten.
+    Detached {
+        /// When the last client went away.
+        since: Instant,
+    },
 }
 
 /// One stream.
@@ -171,6 +177,23 @@ impl Session {
         });
         req
     }
+}
+
+/// Streams whose last client left at least `window` before `now`: no client may
+/// reattach to them any more.
+fn abandoned(
+    sessions: &HashMap<StreamId, Session>,
+    now: Instant,
+    window: Duration,
+) -> Vec<StreamId> {
+    sessions
+        .iter()
+        .filter(|(_, s)| match s.phase {
+            Phase::Detached { since } => now.saturating_duration_since(since) >= window,
+            Phase::Dispatching | Phase::Running(_) => false,
+        })
+        .map(|(id, _)| *id)
+        .collect()
 }
 
 /// Start a new stream (sessions): subscribe `subscriber`, dispatch once, and answer on
@@ -358,7 +381,9 @@ impl Sessions {
         };
         if let Phase::Running(worker) = s.phase {
             let attempt = s.attempt();
-            s.phase = Phase::Detached;
+            s.phase = Phase::Detached {
+                since: Instant::now(),
+            };
             s.record.worker = None;
             self.registry.do_send(ReleaseWorker { worker });
             if cancel {
@@ -658,7 +683,7 @@ impl Sessions {
                     && match s.phase {
                         Phase::Running(w) => w == worker,
                         Phase::Dispatching => true,
-                        Phase::Detached => false,
+                        Phase::Detached { .. } => false,
                     };
                 if !live || resume.iter().any(|(id, _, _)| *id == stream) {
                     if !terminal && event.attempt <= s.attempt() {
@@ -771,9 +796,25 @@ impl Sessions {
         }
     }
 
+    /// Forgets the streams no client came back to within the reconnect window: they
+    /// leave memory and the store, as ended streams do once the window has passed.
+    fn forget_abandoned(&mut self, now: Instant) {
+        for stream in abandoned(&self.sessions, now, self.settings.reconnect_window) {
+            self.sessions.remove(&stream);
+            if let Some(store) = &self.store {
+                if let Err(e) = store.remove_stream(stream) {
+                    warn!(%stream, error = %e, "cannot remove an abandoned stream from the store");
+                }
+            }
+            info!(%stream, "no client came back within the reconnect window; stream dropped");
+        }
+        self.metrics.streams_held.set(self.sessions.len() as i64);
+    }
+
     /// Probes stalled streams' workers; moves streams stalled too long.
     fn check_stalls(&mut self, ctx: &mut Context<Self>) {
         let now = Instant::now();
+        self.forget_abandoned(now);
         let mut probe: HashSet<WorkerId> = HashSet::new();
         let mut stalled: Vec<(StreamId, WorkerId)> = Vec::new();
         for (id, s) in &self.sessions {
@@ -839,8 +880,15 @@ impl Sessions {
         let Some(store) = &self.store else { return };
         let before = unix_now().saturating_sub(self.settings.reconnect_window.as_secs());
         match store.collect(before) {
-            Ok(0) => {}
-            Ok(n) => debug!(streams = n, "collected ended streams from the store"),
+            Ok(collected) => {
+                if collected.removed > 0 {
+                    debug!(
+                        streams = collected.removed,
+                        "collected ended streams from the store"
+                    );
+                }
+                self.metrics.store_streams.set(collected.kept as i64);
+            }
             Err(e) => warn!(error = %e, "cannot collect the store"),
         }
     }
@@ -891,6 +939,7 @@ impl Actor for Sessions {
         let tick = (self.settings.stall_probe / 4)
             .clamp(Duration::from_millis(20), Duration::from_millis(250));
         ctx.run_interval(tick, |this, ctx| this.check_stalls(ctx));
+        self.collect();
         ctx.run_interval(Duration::from_secs(30), |this, _| this.collect());
         for stream in std::mem::take(&mut self.recovered) {
             info!(%stream, "dispatching a stream recovered from the store");
@@ -962,7 +1011,7 @@ impl Handler<Attach> for Sessions {
             record: s.record.clone(),
             prompt_tokens: s.prompt_tokens,
         };
-        if s.phase == Phase::Detached {
+        if matches!(s.phase, Phase::Detached { .. }) {
             info!(stream = %msg.stream, position = s.tokens.len(), "a client is back; resuming the stream");
             // Not counted as a failover: nothing failed.
             s.resumes = s.resumes.saturating_sub(1);
@@ -1038,6 +1087,75 @@ impl Handler<WorkerLost> for Sessions {
     type Result = ();
 
     fn handle(&mut self, msg: WorkerLost, ctx: &mut Context<Self>) {
+        // Nothing is kept of a worker that left: each restart is a new worker id.
+        self.answered.remove(&msg.worker);
+        self.nats.forget_worker(msg.worker);
         self.worker_lost(msg.worker, "left the registry", ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::validate::Endpoint;
+    use baton_common::protocol::{GenParams, PromptSpec};
+
+    fn session(phase: Phase) -> Session {
+        let request = SeqRequest {
+            stream: StreamId(1),
+            model: "m".into(),
+            prompt: PromptSpec::Text("hi".into()),
+            params: GenParams {
+                max_tokens: 4,
+                temperature: 0.0,
+                top_p: 1.0,
+                top_k: 0,
+                repetition_penalty: 1.0,
+                seed: 0,
+                stop: vec![],
+                ignore_eos: false,
+            },
+            attempt: 0,
+            resume: None,
+            max_prompt_tokens: 0,
+        };
+        let record = StreamRecord {
+            request,
+            endpoint: Endpoint::Chat,
+            include_usage: false,
+            created: 0,
+            attempt: 0,
+            worker: None,
+            end: None,
+            ended_at: 0,
+            owner: None,
+        };
+        let mut s = Session::new(record, vec![(7, "a".into())], 1);
+        s.phase = phase;
+        s
+    }
+
+    #[test]
+    fn streams_left_by_their_clients_are_dropped_after_the_window() {
+        let window = Duration::from_secs(600);
+        let t0 = Instant::now();
+        let sessions: HashMap<StreamId, Session> = [
+            (StreamId(1), session(Phase::Detached { since: t0 })),
+            (
+                StreamId(2),
+                session(Phase::Detached {
+                    since: t0 + Duration::from_secs(300),
+                }),
+            ),
+            (StreamId(3), session(Phase::Running(WorkerId(9)))),
+            (StreamId(4), session(Phase::Dispatching)),
+        ]
+        .into_iter()
+        .collect();
+        assert!(abandoned(&sessions, t0 + Duration::from_secs(599), window).is_empty());
+        assert_eq!(abandoned(&sessions, t0 + window, window), vec![StreamId(1)]);
+        let mut late = abandoned(&sessions, t0 + Duration::from_secs(3600), window);
+        late.sort_by_key(|s| s.0);
+        assert_eq!(late, vec![StreamId(1), StreamId(2)], "never a live stream");
     }
 }

@@ -9,7 +9,6 @@ use super::error::ApiError;
 use super::AppState;
 use crate::actors::messages::ClusterStatus;
 use crate::actors::registry::WorkerView;
-use crate::metrics::WorkerLabel;
 use crate::nats::SubmitError;
 use baton_common::ids::WorkerId;
 
@@ -112,31 +111,8 @@ pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiErro
     let m = &state.metrics;
     m.sync_wire(state.nats.counters());
     m.sync_public(state.public.requests(), state.public.malformed());
-    m.workers_live.set(view.workers.len() as i64);
     // Workers that left must not linger with their last values.
-    m.worker_running.clear();
-    m.worker_queued.clear();
-    m.worker_kv_used_bytes.clear();
-    m.worker_kv_budget_bytes.clear();
-    for w in &view.workers {
-        let label = WorkerLabel {
-            worker: w.id.to_string(),
-            model: w.models.join(","),
-        };
-        m.worker_running
-            .get_or_create(&label)
-            .set(i64::from(w.running));
-        m.worker_queued
-            .get_or_create(&label)
-            .set(i64::from(w.queued));
-        let bytes = |b: u64| i64::try_from(b).unwrap_or(i64::MAX);
-        m.worker_kv_used_bytes
-            .get_or_create(&label)
-            .set(bytes(w.kv_used_bytes));
-        m.worker_kv_budget_bytes
-            .get_or_create(&label)
-            .set(bytes(w.kv_budget_bytes));
-    }
+    m.set_workers(&view.workers);
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(m.encode()))

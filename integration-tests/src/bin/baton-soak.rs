@@ -2,10 +2,12 @@
 //!
 //! ```text
 //! baton-soak [--simulated] [--minutes N] [--kill-every-s N] [--concurrency N] [--max-tokens N]
-//!            [--weights FORMAT]
+//!            [--weights FORMAT] [--coordinator 'KEY = VALUE']...
 //! ```
 //!
-//! `--weights` sets the workers' `worker.weights` (`native`, `native-i16`, `f16`, `f32`).
+//! `--weights` sets the workers' `worker.weights` (`native`, `native-i16`, `f16`, `f32`);
+//! each `--coordinator` line goes into the `[coordinator]` section of the cluster's
+//! `cluster.toml` (`--coordinator 'reconnect_window_s = 60'`).
 //!
 //! Starts a private `nats-server`, a coordinator (with its checkpoint store) and two
 //! workers (the default model, or the simulated engine), runs
@@ -19,14 +21,16 @@ use baton_integration_tests::soak::{self, SoakOptions};
 use baton_integration_tests::{Cluster, ClusterOptions};
 
 const USAGE: &str = "usage: baton-soak [--simulated] [--minutes N] [--kill-every-s N] \
-                     [--concurrency N] [--max-tokens N] [--weights FORMAT]";
+                     [--concurrency N] [--max-tokens N] [--weights FORMAT] \
+                     [--coordinator 'KEY = VALUE']...";
 
 /// The weight formats a worker takes (`worker.weights`).
 const WEIGHTS: [&str; 4] = ["native", "native-i16", "f16", "f32"];
 
-fn parse() -> Result<(bool, Option<String>, SoakOptions), String> {
+fn parse() -> Result<(bool, Option<String>, Vec<String>, SoakOptions), String> {
     let mut simulated = false;
     let mut weights = None;
+    let mut coordinator = Vec::new();
     let mut options = SoakOptions::default();
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -49,6 +53,11 @@ fn parse() -> Result<(bool, Option<String>, SoakOptions), String> {
                 }
                 weights = Some(w);
             }
+            "--coordinator" => coordinator.push(
+                it.next()
+                    .filter(|line| line.contains('='))
+                    .ok_or("--coordinator takes a `key = value` line")?,
+            ),
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -56,11 +65,11 @@ fn parse() -> Result<(bool, Option<String>, SoakOptions), String> {
     if options.concurrency == 0 || options.max_tokens == 0 {
         return Err("--concurrency and --max-tokens take whole numbers from 1".into());
     }
-    Ok((simulated, weights, options))
+    Ok((simulated, weights, coordinator, options))
 }
 
 fn main() -> ExitCode {
-    let (simulated, weights, options) = match parse() {
+    let (simulated, weights, coordinator, options) = match parse() {
         Ok(a) => a,
         Err(e) => {
             eprintln!("{e}");
@@ -76,6 +85,9 @@ fn main() -> ExitCode {
         cluster_options
             .extra
             .push(("worker", format!("weights = \"{w}\"")));
+    }
+    for line in coordinator {
+        cluster_options.extra.push(("coordinator", line));
     }
     let Some(mut cluster) = Cluster::start(cluster_options) else {
         eprintln!("baton-soak: cannot start a cluster (see the note above)");

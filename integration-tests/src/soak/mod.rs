@@ -15,7 +15,7 @@
 //! its own), the same finish reason and usage — and the token ids the workers sent
 //! (seen by the [`TokenTap`]) must be the reference's. The resident set sizes of the
 //! coordinator and worker A are sampled after a warm-up, every tenth of the run and at
-//! the end.
+//! the end, with the streams the coordinator holds and keeps in its store.
 //!
 //! `scripts/soak` runs it (`baton-soak`); an integration test runs a short simulated one.
 
@@ -211,6 +211,12 @@ pub struct RssSample {
     /// What worker A's prefix cache holds (`baton_worker_prefix_cache_bytes`): part of
     /// its RSS, bounded by `worker.prefix_cache_mib`.
     pub worker_cache_kib: Option<u64>,
+    /// Streams the coordinator holds (`baton_streams_held`).
+    pub held_streams: Option<u64>,
+    /// Streams in its checkpoint store at the last collection
+    /// (`baton_checkpoint_store_streams`): the held ones and the ended ones kept for
+    /// `reconnect_window_s`.
+    pub store_streams: Option<u64>,
 }
 
 /// How a soak went.
@@ -303,17 +309,21 @@ impl SoakReport {
     /// The memory samples, one line each.
     pub fn samples_table(&self) -> String {
         let mut out = String::from(
-            "  time     coordinator  worker A  (RSS, MiB)  worker A's prefix cache (MiB)\n",
+            "  time     coordinator  worker A  (RSS, MiB)  worker A's prefix cache (MiB)  \
+             streams held  in store\n",
         );
         for s in &self.samples {
             let mib =
                 |k: Option<u64>| k.map_or("-".into(), |k| format!("{:.1}", k as f64 / 1024.0));
+            let count = |n: Option<u64>| n.map_or("-".into(), |n| n.to_string());
             out.push_str(&format!(
-                "  {:>6.1}s  {:>11}  {:>8}  {:>41}\n",
+                "  {:>6.1}s  {:>11}  {:>8}  {:>41}  {:>12}  {:>8}\n",
                 s.at.as_secs_f64(),
                 mib(s.coordinator_kib),
                 mib(s.worker_kib),
-                mib(s.worker_cache_kib)
+                mib(s.worker_cache_kib),
+                count(s.held_streams),
+                count(s.store_streams)
             ));
         }
         out
@@ -528,12 +538,28 @@ fn drive(cluster: &mut Cluster, options: &SoakOptions, start: Instant, report: &
 
 /// Memory now; `metrics` is worker A's metrics URL.
 fn sample(cluster: &mut Cluster, metrics: Option<&str>, start: Instant) -> RssSample {
+    let coordinator = cluster
+        .api
+        .get("/metrics")
+        .ok()
+        .and_then(|r| r.body.as_str().map(str::to_string))
+        .unwrap_or_default();
     RssSample {
         at: start.elapsed(),
         coordinator_kib: cluster.coordinator.rss_kib(),
         worker_kib: cluster.workers[LIVE_SLOT].rss_kib(),
         worker_cache_kib: metrics.and_then(prefix_cache_kib),
+        held_streams: gauge(&coordinator, "baton_streams_held"),
+        store_streams: gauge(&coordinator, "baton_checkpoint_store_streams"),
     }
+}
+
+/// The value of the unlabelled gauge `name` in a metrics text.
+fn gauge(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
 }
 
 /// `baton_worker_prefix_cache_bytes` at the metrics URL `url`, in KiB.
