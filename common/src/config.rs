@@ -241,8 +241,9 @@ pub struct WorkerConfig {
     pub model_name: Option<String>,
     /// `cpu` or `cuda`.
     pub backend: String,
-    /// Weight format in memory: `native` (GGUF blocks, CPU), `native-i16` (the same,
-    /// 16-bit integer inputs at single-stream decode), `f16` or `f32`.
+    /// Weight format in memory: `native-i16` (GGUF blocks, CPU, 16-bit integer inputs
+    /// for generated tokens; the default), `native` (the same, f32 inputs), `f16` or
+    /// `f32`.
     pub weights: String,
     /// Most sequences running at once.
     pub max_running: u32,
@@ -270,7 +271,7 @@ impl Default for WorkerConfig {
             model: "models/SmolLM2-135M-Instruct.Q4_1.gguf".into(),
             model_name: None,
             backend: "cpu".into(),
-            weights: "native".into(),
+            weights: "native-i16".into(),
             max_running: 16,
             max_queued: 64,
             kv_budget_mib: 1024,

@@ -56,7 +56,7 @@ pub fn generate(prompt: &str, chat: bool, max_tokens: u32) -> String {
         .arg(cluster::default_model_path())
         .args(["--prompt", prompt])
         .args(["--max-tokens", &max_tokens.to_string()])
-        .args(["--temperature", "0", "--dtype", "native"]);
+        .args(["--temperature", "0", "--dtype", "native-i16"]);
     if chat {
         cmd.arg("--chat");
     }

@@ -21,8 +21,8 @@ pub struct BenchArgs {
     /// GGUF model file.
     #[arg(long, env = baton_common::env::MODEL, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
     pub model: PathBuf,
-    /// Weight format kept in memory: native, native-i16, f16 or f32.
-    #[arg(long, default_value = "native")]
+    /// Weight format kept in memory: native-i16, native, f16 or f32.
+    #[arg(long, default_value = "native-i16")]
     pub dtype: WeightDtype,
     /// Prompt length of the prefill test.
     #[arg(long, default_value_t = 128)]
@@ -265,7 +265,7 @@ pub struct ServeBenchArgs {
     #[arg(long, env = baton_common::env::MODEL, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
     pub model: PathBuf,
     /// Weight format.
-    #[arg(long, default_value = "native")]
+    #[arg(long, default_value = "native-i16")]
     pub dtype: WeightDtype,
     /// Requests per second, sent at fixed times (open loop: arrivals do not wait for
     /// completions, so neither side's timing shapes its own load).

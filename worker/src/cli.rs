@@ -71,9 +71,10 @@ pub struct GenerateArgs {
     /// Stop strings (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
-    /// Weight format kept in memory: native (the file's blocks, CPU), native-i16 (the same
-    /// with 16-bit integer activations at decode), f16 or f32.
-    #[arg(long, default_value = "native")]
+    /// Weight format kept in memory: native-i16 (the file's blocks, CPU, with 16-bit
+    /// integer activations for generated tokens), native (the same, all f32
+    /// activations), f16 or f32.
+    #[arg(long, default_value = "native-i16")]
     pub dtype: WeightDtype,
     /// Backend: cpu or cuda.
     #[arg(long, env = baton_common::env::BACKEND, default_value = "cpu")]
