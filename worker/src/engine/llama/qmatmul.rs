@@ -176,7 +176,8 @@ impl QMatrix {
         })
     }
 
-    /// The same matrix, taking 16-bit integer activations in every product when `on`.
+    /// The same matrix, taking 16-bit integer activations for the input rows
+    /// [`QMatrix::prepare`] is asked to quantize when `on`.
     pub fn with_int_inputs(mut self, on: bool) -> Self {
         self.int_inputs = on;
         self
