@@ -445,7 +445,11 @@ impl QMatrix {
     ) {
         let bpr = self.cols / BLOCK;
         let qpb = self.qs_per_block();
-        if n >= Self::DENSE_FROM {
+        // With integer inputs (prompt rows here), every row takes the block kernels,
+        // whose four-row and one-row forms add in the same order: a prompt's keys and
+        // values are then the same bits whether it runs alone, beside other prompts, or
+        // in part after a prefix-cache hit. (The GEMM's order changes with the rows.)
+        if n >= Self::DENSE_FROM && !self.int_inputs {
             // Many input rows (prefill): dequantize the weight rows once and multiply
             // them by all input rows with an f32 GEMM.
             let tr = r1 - r0;
@@ -1107,12 +1111,10 @@ mod simd {
             let mut out = [0.0f32; 4];
             for k in 0..4 {
                 // SAFETY: AVX2/FMA by this function's contract.
-                let m = if nibble {
-                    unsafe { min_terms(mins, sums[k]) }
-                } else {
-                    0.0
-                };
-                out[k] = hsum(acc[k]) + m;
+                out[k] = hsum(acc[k]);
+                if nibble {
+                    out[k] += unsafe { min_terms(mins, sums[k]) };
+                }
             }
             out
         }
@@ -1200,23 +1202,6 @@ mod simd {
             xsum: &[f32],
         ) -> f32 {
             let mut acc = _mm256_setzero_ps();
-            // Minimum terms, eight blocks at a time.
-            let mut macc = _mm256_setzero_ps();
-            let full = scales.len() / 8 * 8;
-            for b in (0..full).step_by(8) {
-                // SAFETY: b + 8 <= len of mins and xsum.
-                unsafe {
-                    macc = _mm256_fmadd_ps(
-                        _mm256_loadu_ps(mins.as_ptr().add(b)),
-                        _mm256_loadu_ps(xsum.as_ptr().add(b)),
-                        macc,
-                    );
-                }
-            }
-            let mut tail = 0.0f32;
-            for b in full..scales.len() {
-                tail += mins[b] * xsum[b];
-            }
             for (b, &d) in scales.iter().enumerate() {
                 // SAFETY: block `b` spans qs[16b..16b+16] and x[32b..32b+32], in bounds
                 // by the length contract.
@@ -1225,7 +1210,9 @@ mod simd {
                     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc);
                 }
             }
-            hsum(_mm256_add_ps(acc, macc)) + tail
+            // The same additions in the same order as `dot4` for each of its rows.
+            // SAFETY: AVX2/FMA by this function's contract.
+            hsum(acc) + unsafe { min_terms(mins, xsum) }
         }
     }
 }
@@ -1402,25 +1389,29 @@ mod tests {
             q.prepare(&x, &mixed, &mut prep);
             let (mut tile, mut yt) = (Vec::new(), vec![0.0f32; rows * n]);
             q.product_rows(&x, n, &prep, 0, rows, &mut tile, &mut yt);
-            let f32_rows: Vec<usize> = (0..n).filter(|&j| !mixed[j]).collect();
-            let fx: Vec<f32> = f32_rows
-                .iter()
-                .flat_map(|&j| x[j * cols..(j + 1) * cols].iter().copied())
+            // f32 rows against the same matrix, each alone (the one-row block kernel).
+            let plain = q.clone().with_int_inputs(false);
+            let alone_f32: Vec<Vec<f32>> = (0..n)
+                .map(|j| plain.matmul(&x[j * cols..(j + 1) * cols], 1))
                 .collect();
-            let plain = q.clone().with_int_inputs(false).matmul(&fx, f32_rows.len());
             for j in 0..n {
                 for r in 0..rows {
                     let got = yt[r * n + j];
-                    if mixed[j] {
-                        assert_eq!(
-                            got.to_bits(),
-                            alone[j][r].to_bits(),
-                            "{ty:?}: mixed row {j}"
-                        );
-                    } else {
-                        let k = f32_rows.iter().position(|&f| f == j).expect("an f32 row");
-                        let want = plain[k * rows + r];
-                        assert_eq!(got.to_bits(), want.to_bits(), "{ty:?}: f32 row {j}");
+                    let want = if mixed[j] { &alone } else { &alone_f32 }[j][r];
+                    assert_eq!(got.to_bits(), want.to_bits(), "{ty:?}: mixed row {j}");
+                }
+            }
+            // A matrix with integer inputs keeps its f32 rows (prompts) batch-invariant
+            // too: the block kernels at every row count, never the GEMM.
+            for m in [5, 8, 9, 16, 41] {
+                let mut prep = Prepared::default();
+                q.prepare(&x[..m * cols], &vec![false; m], &mut prep);
+                let mut yt = vec![0.0f32; rows * m];
+                q.product_rows(&x[..m * cols], m, &prep, 0, rows, &mut tile, &mut yt);
+                for j in 0..m {
+                    for r in 0..rows {
+                        let (got, want) = (yt[r * m + j], alone_f32[j][r]);
+                        assert_eq!(got.to_bits(), want.to_bits(), "{ty:?}: f32 row {j} of {m}");
                     }
                 }
             }
