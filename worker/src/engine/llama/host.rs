@@ -652,59 +652,6 @@ mod tests {
                 "{ty:?}: a prompt run in two parts differs"
             );
 
-            // The prompt itself: alone, beside another prompt, or after a prefix-cache
-            // hit (its first rows loaded, the rest run) gives the same logits.
-            let mut p1 = cache();
-            let first = run(
-                &model,
-                &mut [SeqInput {
-                    tokens: prompt,
-                    cache: &mut p1,
-                }],
-            )
-            .remove(0);
-            let (mut p2, mut other) = (cache(), model.new_cache());
-            let beside = run(
-                &model,
-                &mut [
-                    SeqInput {
-                        tokens: &third,
-                        cache: &mut other,
-                    },
-                    SeqInput {
-                        tokens: prompt,
-                        cache: &mut p2,
-                    },
-                ],
-            )
-            .remove(1);
-            let mut p3 = cache();
-            run(
-                &model,
-                &mut [SeqInput {
-                    tokens: &prompt[..5],
-                    cache: &mut p3,
-                }],
-            );
-            let rest = run(
-                &model,
-                &mut [SeqInput {
-                    tokens: &prompt[5..],
-                    cache: &mut p3,
-                }],
-            )
-            .remove(0);
-            assert_eq!(
-                bits(&beside),
-                bits(&first),
-                "{ty:?}: a prompt beside another differs"
-            );
-            assert_eq!(
-                bits(&rest),
-                bits(&first),
-                "{ty:?}: a prompt run in two parts differs"
-            );
-
             for (step, (x, y)) in alone.iter().zip(&batched).enumerate() {
                 assert_eq!(
                     bits(x),
