@@ -445,11 +445,23 @@ impl QMatrix {
     ) {
         let bpr = self.cols / BLOCK;
         let qpb = self.qs_per_block();
-        // With integer inputs (prompt rows here), every row takes the block kernels,
-        // whose four-row and one-row forms add in the same order: a prompt's keys and
-        // values are then the same bits whether it runs alone, beside other prompts, or
-        // in part after a prefix-cache hit. (The GEMM's order changes with the rows.)
-        if n >= Self::DENSE_FROM && !self.int_inputs {
+        if self.int_inputs {
+            // Prompt rows beside integer-input generated rows: dequantized tiles and a
+            // product whose additions for each output are one fixed sequence, however
+            // many rows run. A prompt's keys and values are then the same bits whether
+            // it runs alone, beside other prompts, or in part after a prefix-cache hit.
+            // (The GEMM's order changes with the number of rows.)
+            let (tr, cols) = (r1 - r0, self.cols);
+            if tile.len() < tr * cols {
+                tile.resize(tr * cols, 0.0);
+            }
+            for (i, r) in (r0..r1).enumerate() {
+                self.dequant_into(r, &mut tile[i * cols..(i + 1) * cols]);
+            }
+            simd::tile_product(simd::available(), x, n, &tile[..tr * cols], tr, cols, out);
+            return;
+        }
+        if n >= Self::DENSE_FROM {
             // Many input rows (prefill): dequantize the weight rows once and multiply
             // them by all input rows with an f32 GEMM.
             let tr = r1 - r0;
@@ -653,6 +665,48 @@ mod simd {
         {
             let _ = (mins, sums, nibble);
             unreachable!("dot4 is only called when AVX2 is available")
+        }
+    }
+
+    /// `out[r][j] = Σ_c x[j][c] · w[r][c]` for `x: [n, cols]` and `w: [m, cols]` (f32
+    /// rows), into `out: [m, n]`. Each output adds its products in one fixed sequence (eight
+    /// lanes over the columns, then the lanes), whichever other rows share the call, so
+    /// a row's results do not depend on `n` (the AVX2 kernel and the portable loop each
+    /// agree with themselves). `cols` is a multiple of 8.
+    pub fn tile_product(
+        avx2: bool,
+        x: &[f32],
+        n: usize,
+        w: &[f32],
+        m: usize,
+        cols: usize,
+        out: &mut [f32],
+    ) {
+        assert!(
+            cols.is_multiple_of(8)
+                && x.len() == n * cols
+                && w.len() == m * cols
+                && out.len() == m * n,
+            "tile shapes disagree"
+        );
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: AVX2 and FMA were detected at run time; the shapes are checked
+            // above.
+            unsafe { x86::tile_product(x, n, w, m, cols, out) };
+            return;
+        }
+        let _ = avx2;
+        for r in 0..m {
+            for j in 0..n {
+                let mut lanes = [0.0f32; 8];
+                for c in (0..cols).step_by(8) {
+                    for (l, lane) in lanes.iter_mut().enumerate() {
+                        *lane += x[j * cols + c + l] * w[r * cols + c + l];
+                    }
+                }
+                out[r * n + j] = lanes.iter().sum();
+            }
         }
     }
 
@@ -1146,6 +1200,91 @@ mod simd {
             hsum(macc) + tail
         }
 
+        /// [`super::tile_product`]: four input rows by three weight rows at a time
+        /// (twelve accumulators), smaller tiles at the edges, every output the same
+        /// chain of FMAs over its columns.
+        ///
+        /// # Safety
+        /// Needs AVX2 and FMA; the shapes as [`super::tile_product`] checks them.
+        #[target_feature(enable = "avx2,fma")]
+        pub unsafe fn tile_product(
+            x: &[f32],
+            n: usize,
+            w: &[f32],
+            m: usize,
+            cols: usize,
+            out: &mut [f32],
+        ) {
+            let mut j = 0;
+            while j < n {
+                let rows = (n - j).min(4);
+                let mut r = 0;
+                while r < m {
+                    let ws = (m - r).min(3);
+                    // SAFETY: rows j..j + rows of x and r..r + ws of w are in bounds.
+                    unsafe {
+                        match (rows, ws) {
+                            (4, 3) => tile::<4, 3>(x, w, j, r, n, cols, out),
+                            (4, 2) => tile::<4, 2>(x, w, j, r, n, cols, out),
+                            (4, _) => tile::<4, 1>(x, w, j, r, n, cols, out),
+                            (3, 3) => tile::<3, 3>(x, w, j, r, n, cols, out),
+                            (3, 2) => tile::<3, 2>(x, w, j, r, n, cols, out),
+                            (3, _) => tile::<3, 1>(x, w, j, r, n, cols, out),
+                            (2, 3) => tile::<2, 3>(x, w, j, r, n, cols, out),
+                            (2, 2) => tile::<2, 2>(x, w, j, r, n, cols, out),
+                            (2, _) => tile::<2, 1>(x, w, j, r, n, cols, out),
+                            (_, 3) => tile::<1, 3>(x, w, j, r, n, cols, out),
+                            (_, 2) => tile::<1, 2>(x, w, j, r, n, cols, out),
+                            (_, _) => tile::<1, 1>(x, w, j, r, n, cols, out),
+                        }
+                    }
+                    r += ws;
+                }
+                j += rows;
+            }
+        }
+
+        /// Input rows `j..j + R` by weight rows `r..r + M`.
+        ///
+        /// # Safety
+        /// Needs AVX2 and FMA; those rows in bounds of `x` and `w` (`cols` each), `out`
+        /// `[m, n]` with `r + M <= m`, `j + R <= n`.
+        #[allow(clippy::too_many_arguments)]
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn tile<const R: usize, const M: usize>(
+            x: &[f32],
+            w: &[f32],
+            j: usize,
+            r: usize,
+            n: usize,
+            cols: usize,
+            out: &mut [f32],
+        ) {
+            let mut acc = [[_mm256_setzero_ps(); M]; R];
+            let (xp, wp) = (x.as_ptr(), w.as_ptr());
+            let mut c = 0;
+            while c < cols {
+                // SAFETY: column c..c + 8 of each row is in bounds (cols % 8 == 0).
+                unsafe {
+                    let wv: [__m256; M] =
+                        std::array::from_fn(|i| _mm256_loadu_ps(wp.add((r + i) * cols + c)));
+                    for k in 0..R {
+                        let xv = _mm256_loadu_ps(xp.add((j + k) * cols + c));
+                        for i in 0..M {
+                            acc[k][i] = _mm256_fmadd_ps(xv, wv[i], acc[k][i]);
+                        }
+                    }
+                }
+                c += 8;
+            }
+            for k in 0..R {
+                for i in 0..M {
+                    out[(r + i) * n + j + k] = hsum(acc[k][i]);
+                }
+            }
+        }
+
         /// One row's blocks dequantized: `out = q·d (+ m)`.
         ///
         /// # Safety
@@ -1389,11 +1528,28 @@ mod tests {
             q.prepare(&x, &mixed, &mut prep);
             let (mut tile, mut yt) = (Vec::new(), vec![0.0f32; rows * n]);
             q.product_rows(&x, n, &prep, 0, rows, &mut tile, &mut yt);
-            // f32 rows against the same matrix, each alone (the one-row block kernel).
-            let plain = q.clone().with_int_inputs(false);
+            // f32 rows (a prompt's) of the same matrix, each alone.
             let alone_f32: Vec<Vec<f32>> = (0..n)
-                .map(|j| plain.matmul(&x[j * cols..(j + 1) * cols], 1))
+                .map(|j| {
+                    let mut prep = Prepared::default();
+                    let row = &x[j * cols..(j + 1) * cols];
+                    q.prepare(row, &[false], &mut prep);
+                    let mut y = vec![0.0f32; rows];
+                    q.product_rows(row, 1, &prep, 0, rows, &mut Vec::new(), &mut y);
+                    y
+                })
                 .collect();
+            // ... which is the f32 product up to the order of additions.
+            let plain = q.clone().with_int_inputs(false);
+            for (j, a) in alone_f32.iter().enumerate() {
+                let want = plain.matmul(&x[j * cols..(j + 1) * cols], 1);
+                for (a, b) in a.iter().zip(&want) {
+                    assert!(
+                        (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                        "{ty:?}: {a} vs {b}"
+                    );
+                }
+            }
             for j in 0..n {
                 for r in 0..rows {
                     let got = yt[r * n + j];
@@ -1402,7 +1558,7 @@ mod tests {
                 }
             }
             // A matrix with integer inputs keeps its f32 rows (prompts) batch-invariant
-            // too: the block kernels at every row count, never the GEMM.
+            // too: the fixed-order tile product at every row count, never the GEMM.
             for m in [5, 8, 9, 16, 41] {
                 let mut prep = Prepared::default();
                 q.prepare(&x[..m * cols], &vec![false; m], &mut prep);
