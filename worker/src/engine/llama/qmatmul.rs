@@ -1269,18 +1269,18 @@ mod simd {
                 unsafe {
                     let wv: [__m256; M] =
                         std::array::from_fn(|i| _mm256_loadu_ps(wp.add((r + i) * cols + c)));
-                    for k in 0..R {
+                    for (k, acc) in acc.iter_mut().enumerate() {
                         let xv = _mm256_loadu_ps(xp.add((j + k) * cols + c));
-                        for i in 0..M {
-                            acc[k][i] = _mm256_fmadd_ps(xv, wv[i], acc[k][i]);
+                        for (a, w) in acc.iter_mut().zip(&wv) {
+                            *a = _mm256_fmadd_ps(xv, *w, *a);
                         }
                     }
                 }
                 c += 8;
             }
-            for k in 0..R {
-                for i in 0..M {
-                    out[(r + i) * n + j + k] = hsum(acc[k][i]);
+            for (k, acc) in acc.iter().enumerate() {
+                for (i, a) in acc.iter().enumerate() {
+                    out[(r + i) * n + j + k] = hsum(*a);
                 }
             }
         }
