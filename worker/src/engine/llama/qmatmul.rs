@@ -17,9 +17,11 @@
 //! minimum terms still use the exact f32 sums. Integer rows are batch-invariant: a
 //! row's result is bitwise the same whether it is multiplied alone or beside any other
 //! rows, integer or f32, so a generated token never depends on what shares its step
-//! (the f32 kernels pick different summation orders for 1, 4 and 8+ rows). Prompts
-//! stay f32: 16-bit inputs through a whole prefill moved the default model's last
-//! logits by 1.8e-2, against 5e-3 allowed. (llama.cpp quantizes activations to `i8`;
+//! (the f32 block kernels switch to a GEMM from 8 rows, whose order changes with the
+//! row count). Prompts stay f32: 16-bit inputs through a whole prefill moved the
+//! default model's last logits by 1.8e-2, against 5e-3 allowed; their rows take
+//! dequantized tiles and a tiled product, whose order per output does not depend
+//! on the row count either. (llama.cpp quantizes activations to `i8`;
 //! on this model that moved logits by up to 1.7 and greedy text within a few tokens, so
 //! 16 bits it is.) On x86-64 with AVX2 and FMA (checked at run time) the
 //! dot products use 256-bit vectors; elsewhere a portable loop does the same arithmetic.
@@ -542,7 +544,7 @@ impl QMatrix {
 
     /// [`QMatrix::product_rows`] with integer inputs: four input rows at a time share
     /// each widened weight block, the rest go one by one, and every row's result is
-    /// bitwise the one it gets alone ([`simd::dot_int`]), so a sequence's numbers do not
+    /// bitwise the one it gets alone ([`simd::dot_int_rows`]), so a sequence's numbers do not
     /// depend on what shares its step. Input rows run in groups small enough to stay in
     /// cache while the weight rows pass over them.
     fn product_rows_int(
