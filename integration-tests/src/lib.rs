@@ -37,16 +37,26 @@ pub use cluster::{ApiKeys, Cluster, ClusterOptions, Engine, DEFAULT_MODEL_NAME};
 pub use http::{assert_error, summarize, Api, Reply, SseEvent, SseReader, StreamSummary};
 pub use process::{Nats, Process};
 
-/// The repository root.
+/// The repository root: `BATON_ROOT` when set (the scripts set it), else the checkout
+/// this crate was built in, else the current directory. (Cargo may reuse a binary built
+/// in another checkout that shares the target directory, whose path may be gone.)
 pub fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    if let Some(root) = std::env::var_os("BATON_ROOT") {
+        return PathBuf::from(root);
+    }
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .map(PathBuf::from)
-        .unwrap_or_default()
+        .unwrap_or_default();
+    if built.join("Cargo.toml").is_file() {
+        built
+    } else {
+        std::env::current_dir().unwrap_or(built)
+    }
 }
 
 /// The text `baton-worker generate` prints for `prompt` with the default model, greedy
-/// (temperature 0), with the weights kept as the serving workers keep them (`native`).
+/// (temperature 0), with the weights kept as the serving workers keep them (`native-i16`).
 /// With `chat`, the prompt is one user message through the chat template.
 pub fn generate(prompt: &str, chat: bool, max_tokens: u32) -> String {
     let mut cmd = std::process::Command::new(process::bin("baton-worker"));

@@ -151,13 +151,25 @@ impl Process {
     /// Its resident set size in KiB (`VmRSS` of `/proc/<pid>/status`); `None` once it
     /// has ended, or where there is no `/proc`.
     pub fn rss_kib(&mut self) -> Option<u64> {
+        self.status_kib("VmRSS")
+    }
+
+    /// The anonymous part of its resident set in KiB (`RssAnon`: heap, stacks, what the
+    /// allocator mapped), without the pages of its binary and libraries (`RssFile`),
+    /// which grow as code runs for the first time and can be dropped and read back.
+    pub fn anon_kib(&mut self) -> Option<u64> {
+        self.status_kib("RssAnon")
+    }
+
+    /// A `kB` field of `/proc/<pid>/status`.
+    fn status_kib(&mut self, field: &str) -> Option<u64> {
         if self.try_status().is_some() {
             return None;
         }
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
         status
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
     }
 

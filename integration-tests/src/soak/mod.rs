@@ -206,6 +206,9 @@ pub struct RssSample {
     pub at: Duration,
     /// The coordinator's.
     pub coordinator_kib: Option<u64>,
+    /// The coordinator's anonymous memory (`RssAnon`): its RSS without the pages of its
+    /// binary and libraries.
+    pub coordinator_anon_kib: Option<u64>,
     /// Worker A's.
     pub worker_kib: Option<u64>,
     /// What worker A's prefix cache holds (`baton_worker_prefix_cache_bytes`): part of
@@ -279,7 +282,7 @@ impl SoakReport {
              {} streams completed, {} failed, {} failed over ({} resumes), {} kills; \
              {} tokens checked: {} lost, {} repeated, {} differing, {} id gaps, {} endings differ; \
              token ids {} checked, {} differ, {} unseen; {} streams differ ({} never moved); \
-             RSS coordinator {}, worker A {} (prefix cache {})",
+             RSS coordinator {} (anonymous {}), worker A {} (prefix cache {})",
             if self.ok() { "PASS" } else { "FAIL" },
             self.elapsed.as_secs_f64() / 60.0,
             self.options.concurrency,
@@ -301,6 +304,7 @@ impl SoakReport {
             t.mismatched,
             t.mismatched_unmoved,
             rss(|s| s.coordinator_kib),
+            rss(|s| s.coordinator_anon_kib),
             rss(|s| s.worker_kib),
             rss(|s| s.worker_cache_kib),
         )
@@ -309,17 +313,18 @@ impl SoakReport {
     /// The memory samples, one line each.
     pub fn samples_table(&self) -> String {
         let mut out = String::from(
-            "  time     coordinator  worker A  (RSS, MiB)  worker A's prefix cache (MiB)  \
-             streams held  in store\n",
+            "  time     coordinator  (anonymous)  worker A  (RSS, MiB)  \
+             worker A's prefix cache (MiB)  streams held  in store\n",
         );
         for s in &self.samples {
             let mib =
                 |k: Option<u64>| k.map_or("-".into(), |k| format!("{:.1}", k as f64 / 1024.0));
             let count = |n: Option<u64>| n.map_or("-".into(), |n| n.to_string());
             out.push_str(&format!(
-                "  {:>6.1}s  {:>11}  {:>8}  {:>41}  {:>12}  {:>8}\n",
+                "  {:>6.1}s  {:>11}  {:>11}  {:>8}  {:>41}  {:>12}  {:>8}\n",
                 s.at.as_secs_f64(),
                 mib(s.coordinator_kib),
+                mib(s.coordinator_anon_kib),
                 mib(s.worker_kib),
                 mib(s.worker_cache_kib),
                 count(s.held_streams),
@@ -547,6 +552,7 @@ fn sample(cluster: &mut Cluster, metrics: Option<&str>, start: Instant) -> RssSa
     RssSample {
         at: start.elapsed(),
         coordinator_kib: cluster.coordinator.rss_kib(),
+        coordinator_anon_kib: cluster.coordinator.anon_kib(),
         worker_kib: cluster.workers[LIVE_SLOT].rss_kib(),
         worker_cache_kib: metrics.and_then(prefix_cache_kib),
         held_streams: gauge(&coordinator, "baton_streams_held"),
