@@ -42,6 +42,9 @@ pub enum StoreError {
     /// A record does not decode (written by another version, or damaged).
     #[error("checkpoint store: damaged record: {0}")]
     Damaged(String),
+    /// The thread running a flush panicked or was cancelled.
+    #[error("checkpoint store: the flush did not complete: {0}")]
+    FlushLost(String),
 }
 
 /// How a stream ended.
@@ -214,38 +217,48 @@ impl Store {
             .transpose()
     }
 
-    /// Removes a stream and its tokens.
+    /// Removes a stream and its tokens (the record first: tokens without a record are
+    /// never read).
     pub fn remove_stream(&self, stream: StreamId) -> Result<(), StoreError> {
         self.streams.remove(stream.0.to_be_bytes())?;
-        let mut batch = sled::Batch::default();
-        for item in self.tokens.scan_prefix(stream.0.to_be_bytes()).keys() {
-            batch.remove(item?);
+        for key in self.tokens.scan_prefix(stream.0.to_be_bytes()).keys() {
+            self.tokens.remove(key?)?;
         }
-        self.tokens.apply_batch(batch)?;
         Ok(())
     }
 
-    /// Appends tokens (of any streams) in one atomic batch.
+    /// Appends tokens (of any streams), one insert each.
+    ///
+    /// Not one `sled::Batch`: the first batch switches sled, for the rest of the
+    /// process, to a lock that every write takes exclusively and every flush holds
+    /// shared while it waits for the disk, so appending would wait for the flush
+    /// running beside it. Atomicity across tokens is not needed: sled recovers a
+    /// prefix of its log, so each stream keeps a prefix of its tokens, in order.
     pub fn append<'a>(
         &self,
         tokens: impl IntoIterator<Item = (StreamId, &'a TokenEvent)>,
     ) -> Result<(), StoreError> {
-        let mut batch = sled::Batch::default();
         for (stream, t) in tokens {
             let mut value = Vec::with_capacity(12 + t.text.len());
             value.extend_from_slice(&t.id.to_le_bytes());
             value.extend_from_slice(&t.hash.to_le_bytes());
             value.extend_from_slice(t.text.as_bytes());
-            batch.insert(&token_key(stream, t.index), value);
+            self.tokens.insert(token_key(stream, t.index), value)?;
         }
-        self.tokens.apply_batch(batch)?;
         Ok(())
     }
 
-    /// Writes everything so far to the file and fsyncs it.
+    /// Writes everything so far to the file and syncs it, on a blocking thread of the
+    /// runtime (sled's own `flush_async` wakes every thread of its pool to run it).
     pub async fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush_async().await?;
-        Ok(())
+        let db = self.db.clone();
+        match tokio::task::spawn_blocking(move || db.flush()).await {
+            Ok(flushed) => {
+                flushed?;
+                Ok(())
+            }
+            Err(e) => Err(StoreError::FlushLost(e.to_string())),
+        }
     }
 
     /// A stream's tokens from position `from` on, in order.
