@@ -232,8 +232,9 @@ impl Store {
     /// Not one `sled::Batch`: the first batch switches sled, for the rest of the
     /// process, to a lock that every write takes exclusively and every flush holds
     /// shared while it waits for the disk, so appending would wait for the flush
-    /// running beside it. Atomicity across tokens is not needed: sled recovers a
-    /// prefix of its log, so each stream keeps a prefix of its tokens, in order.
+    /// running beside it. Atomicity across tokens is not needed: a restarted
+    /// coordinator keeps each stream's longest run of positions from 0 and regenerates
+    /// the rest.
     pub fn append<'a>(
         &self,
         tokens: impl IntoIterator<Item = (StreamId, &'a TokenEvent)>,

@@ -113,6 +113,16 @@ enum Phase {
     },
 }
 
+/// A client of a stream: its channel and the first position it has not seen.
+#[derive(Debug)]
+struct Subscriber {
+    tx: UnboundedSender<Update>,
+    /// Tokens before this position are not sent again: a client that reconnects with
+    /// `Last-Event-ID` after a coordinator restart may hold tokens the store lost (in
+    /// `async` mode), which the resumed stream regenerates.
+    next: u32,
+}
+
 /// One stream.
 #[derive(Debug)]
 struct Session {
@@ -128,7 +138,11 @@ struct Session {
     prompt_tokens: u32,
     phase: Phase,
     /// Clients listening.
-    subscribers: Vec<UnboundedSender<Update>>,
+    subscribers: Vec<Subscriber>,
+    /// Whether the stream's record has reached the disk (`async` mode holds its tokens
+    /// back from clients until it has, so that a client never holds a stream that a
+    /// restarted coordinator does not know).
+    durable: bool,
     /// Dispatched again after a restart: runs to its end even with no client.
     orphan: bool,
     /// Last time it moved (token, dispatch).
@@ -147,6 +161,7 @@ impl Session {
             prompt_tokens: 0,
             phase: Phase::Dispatching,
             subscribers: Vec::new(),
+            durable: true,
             orphan: false,
             last_progress: Instant::now(),
             resumes: 0,
@@ -155,12 +170,24 @@ impl Session {
 
     /// Whether any client still listens (dropping closed channels).
     fn listened(&mut self) -> bool {
-        self.subscribers.retain(|s| !s.is_closed());
+        self.subscribers.retain(|s| !s.tx.is_closed());
         self.orphan || !self.subscribers.is_empty()
     }
 
+    /// Adds a client that has every token before position `next`.
+    fn subscribe(&mut self, tx: UnboundedSender<Update>, next: u32) {
+        self.subscribers.push(Subscriber { tx, next });
+    }
+
     fn send(&mut self, update: &Update) {
-        self.subscribers.retain(|s| s.send(update.clone()).is_ok());
+        self.subscribers.retain_mut(|s| match update {
+            Update::Token { index, .. } if *index < s.next => !s.tx.is_closed(),
+            Update::Token { index, .. } => {
+                s.next = index + 1;
+                s.tx.send(update.clone()).is_ok()
+            }
+            _ => s.tx.send(update.clone()).is_ok(),
+        });
     }
 
     fn attempt(&self) -> u32 {
@@ -265,8 +292,11 @@ pub struct Sessions {
     answered: HashMap<WorkerId, Instant>,
     /// Streams to dispatch again once started (recovered from the store).
     recovered: Vec<StreamId>,
-    /// Updates written to the store, waiting for the next flush (sync mode).
+    /// Updates written to the store, waiting for the next flush (`sync` mode; in
+    /// `async` mode, those of streams whose record is not yet on disk).
     pending: Vec<(StreamId, Update)>,
+    /// Streams whose record the next flush takes to disk (`async` mode).
+    undurable: Vec<StreamId>,
     /// Whether a flush is running; updates arriving meanwhile wait for the next one
     /// (group commit).
     flushing: bool,
@@ -304,6 +334,7 @@ impl Sessions {
             answered: HashMap::new(),
             recovered: Vec::new(),
             pending: Vec::new(),
+            undurable: Vec::new(),
             flushing: false,
             metrics,
             waiting: HashMap::new(),
@@ -442,8 +473,8 @@ impl Sessions {
                 }
             }
         };
-        ctx.spawn(fut.into_actor(self).map(move |result, this, _| {
-            this.dispatched(stream, attempt, result, reply);
+        ctx.spawn(fut.into_actor(self).map(move |result, this, ctx| {
+            this.dispatched(stream, attempt, result, reply, ctx);
         }));
     }
 
@@ -514,11 +545,11 @@ impl Sessions {
                                     other => other,
                                 }
                             };
-                            ctx.spawn(fut.into_actor(this).map(move |result, this, _| {
-                                this.dispatched(stream, attempt, result, Some(reply));
+                            ctx.spawn(fut.into_actor(this).map(move |result, this, ctx| {
+                                this.dispatched(stream, attempt, result, Some(reply), ctx);
                             }));
                         } else {
-                            this.dispatched(req.stream, req.attempt, result, Some(reply));
+                            this.dispatched(req.stream, req.attempt, result, Some(reply), ctx);
                         }
                     }
                     if this.waiting.contains_key(&model) {
@@ -534,6 +565,7 @@ impl Sessions {
         attempt: u32,
         result: Result<Bound, DispatchError>,
         reply: Option<oneshot::Sender<Result<u32, DispatchError>>>,
+        ctx: &mut Context<Self>,
     ) {
         let current = self
             .sessions
@@ -569,7 +601,14 @@ impl Sessions {
                 let listened = s.listened();
                 info!(%stream, worker = %bound.worker, attempt, position = s.tokens.len(), model = %s.record.request.model, prompt_tokens = bound.prompt_tokens, key = %Owner(s.record.owner.as_ref()), "stream accepted");
                 let record = s.record.clone();
+                let durable = s.durable;
                 self.persist(stream, &record);
+                if !durable {
+                    // The record goes to disk while the worker prefills (after the
+                    // submit, not in its way); tokens wait for it only if they come first.
+                    self.undurable.push(stream);
+                    self.flush(ctx);
+                }
                 if let Some(reply) = reply {
                     let _ = reply.send(Ok(bound.prompt_tokens));
                 }
@@ -768,6 +807,16 @@ impl Sessions {
             self.resume(stream, avoid, why, ctx);
         }
         updates
+    }
+
+    /// Keeps back (in `pending`) the updates of streams whose record is not on disk
+    /// yet; returns the others, in order.
+    fn hold_undurable(&mut self, updates: Vec<(StreamId, Update)>) -> Vec<(StreamId, Update)> {
+        let (held, ready): (Vec<_>, Vec<_>) = updates
+            .into_iter()
+            .partition(|(stream, _)| self.sessions.get(stream).is_some_and(|s| !s.durable));
+        self.pending.extend(held);
+        ready
     }
 
     /// Sends updates to clients; terminal updates end their streams.
@@ -970,8 +1019,11 @@ impl Handler<StartStream> for Sessions {
         }
         let model = msg.record.request.model.clone();
         let mut session = Session::new(msg.record, Vec::new(), 0);
-        session.subscribers.push(msg.subscriber);
+        session.subscribe(msg.subscriber, 0);
         self.persist(msg.stream, &session.record);
+        // In `async` mode the record is flushed once a worker takes the stream.
+        session.durable =
+            !(self.store.is_some() && self.settings.checkpoint == CheckpointMode::Async);
         self.sessions.insert(msg.stream, session);
         if self.settings.max_batch <= 1 {
             self.dispatch(msg.stream, None, Some(tx), ctx);
@@ -1005,7 +1057,9 @@ impl Handler<Attach> for Sessions {
                 text: text.clone(),
             });
         }
-        s.subscribers.push(msg.subscriber);
+        // A client ahead of what is forwarded (its tokens were lost with a restarted
+        // coordinator's unflushed log) gets only what comes after its own.
+        s.subscribe(msg.subscriber, from.max(s.forwarded) as u32);
         s.orphan = false;
         let attached = Attached {
             record: s.record.clone(),
@@ -1042,11 +1096,12 @@ impl Sessions {
         let Some(store) = self.store.clone() else {
             return;
         };
-        if self.flushing || self.pending.is_empty() {
+        if self.flushing || (self.pending.is_empty() && self.undurable.is_empty()) {
             return;
         }
         self.flushing = true;
         let batch = std::mem::take(&mut self.pending);
+        let covered = std::mem::take(&mut self.undurable);
         let started = Instant::now();
         ctx.spawn(async move { store.flush().await }.into_actor(self).map(
             move |flushed, this, ctx| {
@@ -1057,7 +1112,18 @@ impl Sessions {
                     warn!(error = %e, "checkpoint flush failed");
                 }
                 this.flushing = false;
+                for stream in covered {
+                    if let Some(s) = this.sessions.get_mut(&stream) {
+                        s.durable = true;
+                    }
+                }
                 this.forward(batch);
+                if this.settings.checkpoint == CheckpointMode::Async {
+                    // What arrived during the flush for streams now on disk goes out now.
+                    let held = std::mem::take(&mut this.pending);
+                    let ready = this.hold_undurable(held);
+                    this.forward(ready);
+                }
                 this.flush(ctx);
             },
         ));
@@ -1072,13 +1138,19 @@ impl Handler<DispatchTokens> for Sessions {
         if updates.is_empty() {
             return;
         }
-        if self.store.is_some() && self.settings.checkpoint == CheckpointMode::Sync {
-            // No client sees a token before it is on disk. Batches that arrive during a
-            // flush share the next one.
-            self.pending.extend(updates);
-            self.flush(ctx);
-        } else {
-            self.forward(updates);
+        match (&self.store, self.settings.checkpoint) {
+            (Some(_), CheckpointMode::Sync) => {
+                // No client sees a token before it is on disk. Batches that arrive
+                // during a flush share the next one.
+                self.pending.extend(updates);
+                self.flush(ctx);
+            }
+            (Some(_), CheckpointMode::Async) => {
+                let ready = self.hold_undurable(updates);
+                self.forward(ready);
+                self.flush(ctx);
+            }
+            _ => self.forward(updates),
         }
     }
 }
@@ -1133,6 +1205,38 @@ mod tests {
         let mut s = Session::new(record, vec![(7, "a".into())], 1);
         s.phase = phase;
         s
+    }
+
+    #[test]
+    fn a_client_gets_no_token_twice() {
+        let mut s = session(Phase::Running(WorkerId(1)));
+        let (fresh, mut fresh_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (back, mut back_rx) = tokio::sync::mpsc::unbounded_channel();
+        s.subscribe(fresh, 0);
+        // Reconnected holding positions 0..=2, more than the session has (1 token).
+        s.subscribe(back, 3);
+        for index in 1..5 {
+            s.send(&Update::Token {
+                index,
+                text: format!("t{index}"),
+            });
+        }
+        // A resumed attempt sends position 4 again: nobody gets it twice.
+        s.send(&Update::Token {
+            index: 4,
+            text: "t4".into(),
+        });
+        let drain = |rx: &mut tokio::sync::mpsc::UnboundedReceiver<Update>| {
+            std::iter::from_fn(|| rx.try_recv().ok())
+                .map(|u| match u {
+                    Update::Token { index, .. } => index,
+                    other => panic!("unexpected {other:?}"),
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(drain(&mut fresh_rx), vec![1, 2, 3, 4]);
+        assert_eq!(drain(&mut back_rx), vec![3, 4]);
+        assert_eq!(s.subscribers.len(), 2);
     }
 
     #[test]
