@@ -181,10 +181,14 @@ pub struct CoordinatorConfig {
 #[serde(rename_all = "lowercase")]
 pub enum CheckpointMode {
     /// Each worker message's tokens are written and flushed (sled's flush: written to
-    /// the file and fsync'd) before any client sees them.
+    /// the file and synced) before any client sees them.
     Sync,
-    /// Tokens are written to the store but reach clients without waiting for a flush;
-    /// sled flushes in the background every 500 ms.
+    /// Tokens are written to the store before any client sees them; sled flushes in the
+    /// background every 500 ms. A stream's record is flushed once a worker takes it,
+    /// and its tokens wait for that flush if they come first. A coordinator killed
+    /// before a flush loses the last tokens; the resumed stream regenerates them (the
+    /// sampler is counter-based) and a reconnecting client gets only what it lacks.
+    /// The default.
     Async,
     /// No store: streams still survive a dead worker (resumed from the coordinator's
     /// memory) but not a coordinator restart.
@@ -214,7 +218,7 @@ impl Default for CoordinatorConfig {
             stream_timeout_ms: 60_000,
             store_path: "baton-data/coordinator".into(),
             store_cache_mib: 4,
-            checkpoint: CheckpointMode::Sync,
+            checkpoint: CheckpointMode::Async,
             reconnect_window_s: 600,
             stall_probe_ms: 200,
             stall_timeout_ms: 30_000,

@@ -137,7 +137,7 @@ mod tests {
             "--store",
             "/srv/baton/store",
             "--checkpoint",
-            "async",
+            "sync",
             "--nats-user",
             "coordinator",
             "--nats-password",
@@ -149,7 +149,7 @@ mod tests {
         assert_eq!(cluster.coordinator.listen, "0.0.0.0:9000");
         assert_eq!(cluster.nats.subject_prefix, "acme");
         assert_eq!(cluster.coordinator.store_path, "/srv/baton/store");
-        assert_eq!(cluster.coordinator.checkpoint, CheckpointMode::Async);
+        assert_eq!(cluster.coordinator.checkpoint, CheckpointMode::Sync);
         assert_eq!(cluster.nats.user.as_deref(), Some("coordinator"));
         assert_eq!(
             cluster.nats.password.as_ref().map(|p| p.expose()),

@@ -11,11 +11,13 @@
 //!   subject and its workers' messages still reach it.
 //!
 //! Durability: [`Store::flush`] is sled's flush, which writes its buffers to the file
-//! and calls fsync. In `sync` checkpoint mode the sessions flush once per batch of worker
-//! messages before any of its tokens reaches a client, so a token a client has seen
-//! survives a coordinator kill and a power loss (as far as the disk honours fsync). In
-//! `async` mode sled flushes by itself every 500 ms: a kill or power loss loses up to
-//! that much of the log, which a resumed stream regenerates.
+//! and syncs the written range. In `async` checkpoint mode (the default) sled flushes
+//! by itself every 500 ms, and the sessions flush once a worker takes a stream, so that
+//! its record is on disk before its first token reaches a client: a kill or power loss
+//! loses up to 500 ms of tokens, which the resumed stream regenerates. In `sync` mode
+//! the sessions flush once per batch of worker messages before any of its tokens
+//! reaches a client, so a token a client has seen survives a coordinator kill and a
+//! power loss (as far as the disk honours the sync).
 //!
 //! Memory: sled keeps the pages it has read or written in a cache of
 //! `coordinator.store_cache_mib`, counted at the pages' size in the file (in memory they

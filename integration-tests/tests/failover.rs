@@ -39,23 +39,26 @@ fn simulated_streams_survive_every_drill() {
     );
 }
 
-/// With `checkpoint = "async"` a killed coordinator loses the tokens it had not flushed
-/// yet (sled flushes every 500 ms): the client reconnects holding more than the store.
-/// The restarted coordinator regenerates them and sends only what the client lacks.
+/// A coordinator killed mid-stream, in both checkpoint modes. With `async` (the
+/// default) it loses the tokens it had not flushed yet (sled flushes every 500 ms): the
+/// client reconnects holding more than the store, and the restarted coordinator
+/// regenerates them and sends only what the client lacks. With `sync` the store holds
+/// every token the client saw.
 #[test]
-fn async_checkpoints_survive_a_coordinator_kill() {
-    let mut options = ClusterOptions::simulated(1).step_ms(20);
-    options
-        .extra
-        .push(("coordinator", "checkpoint = \"async\"".into()));
-    let Some(mut cluster) = Cluster::start(options) else {
-        return;
-    };
-    for sampling in [Sampling::Greedy, Sampling::Seeded(7)] {
-        check(
-            &drill::restart_coordinator(&mut cluster, sampling, 3, 40),
-            &cluster,
-        );
+fn both_checkpoint_modes_survive_a_coordinator_kill() {
+    for mode in ["async", "sync"] {
+        let mut options = ClusterOptions::simulated(1).step_ms(20);
+        options
+            .extra
+            .push(("coordinator", format!("checkpoint = {mode:?}")));
+        let Some(mut cluster) = Cluster::start(options) else {
+            return;
+        };
+        for sampling in [Sampling::Greedy, Sampling::Seeded(7)] {
+            let verdict = drill::restart_coordinator(&mut cluster, sampling, 3, 40);
+            println!("checkpoint = {mode}:");
+            check(&verdict, &cluster);
+        }
     }
 }
 
