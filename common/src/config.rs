@@ -157,7 +157,8 @@ pub struct CoordinatorConfig {
     /// Most new streams of one model sent to a worker in one submit message.
     pub max_batch: u32,
     /// How long a new stream may wait for others to share its submit, in milliseconds.
-    /// A stream never waits when no submit for its model is in flight.
+    /// A stream never waits when no submit for its model went out in the last
+    /// `max_wait_ms`; then it waits for that submit's reply or the end of that window.
     pub max_wait_ms: u64,
     /// Most streams this coordinator holds at once; beyond, requests get 429.
     pub max_streams: u32,

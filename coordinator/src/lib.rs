@@ -234,6 +234,16 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
             .configure(http::routes::configure)
             .default_service(web::to(http::routes::not_found))
     })
+    // Streamed answers are many small writes: with Nagle's algorithm on, a token's chunk
+    // waits for the client's (delayed) acknowledgement of the one before, and a first
+    // token could reach its client only with the second.
+    .on_connect(|conn, _| {
+        if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
+            if let Err(e) = tcp.set_nodelay(true) {
+                warn!(error = %e, "cannot set TCP_NODELAY on a client connection");
+            }
+        }
+    })
     .bind(config.listen.as_str())
     .map_err(|source| StartError::Bind {
         addr: config.listen.clone(),

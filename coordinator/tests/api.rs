@@ -439,6 +439,44 @@ async fn requests_arriving_during_a_submit_share_the_next_one_and_max_streams_is
     running.handle.stop(false).await;
 }
 
+#[actix_web::test]
+async fn a_stream_does_not_wait_behind_a_submit_older_than_max_wait() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (running, addr) = coordinator_with(&nats, "nowait", |c| {
+        c.coordinator.max_wait_ms = 140;
+        c.coordinator.max_batch = 8;
+    })
+    .await;
+    let worker = FakeWorker::start(&nats.url, Subjects::new("nowait")).await;
+    wait_healthy(addr).await;
+    // The first submit stays in flight for 300 ms. A request 150 ms later, past
+    // max_wait, goes out at once in a submit of its own: it does not wait for the
+    // first one's reply (at 300 ms), nor for a window of its own (until 290 ms).
+    let first = actix_rt::spawn(post(
+        addr,
+        "/v1/chat/completions",
+        chat("LATE_REPLY", json!({"max_tokens": 2})),
+    ));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let second = actix_rt::spawn(post(
+        addr,
+        "/v1/chat/completions",
+        chat("next", json!({"max_tokens": 2})),
+    ));
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    assert_eq!(
+        worker.log.submits.load(Ordering::SeqCst),
+        2,
+        "the second request was submitted while the first submit was in flight"
+    );
+    assert_eq!(first.await.expect("join").status, 200);
+    assert_eq!(second.await.expect("join").status, 200);
+    assert_eq!(worker.log.largest_submit.load(Ordering::SeqCst), 1);
+    running.handle.stop(false).await;
+}
+
 /// `baton_streams_held` once it is `want` (polled for up to 5 s), or its last value.
 async fn streams_held(addr: SocketAddr, want: u64) -> Option<u64> {
     let mut held = None;

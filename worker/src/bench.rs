@@ -286,6 +286,49 @@ pub struct ServeBenchArgs {
     /// Milliseconds per step of the simulated engine.
     #[arg(long, default_value_t = 20)]
     pub sim_step_ms: u64,
+    /// When each request is sent: a file with one offset in seconds from the start per
+    /// line, one line per request (overrides `--rate`'s fixed intervals).
+    /// `scripts/bench-serving` writes one with Poisson arrivals and gives both sides
+    /// the same file.
+    #[arg(long)]
+    pub schedule: Option<PathBuf>,
+}
+
+/// When each of `requests` requests is sent, from the start: `schedule`'s offsets
+/// (seconds, one per line), or one every `1 / rate` seconds.
+pub fn arrivals(
+    schedule: Option<&std::path::Path>,
+    rate: f64,
+    requests: usize,
+) -> anyhow::Result<Vec<std::time::Duration>> {
+    use anyhow::Context as _;
+    let Some(path) = schedule else {
+        let interval = 1.0 / rate.max(1e-3);
+        return Ok((0..requests)
+            .map(|i| std::time::Duration::from_secs_f64(i as f64 * interval))
+            .collect());
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the schedule {}", path.display()))?;
+    let offsets = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            l.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map(std::time::Duration::from_secs_f64)
+                .with_context(|| format!("{}: {l:?} is not an offset in seconds", path.display()))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    anyhow::ensure!(
+        offsets.len() >= requests,
+        "{} has {} offsets for {requests} requests",
+        path.display(),
+        offsets.len()
+    );
+    Ok(offsets[..requests].to_vec())
 }
 
 /// The prompt of request `i` of a serving benchmark (`scripts/bench-serving` sends the
@@ -312,7 +355,7 @@ pub fn run_serve(args: &ServeBenchArgs) -> anyhow::Result<()> {
     };
     use baton_common::{
         ids::{CoordinatorId, StreamId},
-        protocol::{ChatTurn, EventKind, GenParams, PromptSpec, SeqRequest},
+        protocol::{ChatTurn, EventKind, GenParams, PromptSpec, SeqRequest, SubmitOutcome},
     };
     use std::{
         collections::HashMap,
@@ -342,17 +385,18 @@ pub fn run_serve(args: &ServeBenchArgs) -> anyhow::Result<()> {
         std::thread::spawn(move || scheduler::run(real, limits, cmd_rx, out_tx, load))
     };
 
-    // Arrivals: request i is sent at i / rate seconds, by its own thread.
+    // Arrivals: request i is sent at its offset (open loop), by one sender thread.
+    let offsets = arrivals(args.schedule.as_deref(), args.rate, args.requests)?;
     let sent_at: Arc<Mutex<HashMap<StreamId, Instant>>> = Arc::default();
     let start = Instant::now();
-    let interval = Duration::from_secs_f64(1.0 / args.rate.max(1e-3));
     let sender = {
         let sent_at = sent_at.clone();
         let (requests, max_tokens) = (args.requests, args.max_tokens);
         std::thread::spawn(move || -> anyhow::Result<()> {
             let coordinator = CoordinatorId::random();
-            for i in 0..requests {
-                let due = start + interval * i as u32;
+            let mut replies = Vec::with_capacity(requests);
+            for (i, offset) in offsets.into_iter().enumerate().take(requests) {
+                let due = start + offset;
                 std::thread::sleep(due.saturating_duration_since(Instant::now()));
                 let stream = StreamId::random();
                 let (tx, rx) = tokio::sync::oneshot::channel();
@@ -383,7 +427,16 @@ pub fn run_serve(args: &ServeBenchArgs) -> anyhow::Result<()> {
                     }],
                     reply: tx,
                 })?;
-                rx.blocking_recv()?;
+                // Not waited for here: the engine answers between two steps, and the
+                // next arrival must not wait for that.
+                replies.push(rx);
+            }
+            for rx in replies {
+                for outcome in rx.blocking_recv()? {
+                    if let SubmitOutcome::Refused(r) = outcome {
+                        anyhow::bail!("the engine refused a request: {}", r.error.message);
+                    }
+                }
             }
             Ok(())
         })

@@ -304,8 +304,8 @@ pub struct Sessions {
     metrics: Arc<Metrics>,
     /// New streams waiting to share a submit, by model.
     waiting: HashMap<String, Vec<(StreamId, Reply)>>,
-    /// Models with a batch submit in flight.
-    submitting: HashSet<String>,
+    /// When each model's last submit went out.
+    last_submit: HashMap<String, Instant>,
 }
 
 fn unix_now() -> u64 {
@@ -338,7 +338,7 @@ impl Sessions {
             flushing: false,
             metrics,
             waiting: HashMap::new(),
-            submitting: HashSet::new(),
+            last_submit: HashMap::new(),
         }
     }
 
@@ -478,18 +478,26 @@ impl Sessions {
         }));
     }
 
-    /// Queues a new stream for its model's next submit; sends the batch at once when no
-    /// submit for the model is in flight or the batch is full, else within `max_wait`.
+    /// Queues a new stream for its model's next submit. The batch goes at once unless a
+    /// submit for the model went out less than `max_wait` ago; then it goes when that
+    /// submit's reply comes, when `max_wait` has passed since it went out, or when it is
+    /// full, whichever is first. (Not "while a submit is in flight": a worker answers
+    /// between two engine steps, so a submit stays in flight for most of a step whenever
+    /// its worker is busy, and every stream arriving then would wait.)
     fn enqueue(&mut self, stream: StreamId, model: String, reply: Reply, ctx: &mut Context<Self>) {
         let queue = self.waiting.entry(model.clone()).or_default();
         queue.push((stream, reply));
-        let first = queue.len() == 1;
-        if !self.submitting.contains(&model) || queue.len() >= self.settings.max_batch {
-            self.send_batch(model, ctx);
-        } else if first {
-            ctx.run_later(self.settings.max_wait, move |this, ctx| {
-                this.send_batch(model, ctx)
-            });
+        let (first, full) = (queue.len() == 1, queue.len() >= self.settings.max_batch);
+        let age = self.last_submit.get(&model).map(Instant::elapsed);
+        match age {
+            Some(age) if age < self.settings.max_wait && !full => {
+                if first {
+                    ctx.run_later(self.settings.max_wait - age, move |this, ctx| {
+                        this.send_batch(model, ctx)
+                    });
+                }
+            }
+            _ => self.send_batch(model, ctx),
         }
     }
 
@@ -515,13 +523,12 @@ impl Sessions {
         if reqs.is_empty() {
             return;
         }
-        self.submitting.insert(model.clone());
+        self.last_submit.insert(model.clone(), Instant::now());
         let dispatcher = self.dispatcher.clone();
         let fut = async move { dispatcher.dispatch_batch(reqs).await };
         ctx.spawn(
             fut.into_actor(self)
                 .map(move |(worker, results), this, ctx| {
-                    this.submitting.remove(&model);
                     for (req, result) in results {
                         let Some(reply) = replies.remove(&req.stream) else {
                             continue;

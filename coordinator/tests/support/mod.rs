@@ -278,9 +278,13 @@ impl FakeWorker {
                     });
                 }
                 if let Some(reply_to) = msg.reply {
-                    let pause = if slow_reply { 300 } else { 5 };
-                    tokio::time::sleep(Duration::from_millis(pause)).await;
-                    let _ = c.publish(reply_to, reply.into()).await;
+                    // Answered beside the next submits, as a worker's actor does.
+                    let c = c.clone();
+                    tokio::spawn(async move {
+                        let pause = if slow_reply { 300 } else { 5 };
+                        tokio::time::sleep(Duration::from_millis(pause)).await;
+                        let _ = c.publish(reply_to, reply.into()).await;
+                    });
                 }
             }
         });

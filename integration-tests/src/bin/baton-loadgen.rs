@@ -1,11 +1,13 @@
 //! `baton-loadgen`: open-loop load for a coordinator, measured from the client's side.
 //!
 //! ```text
-//! baton-loadgen PORT RATE REQUESTS MAX_TOKENS [LABEL]
+//! baton-loadgen PORT RATE REQUESTS MAX_TOKENS [LABEL] [--schedule FILE]
 //! ```
 //!
 //! Request *i* (a streamed chat completion, greedy, `ignore_eos`) is sent at *i*/RATE
-//! seconds whatever else is happening, each on a thread of its own. Connections are kept
+//! seconds, or at the *i*-th offset of the schedule file (seconds from the start, one per
+//! line; `baton-worker bench-serve --schedule` reads the same file), whatever else is
+//! happening, each on a thread of its own. Connections are kept
 //! alive and reused, as a client library's pool does: a few are opened before the clock
 //! starts, a request takes the one used last, and one is opened (outside the clock) when
 //! none is free. Time to first token runs from the moment the request is written to the
@@ -162,7 +164,9 @@ fn one(pool: &Pool, i: usize, max_tokens: u32) -> Result<Measured, String> {
                 }
                 let has_text = chunk["choices"].as_array().is_some_and(|choices| {
                     choices.iter().any(|c| {
-                        c["delta"]["content"].as_str().is_some_and(|t| !t.is_empty())
+                        c["delta"]["content"]
+                            .as_str()
+                            .is_some_and(|t| !t.is_empty())
                             || c["text"].as_str().is_some_and(|t| !t.is_empty())
                     })
                 });
@@ -181,9 +185,44 @@ fn one(pool: &Pool, i: usize, max_tokens: u32) -> Result<Measured, String> {
     Ok(measured)
 }
 
+/// The schedule file's offsets, or `None` (with a message) when it cannot be used.
+fn schedule(path: &str, requests: usize) -> Option<Vec<Duration>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| eprintln!("reading the schedule {path}: {e}"))
+        .ok()?;
+    let offsets: Option<Vec<Duration>> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| Duration::try_from_secs_f64(l.trim().parse().ok()?).ok())
+        .collect();
+    match offsets {
+        Some(o) if o.len() >= requests => Some(o),
+        Some(o) => {
+            eprintln!("{path} has {} offsets for {requests} requests", o.len());
+            None
+        }
+        None => {
+            eprintln!("{path}: every line must be an offset in seconds");
+            None
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: baton-loadgen PORT RATE REQUESTS MAX_TOKENS [LABEL]";
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: baton-loadgen PORT RATE REQUESTS MAX_TOKENS [LABEL] [--schedule FILE]";
+    let schedule_file = match args.iter().position(|a| a == "--schedule") {
+        Some(i) if i + 1 < args.len() => {
+            let file = args.remove(i + 1);
+            args.remove(i);
+            Some(file)
+        }
+        Some(_) => {
+            eprintln!("{usage}");
+            return ExitCode::from(2);
+        }
+        None => None,
+    };
     let parsed = (|| {
         Some((
             args.first()?.parse::<u16>().ok()?,
@@ -197,6 +236,15 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let label = args.get(4).cloned().unwrap_or_else(|| "cluster".into());
+    let offsets: Vec<Duration> = match &schedule_file {
+        Some(path) => match schedule(path, total) {
+            Some(o) => o,
+            None => return ExitCode::FAILURE,
+        },
+        None => (0..total)
+            .map(|i| Duration::from_secs_f64(i as f64 / rate))
+            .collect(),
+    };
     let pool = Arc::new(Pool {
         port,
         idle: Mutex::new(Vec::new()),
@@ -212,8 +260,8 @@ fn main() -> ExitCode {
     }
     let t0 = Instant::now();
     let mut threads = Vec::with_capacity(total);
-    for i in 0..total {
-        let due = t0 + Duration::from_secs_f64(i as f64 / rate);
+    for (i, offset) in offsets.into_iter().enumerate().take(total) {
+        let due = t0 + offset;
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
