@@ -1,5 +1,5 @@
 //! Getting a sequence onto a worker: route, submit, and try another worker when one is
-//! gone, full, draining, or runs another model.
+//! gone, full, draining, silent past the submit timeout, or runs another model.
 //!
 //! New streams get one round ([`Dispatcher::dispatch`]): a client waiting for its first
 //! byte is better served by a quick 503 than by a long wait. Resumed streams wait for a
@@ -146,7 +146,9 @@ impl Dispatcher {
                     e.kind,
                     ErrorKind::Overloaded | ErrorKind::Draining | ErrorKind::ChainMismatch
                 ),
-                DispatchError::Submit(SubmitError::NoResponders) => true,
+                // Gone, or killed with the submit in flight: its stream is not running
+                // there (a late acceptance's events are dropped and cancelled).
+                DispatchError::Submit(SubmitError::NoResponders | SubmitError::Timeout(_)) => true,
                 _ => false,
             };
             if !next_worker {

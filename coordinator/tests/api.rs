@@ -440,6 +440,33 @@ async fn requests_arriving_during_a_submit_share_the_next_one_and_max_streams_is
 }
 
 #[actix_web::test]
+async fn a_submit_lost_with_its_worker_goes_to_another_worker() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (running, addr) = coordinator_with(&nats, "lost", |c| {
+        c.coordinator.submit_timeout_ms = 1_000;
+    })
+    .await;
+    // The only worker takes submits and never answers (killed with them in flight).
+    let dead = FakeWorker::start(&nats.url, Subjects::new("lost")).await;
+    dead.mute.store(true, Ordering::SeqCst);
+    wait_healthy(addr).await;
+    let request = actix_rt::spawn(post(
+        addr,
+        "/v1/chat/completions",
+        chat("hello", json!({"max_tokens": 2})),
+    ));
+    // Another worker joins while the submit waits for its answer.
+    let alive = FakeWorker::start(&nats.url, Subjects::new("lost")).await;
+    let r = request.await.expect("join");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(dead.log.submits.load(Ordering::SeqCst), 1);
+    assert_eq!(alive.log.submits.load(Ordering::SeqCst), 1);
+    running.handle.stop(false).await;
+}
+
+#[actix_web::test]
 async fn a_stream_does_not_wait_behind_a_submit_older_than_max_wait() {
     let Some(nats) = NatsServer::start() else {
         return;

@@ -537,7 +537,9 @@ impl Sessions {
                             Err(DispatchError::Refused(e)) => {
                                 matches!(e.kind, ErrorKind::Overloaded | ErrorKind::Draining)
                             }
-                            Err(DispatchError::Submit(SubmitError::NoResponders)) => true,
+                            Err(DispatchError::Submit(
+                                SubmitError::NoResponders | SubmitError::Timeout(_),
+                            )) => true,
                             _ => false,
                         };
                         if elsewhere {

@@ -98,6 +98,9 @@ pub struct FakeWorker {
     pub log: Arc<FakeLog>,
     /// Stops the heartbeats (the worker goes silent).
     pub silent: Arc<AtomicBool>,
+    /// Submits are counted but neither answered nor run (a worker killed with them in
+    /// flight).
+    pub mute: Arc<AtomicBool>,
 }
 
 pub const MODEL: &str = "fake";
@@ -112,6 +115,7 @@ impl FakeWorker {
             .expect("fake worker connects");
         let log = Arc::new(FakeLog::default());
         let silent = Arc::new(AtomicBool::new(false));
+        let mute = Arc::new(AtomicBool::new(false));
         let seq = Arc::new(Sequencer::new(id.0));
         let mut submits = client
             .subscribe(subjects.submit(id))
@@ -167,7 +171,7 @@ impl FakeWorker {
             }
         });
 
-        let (c, l) = (client.clone(), log.clone());
+        let (c, l, muted) = (client.clone(), log.clone(), mute.clone());
         tokio::spawn(async move {
             while let Some(msg) = submits.next().await {
                 let Ok(wire) = decode(&msg.payload) else {
@@ -179,6 +183,9 @@ impl FakeWorker {
                 l.submits.fetch_add(1, Ordering::SeqCst);
                 l.largest_submit
                     .fetch_max(submit.sequences.len() as u32, Ordering::SeqCst);
+                if muted.load(Ordering::SeqCst) {
+                    continue;
+                }
                 // `LATE_REPLY` prompts keep the submit in flight for 300 ms.
                 let slow_reply = submit.sequences.iter().any(|sr| match &sr.prompt {
                     PromptSpec::Chat(turns) => {
@@ -288,7 +295,12 @@ impl FakeWorker {
                 }
             }
         });
-        Self { id, log, silent }
+        Self {
+            id,
+            log,
+            silent,
+            mute,
+        }
     }
 }
 
