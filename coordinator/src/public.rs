@@ -229,7 +229,7 @@ impl PublicApi {
     async fn forward(&self, mut answer: Answer, out: &mut Replier) -> Result<(), ApiError> {
         loop {
             match self.next(&mut answer.events).await? {
-                Update::Token { index, text } => {
+                Update::Token { index, text, .. } => {
                     if text.is_empty() {
                         continue;
                     }
@@ -333,6 +333,8 @@ impl PublicApi {
             .send(Attach {
                 stream,
                 after: request.after,
+                // The public NATS API's replays name a position only.
+                after_hash: None,
                 subscriber: tx,
                 // NATS clients pass NATS's own credentials, not API keys.
                 access: StreamAccess::Any,
@@ -340,6 +342,7 @@ impl PublicApi {
             .await?
             .map_err(|e| match e {
                 AttachError::Unknown(_) => ApiError::StreamNotFound(e.to_string()),
+                AttachError::Diverged(..) => ApiError::StreamDiverged(e.to_string()),
                 AttachError::Store(m) => ApiError::Internal(m),
             })?;
         debug!(%stream, after = ?request.after, "NATS client replays a stream");
@@ -499,6 +502,7 @@ fn malformed(error: &ApiError) -> bool {
         | ApiError::ModelUnavailable(_)
         | ApiError::WorkerTimeout(_)
         | ApiError::StreamTimeout(_)
+        | ApiError::StreamDiverged(_)
         | ApiError::WorkerFailed(_)
         | ApiError::Internal(_) => false,
     }

@@ -146,7 +146,7 @@ async fn the_openai_api_end_to_end() {
         "hi",
         json!({"max_tokens": 2, "stream": true, "stream_options": {"include_usage": true}}),
     );
-    let r = post(addr, "/v1/chat/completions", body).await;
+    let r = post(addr, "/v1/chat/completions", body.clone()).await;
     assert_eq!(r.status, 200);
     assert!(r
         .header("content-type")
@@ -166,13 +166,14 @@ async fn the_openai_api_end_to_end() {
         .next()
         .expect("stream")
         .to_string();
+    // Token events: position and chain hash (the fake worker's hashes are 0).
     assert_eq!(
         events[0].1.as_deref(),
-        Some(format!("{stream_id}:0").as_str())
+        Some(format!("{stream_id}:0:0000000000000000").as_str())
     );
     assert_eq!(
         events[1].1.as_deref(),
-        Some(format!("{stream_id}:1").as_str())
+        Some(format!("{stream_id}:1:0000000000000000").as_str())
     );
     assert_eq!(chunks[0]["object"], "chat.completion.chunk");
     assert_eq!(
@@ -188,6 +189,35 @@ async fn the_openai_api_end_to_end() {
     assert_eq!(chunks[3]["usage"]["total_tokens"], 5);
     assert!(chunks.iter().all(|c| c["id"] == chunks[0]["id"]));
     assert_eq!(events[4].2, "[DONE]");
+
+    // Reconnecting after position 0: with the stream's chain hash there the rest comes;
+    // with another hash (the client holds another text) the answer is 409.
+    let text = body.to_string();
+    let again = |last: String| {
+        let text = text.clone();
+        async move {
+            support::request_with(
+                addr,
+                "POST",
+                "/v1/chat/completions",
+                Some(&text),
+                &[("Last-Event-ID", &last)],
+            )
+            .await
+        }
+    };
+    let r = again(format!("{stream_id}:0:0000000000000000")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let rest = sse_events(&r.body);
+    assert_eq!(
+        rest[0].1.as_deref(),
+        Some(format!("{stream_id}:1:0000000000000000").as_str()),
+        "{}",
+        r.body
+    );
+    let r = again(format!("{stream_id}:0:00000000000000ff")).await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "stream_diverged");
 
     // Completions, whole and streamed (token id prompt).
     let r = post(

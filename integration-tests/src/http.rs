@@ -175,11 +175,11 @@ impl SseEvent {
         serde_json::from_str(&self.data).ok()
     }
 
-    /// The `<stream id>` part of the `id:`.
+    /// The `<stream id>` part of the `id:` (`<stream id>:<position>[:<chain hash>]`).
     pub fn stream_id(&self) -> Option<&str> {
         self.id
             .as_deref()
-            .and_then(|id| id.rsplit_once(':'))
+            .and_then(|id| id.split_once(':'))
             .map(|(s, _)| s)
     }
 
@@ -187,8 +187,8 @@ impl SseEvent {
     pub fn position(&self) -> Option<u64> {
         self.id
             .as_deref()
-            .and_then(|id| id.rsplit_once(':'))
-            .and_then(|(_, p)| p.parse().ok())
+            .and_then(|id| id.split(':').nth(1))
+            .and_then(|p| p.parse().ok())
     }
 
     /// The text the chunk carries: chat (`delta.content`) and text (`text`) completion

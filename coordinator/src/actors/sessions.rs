@@ -65,6 +65,9 @@ pub enum Update {
         index: u32,
         /// Text that became final with it (may be empty).
         text: String,
+        /// The chain hash after it (hₚ): a reconnecting client names it with the
+        /// position, so that a regenerated stream is checked against what it holds.
+        hash: u64,
     },
     /// The stream ended normally.
     Finished(Finished),
@@ -121,6 +124,19 @@ struct Subscriber {
     /// `Last-Event-ID` after a coordinator restart may hold tokens the store lost (in
     /// `async` mode), which the resumed stream regenerates.
     next: u32,
+    /// The position and chain hash of the client's last token when the session did not
+    /// have it yet: the regenerated token there must carry the same hash, else the
+    /// client holds another text and its stream fails.
+    expect: Option<(u32, u64)>,
+}
+
+/// A token a session holds.
+#[derive(Debug, Clone)]
+struct Held {
+    id: u32,
+    /// Chain hash after it.
+    hash: u64,
+    text: String,
 }
 
 /// One stream.
@@ -128,8 +144,8 @@ struct Subscriber {
 struct Session {
     /// The request and its answer's shape, as stored.
     record: StreamRecord,
-    /// Tokens so far: id and text.
-    tokens: Vec<(u32, String)>,
+    /// Tokens so far.
+    tokens: Vec<Held>,
     /// How many of them reached the clients (the rest wait for a checkpoint flush).
     forwarded: usize,
     /// Chain hash after the last token (0 before the first).
@@ -152,7 +168,7 @@ struct Session {
 }
 
 impl Session {
-    fn new(record: StreamRecord, tokens: Vec<(u32, String)>, last_hash: u64) -> Self {
+    fn new(record: StreamRecord, tokens: Vec<Held>, last_hash: u64) -> Self {
         Self {
             forwarded: tokens.len(),
             record,
@@ -174,14 +190,25 @@ impl Session {
         self.orphan || !self.subscribers.is_empty()
     }
 
-    /// Adds a client that has every token before position `next`.
-    fn subscribe(&mut self, tx: UnboundedSender<Update>, next: u32) {
-        self.subscribers.push(Subscriber { tx, next });
+    /// Adds a client that has every token before position `next` (and, when `expect`
+    /// is given, the chain hash there that a token still to come must match).
+    fn subscribe(&mut self, tx: UnboundedSender<Update>, next: u32, expect: Option<(u32, u64)>) {
+        self.subscribers.push(Subscriber { tx, next, expect });
     }
 
     fn send(&mut self, update: &Update) {
         self.subscribers.retain_mut(|s| match update {
-            Update::Token { index, .. } if *index < s.next => !s.tx.is_closed(),
+            Update::Token { index, hash, .. } if *index < s.next => match s.expect {
+                Some((at, want)) if at == *index && want != *hash => {
+                    let _ = s.tx.send(Update::Failed(diverged(*index)));
+                    false
+                }
+                Some((at, _)) if at == *index => {
+                    s.expect = None;
+                    !s.tx.is_closed()
+                }
+                _ => !s.tx.is_closed(),
+            },
             Update::Token { index, .. } => {
                 s.next = index + 1;
                 s.tx.send(update.clone()).is_ok()
@@ -194,12 +221,22 @@ impl Session {
         self.record.attempt
     }
 
+    /// The update that replays held token `index`.
+    fn replay(&self, index: usize) -> Update {
+        let t = &self.tokens[index];
+        Update::Token {
+            index: index as u32,
+            text: t.text.clone(),
+            hash: t.hash,
+        }
+    }
+
     /// The request of the next dispatch: a resume from the tokens so far.
     fn request(&self) -> SeqRequest {
         let mut req = self.record.request.clone();
         req.attempt = self.record.attempt;
         req.resume = (!self.tokens.is_empty()).then(|| Resume {
-            tokens: self.tokens.iter().map(|(id, _)| *id).collect(),
+            tokens: self.tokens.iter().map(|t| t.id).collect(),
             hash: self.last_hash,
         });
         req
@@ -251,6 +288,9 @@ pub enum AttachError {
     /// No such stream here (never, or collected).
     #[error("no stream {0} on this coordinator (unknown, or past the reconnect window)")]
     Unknown(StreamId),
+    /// The client's chain hash at its last position is not the stream's.
+    #[error("stream {0} has another text than the client's at position {1} (chain hash differs)")]
+    Diverged(StreamId, u32),
     /// The store failed.
     #[error("{0}")]
     Store(String),
@@ -264,6 +304,9 @@ pub struct Attach {
     pub stream: StreamId,
     /// Last position the client has (`None`: from the start).
     pub after: Option<u32>,
+    /// The chain hash the client holds at `after`, when it says: checked against the
+    /// stream's, now or when the stream gets there again.
+    pub after_hash: Option<u64>,
     /// Where its updates go.
     pub subscriber: UnboundedSender<Update>,
     /// Which streams the client may read; any other is [`AttachError::Unknown`].
@@ -306,6 +349,17 @@ pub struct Sessions {
     waiting: HashMap<String, Vec<(StreamId, Reply)>>,
     /// When each model's last submit went out.
     last_submit: HashMap<String, Instant>,
+}
+
+/// The failure a client gets when the regenerated token at `index` is not the one it
+/// holds.
+fn diverged(index: u32) -> WireError {
+    WireError {
+        kind: ErrorKind::ChainMismatch,
+        message: format!(
+            "the resumed stream produced another token at position {index} than the one this client holds"
+        ),
+    }
 }
 
 fn unix_now() -> u64 {
@@ -374,7 +428,13 @@ impl Sessions {
             let attempt = record.attempt;
             let mut session = Session::new(
                 record,
-                run.into_iter().map(|t| (t.id, t.text)).collect(),
+                run.into_iter()
+                    .map(|t| Held {
+                        id: t.id,
+                        hash: t.hash,
+                        text: t.text,
+                    })
+                    .collect(),
                 last_hash,
             );
             session.orphan = true;
@@ -752,7 +812,11 @@ impl Sessions {
                             resume.push((stream, None, "tokens missing"));
                             continue;
                         }
-                        s.tokens.push((t.id, t.text.clone()));
+                        s.tokens.push(Held {
+                            id: t.id,
+                            hash: t.hash,
+                            text: t.text.clone(),
+                        });
                         s.last_hash = t.hash;
                         s.last_progress = Instant::now();
                         updates.push((
@@ -760,6 +824,7 @@ impl Sessions {
                             Update::Token {
                                 index: t.index,
                                 text: t.text.clone(),
+                                hash: t.hash,
                             },
                         ));
                         stored.push((stream, t));
@@ -952,13 +1017,9 @@ impl Sessions {
     }
 
     /// Replays a stream that ended and left memory, from the store.
-    fn replay_ended(
-        &self,
-        stream: StreamId,
-        after: Option<u32>,
-        subscriber: &UnboundedSender<Update>,
-        access: StreamAccess,
-    ) -> Result<Attached, AttachError> {
+    fn replay_ended(&self, msg: &Attach) -> Result<Attached, AttachError> {
+        let (stream, after, subscriber, access) =
+            (msg.stream, msg.after, &msg.subscriber, msg.access);
         let store = self.store.as_ref().ok_or(AttachError::Unknown(stream))?;
         let record = store
             .stream(stream)
@@ -968,14 +1029,21 @@ impl Sessions {
         let Some(end) = &record.end else {
             return Err(AttachError::Unknown(stream));
         };
-        let from = after.map_or(0, |a| a.saturating_add(1));
+        // From the client's last position, to check its chain hash there.
         let tokens = store
-            .tokens(stream, from)
+            .tokens(stream, after.unwrap_or(0))
             .map_err(|e| AttachError::Store(e.to_string()))?;
         for t in tokens {
+            if Some(t.index) == after {
+                if msg.after_hash.is_some_and(|h| h != t.hash) {
+                    return Err(AttachError::Diverged(stream, t.index));
+                }
+                continue;
+            }
             let _ = subscriber.send(Update::Token {
                 index: t.index,
                 text: t.text,
+                hash: t.hash,
             });
         }
         let (update, prompt_tokens) = match end {
@@ -1028,7 +1096,7 @@ impl Handler<StartStream> for Sessions {
         }
         let model = msg.record.request.model.clone();
         let mut session = Session::new(msg.record, Vec::new(), 0);
-        session.subscribe(msg.subscriber, 0);
+        session.subscribe(msg.subscriber, 0, None);
         self.persist(msg.stream, &session.record);
         // In `async` mode the record is flushed once a worker takes the stream.
         session.durable =
@@ -1048,7 +1116,7 @@ impl Handler<Attach> for Sessions {
 
     fn handle(&mut self, msg: Attach, ctx: &mut Context<Self>) -> Self::Result {
         let Some(s) = self.sessions.get_mut(&msg.stream) else {
-            let attached = self.replay_ended(msg.stream, msg.after, &msg.subscriber, msg.access);
+            let attached = self.replay_ended(&msg);
             if attached.is_ok() {
                 self.metrics.reattached.inc();
             }
@@ -1057,18 +1125,25 @@ impl Handler<Attach> for Sessions {
         if !msg.access.allows(s.record.owner.as_ref()) {
             return Err(AttachError::Unknown(msg.stream));
         }
+        // The client's last token must be the stream's: checked now when the session
+        // holds it, else when the resumed stream produces it again.
+        let mut expect = None;
+        if let (Some(after), Some(hash)) = (msg.after, msg.after_hash) {
+            match s.tokens.get(after as usize) {
+                Some(t) if t.hash != hash => return Err(AttachError::Diverged(msg.stream, after)),
+                Some(_) => {}
+                None => expect = Some((after, hash)),
+            }
+        }
         self.metrics.reattached.inc();
         // Tokens not yet flushed reach this client with everyone else's, after the flush.
         let from = msg.after.map_or(0, |a| a as usize + 1);
-        for (i, (_, text)) in s.tokens.iter().enumerate().take(s.forwarded).skip(from) {
-            let _ = msg.subscriber.send(Update::Token {
-                index: i as u32,
-                text: text.clone(),
-            });
+        for i in from..s.forwarded {
+            let _ = msg.subscriber.send(s.replay(i));
         }
         // A client ahead of what is forwarded (its tokens were lost with a restarted
         // coordinator's unflushed log) gets only what comes after its own.
-        s.subscribe(msg.subscriber, from.max(s.forwarded) as u32);
+        s.subscribe(msg.subscriber, from.max(s.forwarded) as u32, expect);
         s.orphan = false;
         let attached = Attached {
             record: s.record.clone(),
@@ -1211,7 +1286,12 @@ mod tests {
             ended_at: 0,
             owner: None,
         };
-        let mut s = Session::new(record, vec![(7, "a".into())], 1);
+        let held = Held {
+            id: 7,
+            hash: 1,
+            text: "a".into(),
+        };
+        let mut s = Session::new(record, vec![held], 1);
         s.phase = phase;
         s
     }
@@ -1221,19 +1301,21 @@ mod tests {
         let mut s = session(Phase::Running(WorkerId(1)));
         let (fresh, mut fresh_rx) = tokio::sync::mpsc::unbounded_channel();
         let (back, mut back_rx) = tokio::sync::mpsc::unbounded_channel();
-        s.subscribe(fresh, 0);
+        s.subscribe(fresh, 0, None);
         // Reconnected holding positions 0..=2, more than the session has (1 token).
-        s.subscribe(back, 3);
+        s.subscribe(back, 3, Some((2, 102)));
         for index in 1..5 {
             s.send(&Update::Token {
                 index,
                 text: format!("t{index}"),
+                hash: 100 + u64::from(index),
             });
         }
         // A resumed attempt sends position 4 again: nobody gets it twice.
         s.send(&Update::Token {
             index: 4,
             text: "t4".into(),
+            hash: 104,
         });
         let drain = |rx: &mut tokio::sync::mpsc::UnboundedReceiver<Update>| {
             std::iter::from_fn(|| rx.try_recv().ok())
@@ -1246,6 +1328,27 @@ mod tests {
         assert_eq!(drain(&mut fresh_rx), vec![1, 2, 3, 4]);
         assert_eq!(drain(&mut back_rx), vec![3, 4]);
         assert_eq!(s.subscribers.len(), 2);
+    }
+
+    #[test]
+    fn a_client_holding_another_text_is_told_and_dropped() {
+        let mut s = session(Phase::Running(WorkerId(1)));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        // The client holds position 2 with a hash the regenerated stream will not have.
+        s.subscribe(tx, 3, Some((2, 999)));
+        for index in 1..4 {
+            s.send(&Update::Token {
+                index,
+                text: format!("t{index}"),
+                hash: 100 + u64::from(index),
+            });
+        }
+        match rx.try_recv() {
+            Ok(Update::Failed(e)) => assert_eq!(e.kind, ErrorKind::ChainMismatch),
+            other => panic!("expected a chain mismatch, got {other:?}"),
+        }
+        assert!(rx.try_recv().is_err(), "nothing after the failure");
+        assert!(s.subscribers.is_empty());
     }
 
     #[test]

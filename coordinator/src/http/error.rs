@@ -84,6 +84,10 @@ pub enum ApiError {
     /// A reconnect names a stream this coordinator does not have.
     #[error("{0}")]
     StreamNotFound(String),
+    /// A reconnect's `Last-Event-ID` names a chain hash the stream does not have at that
+    /// position: the client holds another text than the stream's.
+    #[error("{0}")]
+    StreamDiverged(String),
     /// An admin request names a worker nobody answers for.
     #[error("{0}")]
     WorkerNotFound(String),
@@ -142,6 +146,7 @@ impl ApiError {
             ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::UnknownRoute(_) => StatusCode::NOT_FOUND,
             ApiError::StreamNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::StreamDiverged(_) => StatusCode::CONFLICT,
             ApiError::WorkerNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -178,6 +183,7 @@ impl ApiError {
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::UnknownRoute(_) => "unknown_url",
             ApiError::StreamNotFound(_) => "stream_not_found",
+            ApiError::StreamDiverged(_) => "stream_diverged",
             ApiError::WorkerNotFound(_) => "worker_not_found",
             ApiError::BodyTooLarge { .. } => "request_too_large",
             ApiError::Overloaded(_) => "overloaded",

@@ -73,8 +73,8 @@ async fn chat_completions(
     let started = Instant::now();
     let result = async {
         let identity = identity(&req, &state.keys)?;
-        if let Some((stream, after)) = last_event_id(&req)? {
-            return reattach(&state, &identity, stream, after, started).await;
+        if let Some(last) = last_event_id(&req)? {
+            return reattach(&state, &identity, last, started).await;
         }
         let body = read_body(&req, payload, state.config.max_body_bytes).await?;
         let request = ValidRequest::chat(&body, &state.config)?;
@@ -92,8 +92,8 @@ async fn completions(
     let started = Instant::now();
     let result = async {
         let identity = identity(&req, &state.keys)?;
-        if let Some((stream, after)) = last_event_id(&req)? {
-            return reattach(&state, &identity, stream, after, started).await;
+        if let Some(last) = last_event_id(&req)? {
+            return reattach(&state, &identity, last, started).await;
         }
         let body = read_body(&req, payload, state.config.max_body_bytes).await?;
         let request = ValidRequest::completion(&body, &state.config)?;
@@ -415,24 +415,60 @@ async fn collect(
     }
 }
 
-/// `Last-Event-ID: <stream id>:<position>` (or a bare stream id: from the start).
-pub fn parse_last_event_id(value: &str) -> Result<(StreamId, Option<u32>), ApiError> {
-    let bad = || ApiError::InvalidRequest {
+/// What a `Last-Event-ID` names: a stream, the last position the client has, and the
+/// chain hash there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventId {
+    /// The stream.
+    pub stream: StreamId,
+    /// The client's last position (`None`: it has nothing yet).
+    pub position: Option<u32>,
+    /// The chain hash after that position, when the id carries one.
+    pub hash: Option<u64>,
+}
+
+/// `Last-Event-ID: <stream id>:<position>:<chain hash, 16 hex digits>` as token events
+/// carry it, `<stream id>:<position>` (the final events', or an older client's), or a
+/// bare stream id (from the start).
+pub fn parse_last_event_id(value: &str) -> Result<EventId, ApiError> {
+    let bad = || {
+        ApiError::InvalidRequest {
         param: None,
         message: format!(
-            "Last-Event-ID {value:?} is not `<stream id>:<position>` as this server's events carry"
+            "Last-Event-ID {value:?} is not `<stream id>:<position>[:<hash>]` as this server's events carry"
         ),
+    }
     };
-    let (id, position) = match value.trim().split_once(':') {
-        Some((id, pos)) => (id, Some(pos.parse::<u32>().map_err(|_| bad())?)),
-        None => (value.trim(), None),
-    };
-    let stream = id.parse::<StreamId>().map_err(|_| bad())?;
-    Ok((stream, position))
+    let mut parts = value.trim().split(':');
+    let stream = parts
+        .next()
+        .and_then(|id| id.parse::<StreamId>().ok())
+        .ok_or_else(bad)?;
+    let position = parts
+        .next()
+        .map(|p| p.parse::<u32>().map_err(|_| bad()))
+        .transpose()?;
+    let hash = parts
+        .next()
+        .map(|h| {
+            (h.len() == 16)
+                .then(|| u64::from_str_radix(h, 16).ok())
+                .flatten()
+                .ok_or_else(bad)
+        })
+        .transpose()?;
+    if parts.next().is_some() {
+        return Err(bad());
+    }
+    Ok(EventId {
+        stream,
+        position,
+        hash,
+    })
 }
 
 /// The `Last-Event-ID` of a request, if it has one.
-fn last_event_id(req: &HttpRequest) -> Result<Option<(StreamId, Option<u32>)>, ApiError> {
+fn last_event_id(req: &HttpRequest) -> Result<Option<EventId>, ApiError> {
     match req.headers().get("last-event-id") {
         None => Ok(None),
         Some(v) => {
@@ -450,10 +486,10 @@ fn last_event_id(req: &HttpRequest) -> Result<Option<(StreamId, Option<u32>)>, A
 async fn reattach(
     state: &AppState,
     identity: &Identity,
-    stream: StreamId,
-    after: Option<u32>,
+    last: EventId,
     started: Instant,
 ) -> Result<HttpResponse, ApiError> {
+    let (stream, after) = (last.stream, last.position);
     let slot = admit(identity)?;
     let (tx, events) = unbounded_channel();
     let guard = StreamGuard::new(stream, state.sessions.clone());
@@ -462,12 +498,14 @@ async fn reattach(
         .send(Attach {
             stream,
             after,
+            after_hash: last.hash,
             subscriber: tx,
             access: identity.access(),
         })
         .await?
         .map_err(|e| match e {
             AttachError::Unknown(_) => ApiError::StreamNotFound(e.to_string()),
+            AttachError::Diverged(..) => ApiError::StreamDiverged(e.to_string()),
             AttachError::Store(m) => ApiError::Internal(m),
         })?;
     info!(%stream, ?after, key = %identity, "client reattached");
@@ -498,17 +536,21 @@ async fn stream_events(
     let stream = path
         .parse::<StreamId>()
         .map_err(|_| ApiError::StreamNotFound(format!("{:?} is not a stream id", path.as_str())))?;
-    let after = match last_event_id(&req)? {
-        Some((id, after)) if id == stream => after,
+    let last = match last_event_id(&req)? {
+        Some(last) if last.stream == stream => last,
         Some(_) => {
             return Err(ApiError::InvalidRequest {
                 param: None,
                 message: "Last-Event-ID names another stream".into(),
             })
         }
-        None => None,
+        None => EventId {
+            stream,
+            position: None,
+            hash: None,
+        },
     };
-    reattach(&state, &identity, stream, after, Instant::now()).await
+    reattach(&state, &identity, last, Instant::now()).await
 }
 
 fn unix_now() -> u64 {
@@ -525,15 +567,32 @@ mod tests {
     #[test]
     fn last_event_ids_parse() {
         let id = StreamId(0xabc);
+        let event = |position, hash| EventId {
+            stream: id,
+            position,
+            hash,
+        };
+        assert_eq!(
+            parse_last_event_id(&format!("{id}:17:00000000deadbeef")).expect("parse"),
+            event(Some(17), Some(0xdead_beef))
+        );
         assert_eq!(
             parse_last_event_id(&format!("{id}:17")).expect("parse"),
-            (id, Some(17))
+            event(Some(17), None)
         );
         assert_eq!(
             parse_last_event_id(&id.to_string()).expect("parse"),
-            (id, None)
+            event(None, None)
         );
-        for bad in ["", "nope:1", &format!("{id}:x"), &format!("{id}:-1")] {
+        for bad in [
+            "",
+            "nope:1",
+            &format!("{id}:x"),
+            &format!("{id}:-1"),
+            &format!("{id}:1:beef"),
+            &format!("{id}:1:00000000deadbeeg"),
+            &format!("{id}:1:00000000deadbeef:2"),
+        ] {
             assert!(parse_last_event_id(bad).is_err(), "{bad:?}");
         }
     }

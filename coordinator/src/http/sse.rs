@@ -272,10 +272,10 @@ impl State {
             }
         };
         match event {
-            Update::Token { index, text } => {
+            Update::Token { index, text, hash } => {
                 self.s.tracker.token();
                 if !text.is_empty() {
-                    let id = format!("{stream}:{index}");
+                    let id = format!("{stream}:{index}:{hash:016x}");
                     let data = self.s.writer.text(&text);
                     self.pending.push_back(frame(None, Some(&id), &data));
                 }
