@@ -286,6 +286,11 @@ pub struct ServeBenchArgs {
     /// Milliseconds per step of the simulated engine.
     #[arg(long, default_value_t = 20)]
     pub sim_step_ms: u64,
+    /// Prefix cache budget in MiB (0: off); the default is a worker's (`cluster.toml`'s
+    /// `worker.prefix_cache_mib` default), so that both sides reuse shared prompt
+    /// prefixes alike.
+    #[arg(long, default_value_t = baton_common::config::WorkerConfig::default().prefix_cache_mib)]
+    pub prefix_cache_mib: u64,
     /// When each request is sent: a file with one offset in seconds from the start per
     /// line, one line per request (overrides `--rate`'s fixed intervals).
     /// `scripts/bench-serving` writes one with Poisson arrivals and gives both sides
@@ -381,6 +386,9 @@ pub fn run_serve(args: &ServeBenchArgs) -> anyhow::Result<()> {
             args.dtype,
             &Default::default(),
         )?;
+        engine.set_prefix_cache(
+            usize::try_from(args.prefix_cache_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
+        );
         let real = RealEngine::new(engine, name.clone());
         std::thread::spawn(move || scheduler::run(real, limits, cmd_rx, out_tx, load))
     };
