@@ -78,7 +78,7 @@ pub struct Metrics {
     pub resumes: Family<Reason, Counter>,
     /// Clients that reattached with `Last-Event-ID`.
     pub reattached: Counter,
-    /// Checkpoint flushes (write + fsync) and how long they took.
+    /// Checkpoint flushes (write + sync) and how long they took.
     pub checkpoint_flush: Histogram,
     /// Malformed or misplaced messages dropped.
     pub wire_malformed: Counter,
@@ -197,7 +197,7 @@ impl Metrics {
         );
         r.register(
             "checkpoint_flush_seconds",
-            "Checkpoint store flushes (write and fsync)",
+            "Checkpoint store flushes (write and sync)",
             m.checkpoint_flush.clone(),
         );
         r.register(

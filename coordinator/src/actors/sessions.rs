@@ -6,8 +6,9 @@
 //!
 //! - **Tokens** arrive in worker messages ([`DispatchTokens`]). Each event is checked
 //!   against the session (right attempt, next position) and appended to the checkpoint
-//!   store; in `sync` mode the store is flushed (write + fsync) before the tokens go to
-//!   the clients. One flush runs at a time; everything that arrives meanwhile waits for
+//!   store; in `sync` mode the store is flushed (write + sync) before the tokens go to
+//!   the clients, and in `async` mode (the default) only a new stream's tokens may
+//!   wait, for the flush that takes its record to disk. One flush runs at a time; everything that arrives meanwhile waits for
 //!   the next one (group commit), and the actor keeps serving other messages. A client
 //!   that attaches gets the tokens already forwarded, then the rest with everyone
 //!   else.
