@@ -146,9 +146,7 @@ impl Dispatcher {
                     e.kind,
                     ErrorKind::Overloaded | ErrorKind::Draining | ErrorKind::ChainMismatch
                 ),
-                // Gone, or killed with the submit in flight: its stream is not running
-                // there (a late acceptance's events are dropped and cancelled).
-                DispatchError::Submit(SubmitError::NoResponders | SubmitError::Timeout(_)) => true,
+                DispatchError::Submit(e) => e.worker_lost(),
                 _ => false,
             };
             if !next_worker {

@@ -114,6 +114,13 @@ pub enum SubmitError {
 }
 
 impl SubmitError {
+    /// Whether the worker is gone, or was lost with the submit in flight: the sequence
+    /// does not run there (a late acceptance's events are dropped and cancelled), and
+    /// another worker may take it.
+    pub fn worker_lost(&self) -> bool {
+        matches!(self, SubmitError::NoResponders | SubmitError::Timeout(_))
+    }
+
     /// The error of a request to a worker that waited up to `timeout`.
     fn from_request(e: &async_nats::RequestError, timeout: Duration) -> Self {
         match e.kind() {

@@ -255,13 +255,10 @@ impl Store {
     /// runtime (sled's own `flush_async` wakes every thread of its pool to run it).
     pub async fn flush(&self) -> Result<(), StoreError> {
         let db = self.db.clone();
-        match tokio::task::spawn_blocking(move || db.flush()).await {
-            Ok(flushed) => {
-                flushed?;
-                Ok(())
-            }
-            Err(e) => Err(StoreError::FlushLost(e.to_string())),
-        }
+        tokio::task::spawn_blocking(move || db.flush())
+            .await
+            .map_err(|e| StoreError::FlushLost(e.to_string()))??;
+        Ok(())
     }
 
     /// A stream's tokens from position `from` on, in order.

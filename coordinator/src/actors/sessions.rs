@@ -8,10 +8,10 @@
 //!   against the session (right attempt, next position) and appended to the checkpoint
 //!   store; in `sync` mode the store is flushed (write + sync) before the tokens go to
 //!   the clients, and in `async` mode (the default) only a new stream's tokens may
-//!   wait, for the flush that takes its record to disk. One flush runs at a time; everything that arrives meanwhile waits for
-//!   the next one (group commit), and the actor keeps serving other messages. A client
-//!   that attaches gets the tokens already forwarded, then the rest with everyone
-//!   else.
+//!   wait, for the flush that takes its record to disk. One flush runs at a time;
+//!   everything that arrives meanwhile waits for the next one (group commit), and the
+//!   actor keeps serving other messages. A client that attaches gets the tokens
+//!   already forwarded, then the rest with everyone else.
 //! - **Failover**: a stream moves to another worker — a *resume* with every token so
 //!   far and the last chain hash — when its worker fails it, when the registry drops
 //!   the worker (heartbeats stopped), when a probe finds nobody on the worker's subject,
@@ -54,7 +54,7 @@ use super::registry::Registry;
 use crate::auth::{Owner, StreamAccess};
 use crate::dispatch::{Bound, DispatchError, Dispatcher};
 use crate::metrics::Metrics;
-use crate::nats::{NatsHandle, Probe, SubmitError};
+use crate::nats::{NatsHandle, Probe};
 use crate::store::{Store, StoredToken, StreamEnd, StreamRecord};
 
 /// What a stream's clients receive.
@@ -149,8 +149,6 @@ struct Session {
     tokens: Vec<Held>,
     /// How many of them reached the clients (the rest wait for a checkpoint flush).
     forwarded: usize,
-    /// Chain hash after the last token (0 before the first).
-    last_hash: u64,
     /// Prompt length, as a worker counted it.
     prompt_tokens: u32,
     phase: Phase,
@@ -169,12 +167,11 @@ struct Session {
 }
 
 impl Session {
-    fn new(record: StreamRecord, tokens: Vec<Held>, last_hash: u64) -> Self {
+    fn new(record: StreamRecord, tokens: Vec<Held>) -> Self {
         Self {
             forwarded: tokens.len(),
             record,
             tokens,
-            last_hash,
             prompt_tokens: 0,
             phase: Phase::Dispatching,
             subscribers: Vec::new(),
@@ -236,9 +233,9 @@ impl Session {
     fn request(&self) -> SeqRequest {
         let mut req = self.record.request.clone();
         req.attempt = self.record.attempt;
-        req.resume = (!self.tokens.is_empty()).then(|| Resume {
+        req.resume = self.tokens.last().map(|last| Resume {
             tokens: self.tokens.iter().map(|t| t.id).collect(),
-            hash: self.last_hash,
+            hash: last.hash,
         });
         req
     }
@@ -424,7 +421,6 @@ impl Sessions {
                 }
                 run.push(t);
             }
-            let last_hash = run.last().map_or(0, |t| t.hash);
             let old = record.worker.take();
             let attempt = record.attempt;
             let mut session = Session::new(
@@ -436,7 +432,6 @@ impl Sessions {
                         text: t.text,
                     })
                     .collect(),
-                last_hash,
             );
             session.orphan = true;
             if let Some(worker) = old {
@@ -598,9 +593,7 @@ impl Sessions {
                             Err(DispatchError::Refused(e)) => {
                                 matches!(e.kind, ErrorKind::Overloaded | ErrorKind::Draining)
                             }
-                            Err(DispatchError::Submit(
-                                SubmitError::NoResponders | SubmitError::Timeout(_),
-                            )) => true,
+                            Err(DispatchError::Submit(e)) => e.worker_lost(),
                             _ => false,
                         };
                         if elsewhere {
@@ -818,7 +811,6 @@ impl Sessions {
                             hash: t.hash,
                             text: t.text.clone(),
                         });
-                        s.last_hash = t.hash;
                         s.last_progress = Instant::now();
                         updates.push((
                             stream,
@@ -1096,7 +1088,7 @@ impl Handler<StartStream> for Sessions {
             return MessageResult(rx);
         }
         let model = msg.record.request.model.clone();
-        let mut session = Session::new(msg.record, Vec::new(), 0);
+        let mut session = Session::new(msg.record, Vec::new());
         session.subscribe(msg.subscriber, 0, None);
         self.persist(msg.stream, &session.record);
         // In `async` mode the record is flushed once a worker takes the stream.
@@ -1292,7 +1284,7 @@ mod tests {
             hash: 1,
             text: "a".into(),
         };
-        let mut s = Session::new(record, vec![held], 1);
+        let mut s = Session::new(record, vec![held]);
         s.phase = phase;
         s
     }
