@@ -25,6 +25,11 @@
 //! on this model that moved logits by up to 1.7 and greedy text within a few tokens, so
 //! 16 bits it is.) On x86-64 with AVX2 and FMA (checked at run time) the
 //! dot products use 256-bit vectors; elsewhere a portable loop does the same arithmetic.
+//! Where the CPU also has AVX-512 with VNNI, integer products run two blocks to a
+//! 512-bit vector, three weight rows against four input rows at a time, with the same
+//! additions in the same lanes as the AVX2 kernel: a worker with AVX-512 and one
+//! without give a stream the same bits, so a stream moved between them continues the
+//! same text ([`simd::IntKernel`]).
 
 use half::f16;
 use rayon::prelude::*;
@@ -74,12 +79,54 @@ pub struct Prepared {
     q: Vec<i16>,
     /// Scale of each block of `q`, `[int_rows, cols/32]`.
     d: Vec<f32>,
+    /// For the 512-bit kernel only ([`simd::IntKernel::Avx512`]): `q` with each pair of
+    /// blocks `b`, `b + 1` interleaved by halves (`b[0..16] b+1[0..16] b[16..32]
+    /// b+1[16..32]`; an odd last block as it is), and each pair's scales spread over
+    /// sixteen lanes (`e_b` ×8, `e_b+1` ×8), `[int_rows, 8 · (cols/32 rounded down to even)]`.
+    qz: Vec<i16>,
+    ez: Vec<f32>,
     /// When only some rows are integer: their block sums, and the other rows (`x` and
     /// block sums) gathered, so that each kind runs over contiguous rows.
     isums: Vec<f32>,
     f_rows: Vec<usize>,
     fx: Vec<f32>,
     fsums: Vec<f32>,
+}
+
+impl Prepared {
+    /// The integer rows with the block sums `sums` (all rows' or the integer rows').
+    fn int_inputs<'a>(&'a self, sums: &'a [f32]) -> simd::IntRows<'a> {
+        simd::IntRows {
+            q: &self.q,
+            d: &self.d,
+            sums,
+            qz: &self.qz,
+            ez: &self.ez,
+        }
+    }
+
+    /// `qz` and `ez` from `q` and `d` (rows of `bpr` blocks).
+    fn interleave(&mut self, bpr: usize) {
+        let pairs = bpr / 2;
+        self.qz.reserve(self.q.len());
+        self.ez.reserve(self.d.len() / bpr.max(1) * pairs * 16);
+        for (q, d) in self
+            .q
+            .chunks_exact(bpr * BLOCK)
+            .zip(self.d.chunks_exact(bpr))
+        {
+            for p in 0..pairs {
+                let (a, b) = q[2 * p * BLOCK..(2 * p + 2) * BLOCK].split_at(BLOCK);
+                for half in [0..16, 16..32] {
+                    self.qz.extend_from_slice(&a[half.clone()]);
+                    self.qz.extend_from_slice(&b[half]);
+                }
+                self.ez.extend(std::iter::repeat_n(d[2 * p], 8));
+                self.ez.extend(std::iter::repeat_n(d[2 * p + 1], 8));
+            }
+            self.qz.extend_from_slice(&q[2 * pairs * BLOCK..]);
+        }
+    }
 }
 
 fn f16_at(b: &[u8], at: usize) -> f32 {
@@ -334,6 +381,8 @@ impl QMatrix {
         out.int_rows.clear();
         out.q.clear();
         out.d.clear();
+        out.qz.clear();
+        out.ez.clear();
         out.isums.clear();
         out.f_rows.clear();
         out.fx.clear();
@@ -371,6 +420,9 @@ impl QMatrix {
                     *q = (t + i32::from(cut >= 0.5) - i32::from(cut <= -0.5)) as i16;
                 }
             }
+        }
+        if simd::IntKernel::available().contains(&simd::IntKernel::Avx512) {
+            out.interleave(bpr);
         }
         if out.int_rows.len() == n {
             return;
@@ -412,7 +464,7 @@ impl QMatrix {
         if n_int == 0 {
             self.product_rows_f32(x, n, &prep.sums, r0, r1, tile, out);
         } else if n_int == n {
-            self.product_rows_int(n, &prep.q, &prep.d, &prep.sums, r0, out);
+            self.product_rows_int(n, prep.int_inputs(&prep.sums), r0, out);
         } else {
             // Each kind over its own rows, then back into their columns.
             let tr = r1 - r0;
@@ -420,9 +472,7 @@ impl QMatrix {
             let mut part = vec![0.0f32; tr * n_int.max(n_f)];
             self.product_rows_int(
                 n_int,
-                &prep.q,
-                &prep.d,
-                &prep.isums,
+                prep.int_inputs(&prep.isums),
                 r0,
                 &mut part[..tr * n_int],
             );
@@ -547,15 +597,7 @@ impl QMatrix {
     /// bitwise the one it gets alone ([`simd::dot_int_rows`]), so a sequence's numbers do not
     /// depend on what shares its step. Input rows run in groups small enough to stay in
     /// cache while the weight rows pass over them.
-    fn product_rows_int(
-        &self,
-        n: usize,
-        q: &[i16],
-        d: &[f32],
-        sums: &[f32],
-        r0: usize,
-        out: &mut [f32],
-    ) {
+    fn product_rows_int(&self, n: usize, x: simd::IntRows<'_>, r0: usize, out: &mut [f32]) {
         const GROUP: usize = 16;
         let (bpr, qpb) = (self.cols / BLOCK, self.qs_per_block());
         let r1 = r0 + out.len() / n.max(1);
@@ -566,15 +608,13 @@ impl QMatrix {
         };
         for g0 in (0..n).step_by(GROUP) {
             simd::dot_int_rows(
-                simd::available(),
+                simd::IntKernel::best(),
                 self.kind,
                 bpr,
                 &self.qs[r0 * bpr * qpb..r1 * bpr * qpb],
                 &self.scales[r0 * bpr..r1 * bpr],
                 mins,
-                q,
-                d,
-                sums,
+                x,
                 g0..(g0 + GROUP).min(n),
                 out,
             );
@@ -741,29 +781,106 @@ mod simd {
         }
     }
 
+    /// The kernels for products with 16-bit integer inputs. All of them give every
+    /// output bitwise the same value: the block sums are exact in integers and the
+    /// vector kernels add the floating-point terms in the same lanes in the same order
+    /// (two accumulators of eight lanes, even and odd blocks, summed at the end), which
+    /// the portable loop does not (it adds block by block), so it agrees with them only
+    /// up to rounding.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum IntKernel {
+        /// Plain Rust, any CPU.
+        Portable,
+        /// AVX2 and FMA: one block at a time, `vpmaddwd` on 256-bit vectors.
+        Avx2,
+        /// AVX-512 (F, BW) with VNNI: two blocks at a time in 512-bit vectors,
+        /// `vpmaddwd` then `vpdpwssd`, with inputs laid out for it by
+        /// [`super::Prepared`]; half the vector operations a multiply-add of [`Self::Avx2`].
+        Avx512,
+    }
+
+    impl IntKernel {
+        /// The fastest kernel this CPU runs (detected once). `BATON_NO_AVX512=1` in the
+        /// environment holds it to AVX2, for comparisons.
+        pub fn best() -> Self {
+            static BEST: std::sync::OnceLock<IntKernel> = std::sync::OnceLock::new();
+            *BEST.get_or_init(|| {
+                let no_wide = std::env::var_os("BATON_NO_AVX512").is_some_and(|v| v == "1");
+                let all = Self::available();
+                if no_wide {
+                    all.iter()
+                        .copied()
+                        .rfind(|&k| k != IntKernel::Avx512)
+                        .unwrap_or(IntKernel::Portable)
+                } else {
+                    all.last().copied().unwrap_or(IntKernel::Portable)
+                }
+            })
+        }
+
+        /// Every kernel this CPU runs, slowest first (detected once).
+        pub fn available() -> &'static [Self] {
+            static ALL: std::sync::OnceLock<Vec<IntKernel>> = std::sync::OnceLock::new();
+            ALL.get_or_init(Self::detect)
+        }
+
+        fn detect() -> Vec<Self> {
+            let mut all = vec![IntKernel::Portable];
+            if available() {
+                all.push(IntKernel::Avx2);
+            }
+            #[cfg(target_arch = "x86_64")]
+            if available()
+                && std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vnni")
+            {
+                all.push(IntKernel::Avx512);
+            }
+            all
+        }
+    }
+
+    /// Input rows quantized to 16-bit blocks, from [`super::Prepared`]: values `q`
+    /// (rows of `32 · nb`), block scales `d` (rows of `nb`), exact block sums `sums`
+    /// (laid out as `d`; 4-bit weights only) and, for [`IntKernel::Avx512`], the
+    /// interleaved copies `qz` and `ez`.
+    #[derive(Debug, Clone, Copy)]
+    pub struct IntRows<'a> {
+        pub q: &'a [i16],
+        pub d: &'a [f32],
+        pub sums: &'a [f32],
+        pub qz: &'a [i16],
+        pub ez: &'a [f32],
+    }
+
     /// Weight rows (`qs`, `scales`, `mins`: `m` rows of `nb` blocks each) against input
-    /// rows `rows` of `xq` (rows of 16-bit blocks `p`, their scales `e` in `xd`), into
-    /// `out: [m, n]` (`n = xd.len() / nb`; columns `rows` written):
+    /// rows `rows` of `x` (rows of 16-bit blocks `p` with scales `e`), into
+    /// `out: [m, n]` (`n = x.d.len() / nb`; columns `rows` written):
     /// `Σ_b d_b · e_b · Σ_i q_bi · p_bi`, plus `Σ_b m_b · Σ_i x_bi` for 4-bit blocks
-    /// (from the exact per-block input sums `sums`, laid out as `xd`; empty for 8-bit
-    /// blocks, as is `mins`). Block sums are exact in integers and each product's
-    /// floating-point additions run in one fixed order, so every input row's result is
-    /// bitwise the one it gets alone, whichever rows run beside it (the AVX2 kernel and
-    /// the portable loop each agree with themselves).
+    /// (from the exact per-block input sums; empty for 8-bit blocks, as is `mins`).
+    /// Block sums are exact in integers and each product's floating-point additions run
+    /// in one fixed order, so every input row's result is bitwise the one it gets
+    /// alone, whichever rows run beside it (see [`IntKernel`]).
     #[allow(clippy::too_many_arguments)]
     pub fn dot_int_rows(
-        avx2: bool,
+        kernel: IntKernel,
         kind: super::QKind,
         nb: usize,
         qs: &[u8],
         scales: &[f32],
         mins: &[f32],
-        xq: &[i16],
-        xd: &[f32],
-        sums: &[f32],
+        x: IntRows<'_>,
         rows: std::ops::Range<usize>,
         out: &mut [f32],
     ) {
+        let IntRows {
+            q: xq,
+            d: xd,
+            sums,
+            qz,
+            ez,
+        } = x;
         let nibble = kind == super::QKind::Nibble;
         let m = scales.len().checked_div(nb).unwrap_or(0);
         let n = xd.len().checked_div(nb).unwrap_or(0);
@@ -778,20 +895,44 @@ mod simd {
             && rows.end <= n
             && out.len() == m * n;
         assert!(w_ok && x_ok, "block slices disagree");
+        assert!(
+            IntKernel::available().contains(&kernel),
+            "{kernel:?} does not run on this CPU"
+        );
         #[cfg(target_arch = "x86_64")]
-        if avx2 {
-            // SAFETY: AVX2 and FMA were detected at run time; the lengths checked above
-            // put every block of every row asked for in bounds.
-            unsafe {
-                if nibble {
-                    x86::dot_int_rows::<true>(nb, qs, scales, mins, xq, xd, sums, rows, out);
-                } else {
-                    x86::dot_int_rows::<false>(nb, qs, scales, mins, xq, xd, sums, rows, out);
+        match kernel {
+            IntKernel::Avx512 => {
+                assert!(
+                    qz.len() == xq.len() && ez.len() == n * (nb / 2) * 16,
+                    "interleaved inputs missing"
+                );
+                // SAFETY: AVX-512 F/BW/VNNI, AVX2 and FMA were detected at run time (the
+                // assertion above); the lengths checked above put every block of every
+                // row asked for in bounds.
+                unsafe {
+                    if nibble {
+                        x86::dot_int_rows_wide::<true>(nb, qs, scales, mins, x, rows, out);
+                    } else {
+                        x86::dot_int_rows_wide::<false>(nb, qs, scales, mins, x, rows, out);
+                    }
                 }
+                return;
             }
-            return;
+            IntKernel::Avx2 => {
+                // SAFETY: AVX2 and FMA were detected at run time; the lengths checked
+                // above put every block of every row asked for in bounds.
+                unsafe {
+                    if nibble {
+                        x86::dot_int_rows::<true>(nb, qs, scales, mins, xq, xd, sums, rows, out);
+                    } else {
+                        x86::dot_int_rows::<false>(nb, qs, scales, mins, xq, xd, sums, rows, out);
+                    }
+                }
+                return;
+            }
+            IntKernel::Portable => {}
         }
-        let _ = avx2;
+        let _ = (qz, ez);
         let qpb = if nibble { 16 } else { 32 };
         for r in 0..m {
             for j in rows.clone() {
@@ -1120,6 +1261,237 @@ mod simd {
             }
         }
 
+        /// Weight block `b` widened to i16: elements 0..16 and 16..32.
+        ///
+        /// # Safety
+        /// Needs AVX2; block `b` must be inside `qs`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn widen_block<const NIBBLE: bool>(qs: &[u8], b: usize) -> (__m256i, __m256i) {
+            // SAFETY: the caller guarantees block `b` is in bounds.
+            unsafe {
+                if NIBBLE {
+                    let low = _mm_set1_epi8(0x0F);
+                    let packed = _mm_loadu_si128(qs.as_ptr().add(b * 16).cast());
+                    (
+                        _mm256_cvtepu8_epi16(_mm_and_si128(packed, low)),
+                        _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low)),
+                    )
+                } else {
+                    let w = _mm256_loadu_si256(qs.as_ptr().add(b * 32).cast());
+                    (
+                        _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)),
+                        _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(w)),
+                    )
+                }
+            }
+        }
+
+        /// Input rows for [`dot_int_wide`]: the first row's interleaved values `qz`,
+        /// spread scales `ez`, block scales `d` and block sums `sums` (4-bit weights
+        /// only), each row `nb` blocks after the one before.
+        #[derive(Clone, Copy)]
+        struct WideRows {
+            qz: *const i16,
+            ez: *const f32,
+            d: *const f32,
+            sums: *const f32,
+            nb: usize,
+        }
+
+        /// [`dot_int`] on 512-bit vectors, for `W` weight rows (`W · nb` blocks of
+        /// `qs`, `scales`, `mins`) against `R` input rows: blocks `b`, `b + 1` (even,
+        /// odd) share each vector, block `b` in lanes 0..8 and `b + 1` in lanes 8..16, so
+        /// that every lane holds what the same lane of [`dot_int`]'s even or odd
+        /// accumulator holds, with the same integer sums, the same scale products and
+        /// the same FMAs; an odd last block goes to the even half as there.
+        ///
+        /// # Safety
+        /// Needs AVX-512 F/BW/VNNI, AVX2 and FMA; `qs`, `scales` (and `mins` for
+        /// nibbles) hold `W · x.nb` blocks; `x` points at `R` rows of inputs laid out
+        /// as [`super::IntRows`] describes.
+        #[inline]
+        #[allow(clippy::needless_range_loop)] // `k` also offsets the input pointers
+        #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+        unsafe fn dot_int_wide<const NIBBLE: bool, const R: usize, const W: usize>(
+            qs: &[u8],
+            scales: &[f32],
+            mins: &[f32],
+            x: WideRows,
+        ) -> [[f32; R]; W] {
+            let nb = x.nb;
+            let ew = nb / 2 * 16;
+            let mut acc = [[_mm512_setzero_ps(); R]; W];
+            let mut out = [[0.0f32; R]; W];
+            // SAFETY (the loads): every block index is below `nb`, in bounds of every
+            // row by the caller's contract.
+            unsafe {
+                let low = _mm256_set1_epi8(0x0F);
+                let spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+                let halves = _mm512_set_epi64(7, 6, 3, 2, 5, 4, 1, 0);
+                let mut b = 0;
+                while b + 2 <= nb {
+                    let mut w = [(_mm512_setzero_si512(), _mm512_setzero_si512()); W];
+                    let mut d = [_mm512_setzero_ps(); W];
+                    for (i, (w, d)) in w.iter_mut().zip(&mut d).enumerate() {
+                        let at = i * nb + b;
+                        *w = if NIBBLE {
+                            _mm_prefetch::<_MM_HINT_T0>(
+                                qs.as_ptr().wrapping_add(at * 16 + 4096).cast(),
+                            );
+                            let packed = _mm256_loadu_si256(qs.as_ptr().add(at * 16).cast());
+                            (
+                                _mm512_cvtepu8_epi16(_mm256_and_si256(packed, low)),
+                                _mm512_cvtepu8_epi16(_mm256_and_si256(
+                                    _mm256_srli_epi16(packed, 4),
+                                    low,
+                                )),
+                            )
+                        } else {
+                            _mm_prefetch::<_MM_HINT_T0>(
+                                qs.as_ptr().wrapping_add(at * 32 + 8192).cast(),
+                            );
+                            // 128-bit quarters b[0..16] b[16..32] b+1[0..16] b+1[16..32]
+                            // reordered to b[0..16] b+1[0..16] | b[16..32] b+1[16..32].
+                            let v = _mm512_permutexvar_epi64(
+                                halves,
+                                _mm512_loadu_si512(qs.as_ptr().add(at * 32).cast()),
+                            );
+                            (
+                                _mm512_cvtepi8_epi16(_mm512_castsi512_si256(v)),
+                                _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64::<1>(v)),
+                            )
+                        };
+                        // d_b in lanes 0..8, d_b+1 in lanes 8..16.
+                        *d = _mm512_permutexvar_ps(
+                            spread,
+                            _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(
+                                scales.as_ptr().add(at).cast(),
+                            ))),
+                        );
+                    }
+                    for k in 0..R {
+                        let p = x.qz.add(k * 32 * nb + b * 32);
+                        let (p0, p1) = (
+                            _mm512_loadu_si512(p.cast()),
+                            _mm512_loadu_si512(p.add(32).cast()),
+                        );
+                        let e = _mm512_loadu_ps(x.ez.add(k * ew + b * 8));
+                        for i in 0..W {
+                            let s = _mm512_madd_epi16(w[i].0, p0);
+                            let s = _mm512_dpwssd_epi32(s, w[i].1, p1);
+                            let scale = _mm512_mul_ps(d[i], e);
+                            acc[i][k] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[i][k]);
+                        }
+                    }
+                    b += 2;
+                }
+                for i in 0..W {
+                    let tail = if b < nb {
+                        Some((
+                            widen_block::<NIBBLE>(qs, i * nb + b),
+                            _mm256_set1_ps(*scales.get_unchecked(i * nb + b)),
+                        ))
+                    } else {
+                        None
+                    };
+                    for k in 0..R {
+                        let mut even = _mm512_castps512_ps256(acc[i][k]);
+                        let odd = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(
+                            acc[i][k],
+                        )));
+                        if let Some(((w0, w1), d)) = tail {
+                            let s = block_dot_i16(w0, w1, x.qz.add(k * 32 * nb + b * 32));
+                            let e = _mm256_broadcast_ss(&*x.d.add(k * nb + b));
+                            even = _mm256_fmadd_ps(_mm256_mul_ps(d, e), s, even);
+                        }
+                        out[i][k] = hsum(_mm256_add_ps(even, odd));
+                        if NIBBLE {
+                            out[i][k] += min_terms(
+                                mins.get_unchecked(i * nb..(i + 1) * nb),
+                                std::slice::from_raw_parts(x.sums.add(k * nb), nb),
+                            );
+                        }
+                    }
+                }
+            }
+            out
+        }
+
+        /// [`super::dot_int_rows`] with [`dot_int_wide`]: four input rows at a time (then
+        /// one) against three weight rows at a time (then what is left).
+        ///
+        /// # Safety
+        /// Needs AVX-512 F/BW/VNNI, AVX2 and FMA; the lengths as
+        /// [`super::dot_int_rows`] checks them.
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+        pub unsafe fn dot_int_rows_wide<const NIBBLE: bool>(
+            nb: usize,
+            qs: &[u8],
+            scales: &[f32],
+            mins: &[f32],
+            x: super::IntRows<'_>,
+            rows: std::ops::Range<usize>,
+            out: &mut [f32],
+        ) {
+            let (m, n) = (scales.len() / nb, x.d.len() / nb);
+            let qpb = if NIBBLE { 16 } else { 32 };
+            let ew = nb / 2 * 16;
+            // SAFETY: input rows `j..j + take` (below `rows.end <= n`) and weight rows
+            // `r..r + 2` (below `m`) are in bounds of every slice by the caller's checks.
+            unsafe {
+                let mut j = rows.start;
+                while j < rows.end {
+                    let inputs = WideRows {
+                        qz: x.qz.as_ptr().add(32 * nb * j),
+                        ez: x.ez.as_ptr().add(ew * j),
+                        d: x.d.as_ptr().add(nb * j),
+                        sums: if NIBBLE {
+                            x.sums.as_ptr().add(nb * j)
+                        } else {
+                            x.sums.as_ptr()
+                        },
+                        nb,
+                    };
+                    let take = match rows.end - j {
+                        4.. => 4,
+                        _ => 1,
+                    };
+                    let mut r = 0;
+                    while r < m {
+                        let wr = (m - r).min(3);
+                        let wq = qs.get_unchecked(qpb * nb * r..qpb * nb * (r + wr));
+                        let ws = scales.get_unchecked(nb * r..nb * (r + wr));
+                        let wm = if NIBBLE {
+                            mins.get_unchecked(nb * r..nb * (r + wr))
+                        } else {
+                            &[][..]
+                        };
+                        macro_rules! run {
+                            ($r:literal, $w:literal) => {{
+                                let v = dot_int_wide::<NIBBLE, $r, $w>(wq, ws, wm, inputs);
+                                for (i, v) in v.iter().enumerate() {
+                                    out.get_unchecked_mut(n * (r + i) + j..n * (r + i) + j + $r)
+                                        .copy_from_slice(v);
+                                }
+                            }};
+                        }
+                        match (take, wr) {
+                            (4, 3) => run!(4, 3),
+                            (4, 2) => run!(4, 2),
+                            (4, _) => run!(4, 1),
+                            (_, 3) => run!(1, 3),
+                            (_, 2) => run!(1, 2),
+                            (_, _) => run!(1, 1),
+                        }
+                        r += wr;
+                    }
+                    j += take;
+                }
+            }
+        }
+
         /// `Σ w·x` over one block's 32 values, with `w` from [`expand`].
         ///
         /// # Safety
@@ -1428,7 +1800,8 @@ mod tests {
 
     #[test]
     fn sixteen_bit_activations_stay_within_their_rounding() {
-        let (rows, cols) = (40, 128);
+        // Five blocks a row: pairs of blocks and an odd one for the 512-bit kernel.
+        let (rows, cols) = (40, 160);
         let w = values(rows * cols, 11);
         let bpr = cols / BLOCK;
         for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_0] {
@@ -1473,28 +1846,42 @@ mod tests {
                         );
                     }
                 }
-                // The vector kernel and the portable loop agree, every weight row
-                // against every input row.
-                let mut outs = [vec![0.0f32; rows * n], vec![0.0f32; rows * n]];
-                for (avx2, out) in [false, simd::available()].into_iter().zip(&mut outs) {
-                    simd::dot_int_rows(
-                        avx2,
-                        q.kind,
-                        bpr,
-                        &q.qs,
-                        &q.scales,
-                        &q.mins,
-                        &prep.q,
-                        &prep.d,
-                        &prep.sums,
-                        0..n,
-                        out,
-                    );
-                }
-                for (portable, vector) in outs[0].iter().zip(&outs[1]) {
+                // Every kernel this CPU runs against every weight row and input row:
+                // the vector kernels bitwise alike, the portable loop within rounding.
+                let outs: Vec<(simd::IntKernel, Vec<f32>)> = simd::IntKernel::available()
+                    .iter()
+                    .map(|&kernel| {
+                        let mut out = vec![0.0f32; rows * n];
+                        simd::dot_int_rows(
+                            kernel,
+                            q.kind,
+                            bpr,
+                            &q.qs,
+                            &q.scales,
+                            &q.mins,
+                            prep.int_inputs(&prep.sums),
+                            0..n,
+                            &mut out,
+                        );
+                        (kernel, out)
+                    })
+                    .collect();
+                let portable = &outs[0].1;
+                for (kernel, out) in &outs[1..] {
+                    for (p, v) in portable.iter().zip(out) {
+                        assert!(
+                            (p - v).abs() <= 1e-5 * (1.0 + p.abs()),
+                            "{ty:?}: portable {p} vs {kernel:?} {v}"
+                        );
+                    }
+                    let first = &outs[1].1;
                     assert!(
-                        (portable - vector).abs() <= 1e-5 * (1.0 + portable.abs()),
-                        "{ty:?}: portable {portable} vs vector {vector}"
+                        first
+                            .iter()
+                            .zip(out)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{ty:?} n={n}: {kernel:?} differs from {:?}",
+                        outs[1].0
                     );
                 }
             }
