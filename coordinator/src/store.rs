@@ -375,6 +375,24 @@ mod tests {
         }
     }
 
+    /// Opens the store again once the dropped one has let go of its file lock: sled's
+    /// background threads may still hold the file for a moment after the last handle
+    /// drops (a new process never waits: the old one's lock died with it).
+    async fn reopen(dir: &Path) -> Store {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match Store::open(dir, 1 << 20) {
+                Ok(store) => return store,
+                Err(StoreError::Sled(sled::Error::Io(_)))
+                    if std::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("reopen: {e:?}"),
+            }
+        }
+    }
+
     #[actix_rt::test]
     async fn records_and_tokens_survive_a_reopen() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -397,7 +415,7 @@ mod tests {
                 .expect("append");
             store.flush().await.expect("flush");
         }
-        let store = Store::open(dir.path(), 1 << 20).expect("reopen");
+        let store = reopen(dir.path()).await;
         assert_eq!(store.coordinator_id(7).expect("id"), 42, "the id is kept");
         let tokens = store.tokens(a, 0).expect("tokens");
         assert_eq!(
