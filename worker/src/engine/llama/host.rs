@@ -116,6 +116,146 @@ pub(crate) fn attend_head(
     }
 }
 
+/// Attention for one row of the query heads `q` (`n · d` values: `n` heads, all on
+/// the KV head at offset `off`) against its first `keys` positions, into `out` (`n · d`).
+/// `scores` is scratch of at least `n · keys` values.
+///
+/// With AVX2 and FMA (checked at run time) each key and value row is read once for all
+/// `n` heads, and the products run on 256-bit vectors with FMAs; elsewhere each head
+/// runs [`attend_head`]. The two agree to rounding, not bitwise (as the integer product
+/// kernels and the portable loop).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_heads(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    keys: usize,
+    stride: usize,
+    off: usize,
+    d: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let n = q.len() / d.max(1);
+    assert!(
+        d > 0
+            && q.len() == n * d
+            && out.len() == n * d
+            && scores.len() >= n * keys
+            && keys > 0
+            && k.len() >= (keys - 1) * stride + off + d
+            && v.len() >= (keys - 1) * stride + off + d,
+        "attention shapes disagree"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if d.is_multiple_of(8)
+        && std::is_x86_feature_detected!("avx2")
+        && std::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: AVX2 and FMA were detected just above; the shapes checked above keep
+        // every read and write in bounds.
+        unsafe { attend_heads_avx2(q, k, v, keys, stride, off, d, scale, scores, out) };
+        return;
+    }
+    for (qh, oh) in q.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        attend_head(qh, k, v, keys, stride, off, scale, scores, oh);
+    }
+}
+
+/// [`attend_heads`] on 256-bit vectors.
+///
+/// # Safety
+/// Needs AVX2 and FMA; the shapes as [`attend_heads`] checks them, `d` a multiple of 8.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_heads_avx2(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    keys: usize,
+    stride: usize,
+    off: usize,
+    d: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let n = q.len() / d;
+    let chunks = d / 8;
+    // SAFETY (all pointer reads and writes): the caller's shapes put key and value rows
+    // `t < keys` at `t · stride + off .. + d` inside `k` and `v`, head `h < n` at
+    // `h · d .. + d` inside `q` and `out`, and `h · keys + t` inside `scores`.
+    unsafe {
+        let hsum = |x: __m256| {
+            let s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+        };
+        // Scores: each key row once for every head.
+        for t in 0..keys {
+            let kp = k.as_ptr().add(t * stride + off);
+            for h in 0..n {
+                let qp = q.as_ptr().add(h * d);
+                let mut acc = _mm256_mul_ps(_mm256_loadu_ps(qp), _mm256_loadu_ps(kp));
+                for c in 1..chunks {
+                    acc = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(qp.add(8 * c)),
+                        _mm256_loadu_ps(kp.add(8 * c)),
+                        acc,
+                    );
+                }
+                *scores.get_unchecked_mut(h * keys + t) = hsum(acc) * scale;
+            }
+        }
+        // Softmax weights, unnormalised; each head's sum.
+        let mut inv = [0.0f32; 16];
+        for h in 0..n {
+            let row = &mut scores[h * keys..(h + 1) * keys];
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let mut sum = 0.0f32;
+            for s in row.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            if h < inv.len() {
+                inv[h] = 1.0 / sum;
+            } else {
+                // More heads to a KV head than the fast path holds: normalise now.
+                for s in row.iter_mut() {
+                    *s /= sum;
+                }
+            }
+        }
+        // Weighted values: each value row once for every head, eight values at a time.
+        for c in 0..chunks {
+            let mut h0 = 0;
+            while h0 < n {
+                let hn = (n - h0).min(4);
+                let mut acc = [_mm256_setzero_ps(); 4];
+                for t in 0..keys {
+                    let vt = _mm256_loadu_ps(v.as_ptr().add(t * stride + off + 8 * c));
+                    for (i, a) in acc.iter_mut().enumerate().take(hn) {
+                        let p = _mm256_set1_ps(*scores.get_unchecked((h0 + i) * keys + t));
+                        *a = _mm256_fmadd_ps(p, vt, *a);
+                    }
+                }
+                for (i, a) in acc.iter().enumerate().take(hn) {
+                    let h = h0 + i;
+                    let f = if h < inv.len() { inv[h] } else { 1.0 };
+                    _mm256_storeu_ps(
+                        out.as_mut_ptr().add(h * d + 8 * c),
+                        _mm256_mul_ps(*a, _mm256_set1_ps(f)),
+                    );
+                }
+                h0 += hn;
+            }
+        }
+    }
+}
+
 impl<B: Backend> Llama<B> {
     /// The weights as block matrices and host vectors, when every matrix is in block
     /// form; `None` sends the forward pass down the burn path.
@@ -230,7 +370,7 @@ impl<B: Backend> Llama<B> {
             let mut yt = Vec::new();
             let mut yt2 = Vec::new();
             let mut head = vec![0.0f32; d];
-            let mut scores = vec![0.0f32; longest];
+            let mut scores = vec![0.0f32; longest * group];
             let mut phase = 0;
             for (layer, b) in w.blocks.iter().enumerate() {
                 // SAFETY (all `Shared` accesses below): each phase writes only the
@@ -273,21 +413,28 @@ impl<B: Backend> Llama<B> {
                 phase += 1;
                 barrier.wait();
 
-                while let Some(item) = counters.next(phase, rows * heads) {
-                    let (j, hh) = (item / heads, item % heads);
+                // One item: the query heads of one row on one KV head (each key and
+                // value row then read once for all of them), or a single head when
+                // there are too few rows to keep every thread busy that way.
+                let per_item = if rows * kvh >= 4 * threads { group } else { 1 };
+                let items_per_row = heads / per_item;
+                while let Some(item) = counters.next(phase, rows * items_per_row) {
+                    let (j, i) = (item / items_per_row, item % items_per_row);
+                    let hh = i * per_item;
                     let keys = row_pos[j] + 1;
                     let (ks, vs) = &kv[row_seq[j] * layers + layer];
                     let at = j * qd + hh * d;
-                    attend_head(
-                        unsafe { qs.get(at..at + d) },
+                    attend_heads(
+                        unsafe { qs.get(at..at + per_item * d) },
                         unsafe { ks.get(0..keys * kvd) },
                         unsafe { vs.get(0..keys * kvd) },
                         keys,
                         kvd,
                         hh / group * d,
+                        d,
                         scale,
                         &mut scores,
-                        unsafe { atts.get_mut(at..at + d) },
+                        unsafe { atts.get_mut(at..at + per_item * d) },
                     );
                 }
                 phase += 1;
@@ -428,6 +575,59 @@ mod tests {
             .zip(b.iter().flatten())
             .map(|(x, y)| (x - y).abs())
             .fold(0.0, f32::max)
+    }
+
+    /// Attention over several query heads of one KV head at once (the vector path
+    /// where the CPU has it) matches each head alone through the plain loop.
+    #[test]
+    fn grouped_attention_matches_each_head_alone() {
+        let (d, kvh, stride) = (16, 3, 48);
+        let value = |i: usize| ((i * 7919 + 13) % 1000) as f32 / 250.0 - 2.0;
+        for keys in [1, 2, 7, 40] {
+            let k: Vec<f32> = (0..keys * stride).map(value).collect();
+            let v: Vec<f32> = (0..keys * stride).map(|i| value(i + 5)).collect();
+            for n in [1, 3, 5] {
+                let q: Vec<f32> = (0..n * d).map(|i| value(3 * i + 1)).collect();
+                for g in 0..kvh {
+                    let off = g * d;
+                    let mut out = vec![0.0f32; n * d];
+                    let mut scores = vec![0.0f32; n * keys];
+                    attend_heads(
+                        &q,
+                        &k,
+                        &v,
+                        keys,
+                        stride,
+                        off,
+                        d,
+                        0.25,
+                        &mut scores,
+                        &mut out,
+                    );
+                    for h in 0..n {
+                        let mut want = vec![0.0f32; d];
+                        let mut scratch = vec![0.0f32; keys];
+                        attend_head(
+                            &q[h * d..(h + 1) * d],
+                            &k,
+                            &v,
+                            keys,
+                            stride,
+                            off,
+                            0.25,
+                            &mut scratch,
+                            &mut want,
+                        );
+                        for (a, b) in out[h * d..(h + 1) * d].iter().zip(&want) {
+                            assert!(
+                                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                                "keys {keys}, {n} heads, head {h}: {a} vs {b}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// The host path and the burn path agree on prefill, cached decode, batches of

@@ -29,7 +29,7 @@
 //! 512-bit vector, three weight rows against four input rows at a time, with the same
 //! additions in the same lanes as the AVX2 kernel: a worker with AVX-512 and one
 //! without give a stream the same bits, so a stream moved between them continues the
-//! same text ([`simd::IntKernel`]).
+//! same text (`simd::IntKernel`).
 
 use half::f16;
 use rayon::prelude::*;
