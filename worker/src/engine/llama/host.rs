@@ -168,7 +168,7 @@ pub(crate) fn attend_heads(
 /// # Safety
 /// Needs AVX2 and FMA; the shapes as [`attend_heads`] checks them, `d` a multiple of 8.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn attend_heads_avx2(
     q: &[f32],
@@ -194,20 +194,24 @@ unsafe fn attend_heads_avx2(
             let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
             _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
         };
-        // Scores: each key row once for every head.
-        for t in 0..keys {
-            let kp = k.as_ptr().add(t * stride + off);
-            for h in 0..n {
-                let qp = q.as_ptr().add(h * d);
-                let mut acc = _mm256_mul_ps(_mm256_loadu_ps(qp), _mm256_loadu_ps(kp));
-                for c in 1..chunks {
-                    acc = _mm256_fmadd_ps(
-                        _mm256_loadu_ps(qp.add(8 * c)),
-                        _mm256_loadu_ps(kp.add(8 * c)),
-                        acc,
-                    );
+        // Scores, four keys at a time (four independent chains of FMAs).
+        for h in 0..n {
+            let qp = q.as_ptr().add(h * d);
+            let mut t = 0;
+            while t < keys {
+                let take = (keys - t).min(4);
+                let mut acc = [_mm256_setzero_ps(); 4];
+                for c in 0..chunks {
+                    let qc = _mm256_loadu_ps(qp.add(8 * c));
+                    for (i, a) in acc.iter_mut().enumerate().take(take) {
+                        let kp = k.as_ptr().add((t + i) * stride + off + 8 * c);
+                        *a = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kp), *a);
+                    }
                 }
-                *scores.get_unchecked_mut(h * keys + t) = hsum(acc) * scale;
+                for (i, a) in acc.iter().enumerate().take(take) {
+                    *scores.get_unchecked_mut(h * keys + t + i) = hsum(*a) * scale;
+                }
+                t += take;
             }
         }
         // Softmax weights, unnormalised; each head's sum.
@@ -229,25 +233,38 @@ unsafe fn attend_heads_avx2(
                 }
             }
         }
-        // Weighted values: each value row once for every head, eight values at a time.
+        // Weighted values: each value row once for every head, eight values at a time,
+        // even and odd keys in separate accumulators (two chains of FMAs a head).
         for c in 0..chunks {
             let mut h0 = 0;
             while h0 < n {
                 let hn = (n - h0).min(4);
-                let mut acc = [_mm256_setzero_ps(); 4];
-                for t in 0..keys {
-                    let vt = _mm256_loadu_ps(v.as_ptr().add(t * stride + off + 8 * c));
-                    for (i, a) in acc.iter_mut().enumerate().take(hn) {
-                        let p = _mm256_set1_ps(*scores.get_unchecked((h0 + i) * keys + t));
-                        *a = _mm256_fmadd_ps(p, vt, *a);
+                let mut even = [_mm256_setzero_ps(); 4];
+                let mut odd = [_mm256_setzero_ps(); 4];
+                let value = |t: usize| _mm256_loadu_ps(v.as_ptr().add(t * stride + off + 8 * c));
+                let weight =
+                    |h: usize, t: usize| _mm256_set1_ps(*scores.get_unchecked(h * keys + t));
+                let mut t = 0;
+                while t + 2 <= keys {
+                    let (v0, v1) = (value(t), value(t + 1));
+                    for i in 0..hn {
+                        even[i] = _mm256_fmadd_ps(weight(h0 + i, t), v0, even[i]);
+                        odd[i] = _mm256_fmadd_ps(weight(h0 + i, t + 1), v1, odd[i]);
+                    }
+                    t += 2;
+                }
+                if t < keys {
+                    let v0 = value(t);
+                    for i in 0..hn {
+                        even[i] = _mm256_fmadd_ps(weight(h0 + i, t), v0, even[i]);
                     }
                 }
-                for (i, a) in acc.iter().enumerate().take(hn) {
+                for i in 0..hn {
                     let h = h0 + i;
                     let f = if h < inv.len() { inv[h] } else { 1.0 };
                     _mm256_storeu_ps(
                         out.as_mut_ptr().add(h * d + 8 * c),
-                        _mm256_mul_ps(*a, _mm256_set1_ps(f)),
+                        _mm256_mul_ps(_mm256_add_ps(even[i], odd[i]), _mm256_set1_ps(f)),
                     );
                 }
                 h0 += hn;
