@@ -402,24 +402,15 @@ impl QMatrix {
         out.q.reserve(out.int_rows.len() * cols);
         out.d.reserve(out.int_rows.len() * bpr);
         for &j in &out.int_rows {
-            for block in x[j * cols..(j + 1) * cols].chunks_exact(BLOCK) {
-                let amax = block.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-                let d = amax / 32767.0;
-                let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-                out.d.push(d);
-                // `(v · inv).round()` (halves away from zero) in operations that
-                // vectorize, where `f32::round` is a library call a value: truncate, then
-                // step away from zero when the part cut off is at least a half (exact:
-                // |v · inv| ≤ 32767).
-                let at = out.q.len();
-                out.q.resize(at + BLOCK, 0);
-                for (q, v) in out.q[at..].iter_mut().zip(block) {
-                    let r = v * inv;
-                    let t = r as i32;
-                    let cut = r - t as f32;
-                    *q = (t + i32::from(cut >= 0.5) - i32::from(cut <= -0.5)) as i16;
-                }
-            }
+            let (at, dat) = (out.q.len(), out.d.len());
+            out.q.resize(at + cols, 0);
+            out.d.resize(dat + bpr, 0.0);
+            simd::quantize_blocks(
+                simd::available(),
+                &x[j * cols..(j + 1) * cols],
+                &mut out.q[at..],
+                &mut out.d[dat..],
+            );
         }
         if simd::IntKernel::available().contains(&simd::IntKernel::Avx512) {
             out.interleave(bpr);
@@ -778,6 +769,39 @@ mod simd {
         {
             let _ = (mins, nibble, out);
             unreachable!("dequant_row is only called when AVX2 is available")
+        }
+    }
+
+    /// Each 32-value block of `x` as 16-bit integers `q` with its scale `d`
+    /// (`d = max|x| / 32767`, `q = round(x / d)`, halves away from zero; all zero for a
+    /// block of zeros). The AVX2 path (`avx2`, checked by the caller with
+    /// [`available`]) gives bitwise the portable loop's values.
+    pub fn quantize_blocks(avx2: bool, x: &[f32], q: &mut [i16], d: &mut [f32]) {
+        assert!(
+            x.len() == q.len() && x.len() == d.len() * 32,
+            "quantized shapes disagree"
+        );
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            assert!(available(), "quantize_blocks: no AVX2");
+            // SAFETY: AVX2 checked just above; the lengths checked above.
+            unsafe { x86::quantize_blocks(x, q, d) };
+            return;
+        }
+        let _ = avx2;
+        for ((block, q), d) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)).zip(d) {
+            let amax = block.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            *d = amax / 32767.0;
+            let inv = if *d > 0.0 { 1.0 / *d } else { 0.0 };
+            // `(v · inv).round()` (halves away from zero) without the library call:
+            // truncate, then step away from zero when the part cut off is at least a
+            // half (exact: |v · inv| ≤ 32767).
+            for (q, v) in q.iter_mut().zip(block) {
+                let r = v * inv;
+                let t = r as i32;
+                let cut = r - t as f32;
+                *q = (t + i32::from(cut >= 0.5) - i32::from(cut <= -0.5)) as i16;
+            }
         }
     }
 
@@ -1258,6 +1282,61 @@ mod simd {
                     }
                 }
                 j += take;
+            }
+        }
+
+        /// [`super::quantize_blocks`] on 256-bit vectors: the same operations on each
+        /// value (the maximum is exact in any order).
+        ///
+        /// # Safety
+        /// Needs AVX2; `q` as long as `x`, `d` a 32nd of it.
+        #[target_feature(enable = "avx2,fma")]
+        pub unsafe fn quantize_blocks(x: &[f32], q: &mut [i16], d: &mut [f32]) {
+            // SAFETY: block `b < d.len()` covers `x` and `q` at `32 b .. 32 b + 32`.
+            unsafe {
+                let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+                let half = _mm256_set1_ps(0.5);
+                let neg_half = _mm256_set1_ps(-0.5);
+                for b in 0..d.len() {
+                    let p = x.as_ptr().add(32 * b);
+                    let v = [
+                        _mm256_loadu_ps(p),
+                        _mm256_loadu_ps(p.add(8)),
+                        _mm256_loadu_ps(p.add(16)),
+                        _mm256_loadu_ps(p.add(24)),
+                    ];
+                    let m = _mm256_max_ps(
+                        _mm256_max_ps(_mm256_and_ps(v[0], abs), _mm256_and_ps(v[1], abs)),
+                        _mm256_max_ps(_mm256_and_ps(v[2], abs), _mm256_and_ps(v[3], abs)),
+                    );
+                    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+                    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+                    let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+                    let scale = amax / 32767.0;
+                    *d.get_unchecked_mut(b) = scale;
+                    let inv = _mm256_set1_ps(if scale > 0.0 { 1.0 / scale } else { 0.0 });
+                    let round = |v: __m256| {
+                        let r = _mm256_mul_ps(v, inv);
+                        let t = _mm256_cvttps_epi32(r);
+                        let cut = _mm256_sub_ps(r, _mm256_cvtepi32_ps(t));
+                        // Compare masks are −1 where true.
+                        let up = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(cut, half));
+                        let down = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(cut, neg_half));
+                        _mm256_add_epi32(_mm256_sub_epi32(t, up), down)
+                    };
+                    // packs works within 128-bit halves: put the quarters back in order.
+                    let lo = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(
+                        round(v[0]),
+                        round(v[1]),
+                    ));
+                    let hi = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(
+                        round(v[2]),
+                        round(v[3]),
+                    ));
+                    let out = q.as_mut_ptr().add(32 * b);
+                    _mm256_storeu_si256(out.cast(), lo);
+                    _mm256_storeu_si256(out.add(16).cast(), hi);
+                }
             }
         }
 
@@ -1979,6 +2058,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The vector quantization gives bitwise the portable loop's values and scales.
+    #[test]
+    fn vector_quantization_matches_the_portable_loop() {
+        let n = 64 * 32;
+        let mut x: Vec<f32> = values(n, 3)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * (1.0 + (i % 29) as f32 * 3.7))
+            .collect();
+        // A block of zeros, one of a single value, exact halves after scaling.
+        x[32..64].fill(0.0);
+        x[64..96].fill(-2.5);
+        for (i, v) in x[96..128].iter_mut().enumerate() {
+            *v = (i as f32 - 16.0) * 0.5;
+        }
+        let run = |avx2: bool| {
+            let (mut q, mut d) = (vec![0i16; n], vec![0.0f32; n / 32]);
+            simd::quantize_blocks(avx2, &x, &mut q, &mut d);
+            (q, d.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+        };
+        let portable = run(false);
+        if simd::available() {
+            assert_eq!(run(true), portable, "AVX2 quantization differs");
+        }
+        assert!(portable.0[32..64].iter().all(|&q| q == 0));
+        assert!(portable.0[64..96].iter().all(|&q| q == -32767));
     }
 
     /// Inputs are rounded as `f32::round` does (halves away from zero), ties included.
