@@ -220,23 +220,11 @@ unsafe fn attend_heads_avx2(
             let row = &mut scores[h * keys..(h + 1) * keys];
             let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
             let mut sum = 0.0f32;
-            let mut chunks = row.chunks_exact_mut(8);
-            let vmax = _mm256_set1_ps(max);
-            for c in &mut chunks {
-                let e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), vmax));
-                _mm256_storeu_ps(c.as_mut_ptr(), e);
-                for &v in c.iter() {
-                    sum += v;
-                }
-            }
-            for s in chunks.into_remainder() {
-                let mut lanes = [0.0f32; 8];
-                lanes[0] = *s - max;
-                _mm256_storeu_ps(
-                    lanes.as_mut_ptr(),
-                    exp_avx2(_mm256_loadu_ps(lanes.as_ptr())),
-                );
-                *s = lanes[0];
+            // The library's e^x here, not `exp_avx2`: within an ulp of it, but the
+            // generated tokens' logits on the default model moved further from the
+            // reference than the tests allow (to 6.4e-3 from 3.7e-3, against 5e-3).
+            for s in row.iter_mut() {
+                *s = (*s - max).exp();
                 sum += *s;
             }
             if h < inv.len() {
@@ -751,8 +739,8 @@ mod tests {
     #[test]
     fn grouped_attention_matches_each_head_alone() {
         let (d, kvh, stride) = (16, 3, 48);
-        let value = |i: usize| ((i * 7919 + 13) % 1000) as f32 / 250.0 - 2.0;
-        for keys in [1, 2, 7, 40] {
+        let value = |i: usize| ((i * 7919 + 13) % 1000) as f32 / 100.0 - 5.0;
+        for keys in [1, 2, 7, 9, 40, 301] {
             let k: Vec<f32> = (0..keys * stride).map(value).collect();
             let v: Vec<f32> = (0..keys * stride).map(|i| value(i + 5)).collect();
             for n in [1, 3, 5] {
