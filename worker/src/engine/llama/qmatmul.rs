@@ -724,9 +724,15 @@ mod simd {
         );
         #[cfg(target_arch = "x86_64")]
         if avx2 {
-            // SAFETY: AVX2 and FMA were detected at run time; the shapes are checked
-            // above.
-            unsafe { x86::tile_product(x, n, w, m, cols, out) };
+            // SAFETY: AVX2 and FMA were detected at run time (and AVX-512 F for the wide
+            // version, by `IntKernel::best`); the shapes are checked above.
+            unsafe {
+                if IntKernel::best() == IntKernel::Avx512 {
+                    x86::tile_product_wide(x, n, w, m, cols, out);
+                } else {
+                    x86::tile_product(x, n, w, m, cols, out);
+                }
+            }
             return;
         }
         let _ = avx2;
@@ -1048,7 +1054,7 @@ mod simd {
     }
 
     #[cfg(target_arch = "x86_64")]
-    mod x86 {
+    pub(super) mod x86 {
         use std::arch::x86_64::*;
 
         #[target_feature(enable = "avx2,fma")]
@@ -1697,6 +1703,113 @@ mod simd {
             }
         }
 
+        /// [`tile_product`] with pairs of weight rows in 512-bit vectors (row `r` in
+        /// lanes 0..8, `r + 1` in lanes 8..16): every output is the same chain of FMAs
+        /// in the same eight lanes, reduced the same way, so the results are bitwise
+        /// [`tile_product`]'s. Four input rows by up to three pairs at a time; an odd
+        /// last weight row goes through [`tile`].
+        ///
+        /// # Safety
+        /// Needs AVX-512 F, AVX2 and FMA; the shapes as [`super::tile_product`] checks
+        /// them.
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        pub unsafe fn tile_product_wide(
+            x: &[f32],
+            n: usize,
+            w: &[f32],
+            m: usize,
+            cols: usize,
+            out: &mut [f32],
+        ) {
+            let mut j = 0;
+            while j < n {
+                let rows = (n - j).min(4);
+                let mut r = 0;
+                while r < m {
+                    let pairs = ((m - r) / 2).min(3);
+                    // SAFETY: rows j..j + rows of x and r..r + 2·pairs (or r + 1) of w
+                    // are in bounds.
+                    unsafe {
+                        match (rows, pairs) {
+                            (4, 3) => tile_wide::<4, 3>(x, w, j, r, n, cols, out),
+                            (4, 2) => tile_wide::<4, 2>(x, w, j, r, n, cols, out),
+                            (4, 1) => tile_wide::<4, 1>(x, w, j, r, n, cols, out),
+                            (3, 3) => tile_wide::<3, 3>(x, w, j, r, n, cols, out),
+                            (3, 2) => tile_wide::<3, 2>(x, w, j, r, n, cols, out),
+                            (3, 1) => tile_wide::<3, 1>(x, w, j, r, n, cols, out),
+                            (2, 3) => tile_wide::<2, 3>(x, w, j, r, n, cols, out),
+                            (2, 2) => tile_wide::<2, 2>(x, w, j, r, n, cols, out),
+                            (2, 1) => tile_wide::<2, 1>(x, w, j, r, n, cols, out),
+                            (_, 3) => tile_wide::<1, 3>(x, w, j, r, n, cols, out),
+                            (_, 2) => tile_wide::<1, 2>(x, w, j, r, n, cols, out),
+                            (_, 1) => tile_wide::<1, 1>(x, w, j, r, n, cols, out),
+                            (4, _) => tile::<4, 1>(x, w, j, r, n, cols, out),
+                            (3, _) => tile::<3, 1>(x, w, j, r, n, cols, out),
+                            (2, _) => tile::<2, 1>(x, w, j, r, n, cols, out),
+                            (_, _) => tile::<1, 1>(x, w, j, r, n, cols, out),
+                        }
+                    }
+                    r += (2 * pairs).max(1);
+                }
+                j += rows;
+            }
+        }
+
+        /// Input rows `j..j + R` by weight rows `r..r + 2P`, two rows to a vector.
+        ///
+        /// # Safety
+        /// Needs AVX-512 F, AVX2 and FMA; those rows in bounds of `x` and `w` (`cols`
+        /// each), `out` `[m, n]` with `r + 2P <= m`, `j + R <= n`.
+        #[allow(clippy::too_many_arguments)]
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        unsafe fn tile_wide<const R: usize, const P: usize>(
+            x: &[f32],
+            w: &[f32],
+            j: usize,
+            r: usize,
+            n: usize,
+            cols: usize,
+            out: &mut [f32],
+        ) {
+            let mut acc = [[_mm512_setzero_ps(); P]; R];
+            let (xp, wp) = (x.as_ptr(), w.as_ptr());
+            let mut c = 0;
+            while c < cols {
+                // SAFETY: column c..c + 8 of each row is in bounds (cols % 8 == 0).
+                unsafe {
+                    let mut wv = [_mm512_setzero_ps(); P];
+                    for (i, wv) in wv.iter_mut().enumerate() {
+                        let lo = _mm256_loadu_ps(wp.add((r + 2 * i) * cols + c));
+                        let hi = _mm256_loadu_ps(wp.add((r + 2 * i + 1) * cols + c));
+                        *wv = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                            _mm512_castpd256_pd512(_mm256_castps_pd(lo)),
+                            _mm256_castps_pd(hi),
+                        ));
+                    }
+                    for (k, acc) in acc.iter_mut().enumerate() {
+                        let xh = _mm256_castps_pd(_mm256_loadu_ps(xp.add((j + k) * cols + c)));
+                        let xv = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                            _mm512_castpd256_pd512(xh),
+                            xh,
+                        ));
+                        for (a, w) in acc.iter_mut().zip(&wv) {
+                            *a = _mm512_fmadd_ps(xv, *w, *a);
+                        }
+                    }
+                }
+                c += 8;
+            }
+            for (k, acc) in acc.iter().enumerate() {
+                for (i, a) in acc.iter().enumerate() {
+                    let lo = _mm512_castps512_ps256(*a);
+                    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
+                    out[(r + 2 * i) * n + j + k] = hsum(lo);
+                    out[(r + 2 * i + 1) * n + j + k] = hsum(hi);
+                }
+            }
+        }
+
         /// Input rows `j..j + R` by weight rows `r..r + M`.
         ///
         /// # Safety
@@ -2056,6 +2169,29 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// The 512-bit tile product gives bitwise the AVX2 one's results, odd row counts
+    /// included.
+    #[test]
+    fn wide_tile_product_matches_the_avx2_one() {
+        #[cfg(target_arch = "x86_64")]
+        if simd::IntKernel::available().contains(&simd::IntKernel::Avx512) {
+            let cols = 40;
+            for (n, m) in [(1, 1), (3, 7), (4, 6), (9, 13), (5, 2)] {
+                let x = values(n * cols, 17);
+                let w = values(m * cols, 19);
+                let (mut a, mut b) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
+                // SAFETY: AVX-512 F, AVX2 and FMA are available (checked above); the
+                // shapes match.
+                unsafe {
+                    simd::x86::tile_product(&x, n, &w, m, cols, &mut a);
+                    simd::x86::tile_product_wide(&x, n, &w, m, cols, &mut b);
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "n={n} m={m}");
             }
         }
     }
