@@ -153,9 +153,12 @@ pub(crate) fn attend_heads(
         && std::is_x86_feature_detected!("avx2")
         && std::is_x86_feature_detected!("fma")
     {
-        // SAFETY: AVX2 and FMA were detected just above; the shapes checked above keep
-        // every read and write in bounds.
-        unsafe { attend_heads_avx2(q, k, v, keys, stride, off, d, scale, scores, out) };
+        // At most `MAX_HEADS` heads a call (their sums stay on the stack).
+        for (qh, oh) in q.chunks(MAX_HEADS * d).zip(out.chunks_mut(MAX_HEADS * d)) {
+            // SAFETY: AVX2 and FMA were detected just above; the shapes checked above
+            // keep every read and write in bounds.
+            unsafe { attend_heads_avx2(qh, k, v, keys, stride, off, d, scale, scores, oh) };
+        }
         return;
     }
     for (qh, oh) in q.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
@@ -163,10 +166,15 @@ pub(crate) fn attend_heads(
     }
 }
 
+/// Query heads a call of [`attend_heads_avx2`] takes.
+#[cfg(target_arch = "x86_64")]
+const MAX_HEADS: usize = 16;
+
 /// [`attend_heads`] on 256-bit vectors.
 ///
 /// # Safety
-/// Needs AVX2 and FMA; the shapes as [`attend_heads`] checks them, `d` a multiple of 8.
+/// Needs AVX2 and FMA; the shapes as [`attend_heads`] checks them, `d` a multiple of 8,
+/// at most [`MAX_HEADS`] heads.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma")]
@@ -184,6 +192,7 @@ unsafe fn attend_heads_avx2(
 ) {
     use std::arch::x86_64::*;
     let n = q.len() / d;
+    debug_assert!(n <= MAX_HEADS);
     let chunks = d / 8;
     // SAFETY (all pointer reads and writes): the caller's shapes put key and value rows
     // `t < keys` at `t · stride + off .. + d` inside `k` and `v`, head `h < n` at
@@ -215,7 +224,7 @@ unsafe fn attend_heads_avx2(
             }
         }
         // Softmax weights, unnormalised; each head's sum.
-        let mut inv = [0.0f32; 16];
+        let mut inv = [0.0f32; MAX_HEADS];
         for h in 0..n {
             let row = &mut scores[h * keys..(h + 1) * keys];
             let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
@@ -227,14 +236,7 @@ unsafe fn attend_heads_avx2(
                 *s = (*s - max).exp();
                 sum += *s;
             }
-            if h < inv.len() {
-                inv[h] = 1.0 / sum;
-            } else {
-                // More heads to a KV head than the fast path holds: normalise now.
-                for s in row.iter_mut() {
-                    *s /= sum;
-                }
-            }
+            inv[h] = 1.0 / sum;
         }
         // Weighted values: each value row once for every head, eight values at a time,
         // even and odd keys in separate accumulators (two chains of FMAs a head).
@@ -264,10 +266,9 @@ unsafe fn attend_heads_avx2(
                 }
                 for i in 0..hn {
                     let h = h0 + i;
-                    let f = if h < inv.len() { inv[h] } else { 1.0 };
                     _mm256_storeu_ps(
                         out.as_mut_ptr().add(h * d + 8 * c),
-                        _mm256_mul_ps(_mm256_add_ps(even[i], odd[i]), _mm256_set1_ps(f)),
+                        _mm256_mul_ps(_mm256_add_ps(even[i], odd[i]), _mm256_set1_ps(inv[h])),
                     );
                 }
                 h0 += hn;
@@ -288,33 +289,39 @@ pub(crate) fn swiglu(g: &mut [f32], u: &[f32]) {
         #[target_feature(enable = "avx2,fma")]
         unsafe fn wide(g: &mut [f32], u: &[f32]) {
             use std::arch::x86_64::*;
-            let one = _mm256_set1_ps(1.0);
-            let mut i = 0;
-            // SAFETY: `i + 8 <= len` for every vector access; the tail goes through a
-            // padded copy.
-            unsafe {
-                while i + 8 <= g.len() {
-                    let gv = _mm256_loadu_ps(g.as_ptr().add(i));
-                    let uv = _mm256_loadu_ps(u.as_ptr().add(i));
-                    let e = exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-                    let y = _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), uv);
-                    _mm256_storeu_ps(g.as_mut_ptr().add(i), y);
-                    i += 8;
-                }
-                if i < g.len() {
-                    let (mut gl, mut ul) = ([0.0f32; 8], [0.0f32; 8]);
-                    let n = g.len() - i;
-                    gl[..n].copy_from_slice(&g[i..]);
-                    ul[..n].copy_from_slice(&u[i..]);
-                    let gv = _mm256_loadu_ps(gl.as_ptr());
+            /// Eight values in place.
+            ///
+            /// # Safety
+            /// Needs AVX2 and FMA; `g` and `u` at least eight long.
+            #[inline]
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn eight(g: &mut [f32], u: &[f32]) {
+                // SAFETY: eight values each, by the contract.
+                unsafe {
+                    let gv = _mm256_loadu_ps(g.as_ptr());
                     let e = exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), gv));
                     let y = _mm256_mul_ps(
-                        _mm256_div_ps(gv, _mm256_add_ps(one, e)),
-                        _mm256_loadu_ps(ul.as_ptr()),
+                        _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0), e)),
+                        _mm256_loadu_ps(u.as_ptr()),
                     );
-                    _mm256_storeu_ps(gl.as_mut_ptr(), y);
-                    g[i..].copy_from_slice(&gl[..n]);
+                    _mm256_storeu_ps(g.as_mut_ptr(), y);
                 }
+            }
+            let mut gc = g.chunks_exact_mut(8);
+            for (g, u) in (&mut gc).zip(u.chunks_exact(8)) {
+                // SAFETY: AVX2 and FMA by this function's contract; eight values each.
+                unsafe { eight(g, u) };
+            }
+            let g = gc.into_remainder();
+            if !g.is_empty() {
+                // The tail through a padded copy.
+                let n = g.len();
+                let (mut gl, mut ul) = ([0.0f32; 8], [0.0f32; 8]);
+                gl[..n].copy_from_slice(g);
+                ul[..n].copy_from_slice(&u[u.len() - n..]);
+                // SAFETY: as above.
+                unsafe { eight(&mut gl, &ul) };
+                g.copy_from_slice(&gl[..n]);
             }
         }
         // SAFETY: AVX2 and FMA were detected just above; lengths checked above.
@@ -743,7 +750,7 @@ mod tests {
         for keys in [1, 2, 7, 9, 40, 301] {
             let k: Vec<f32> = (0..keys * stride).map(value).collect();
             let v: Vec<f32> = (0..keys * stride).map(|i| value(i + 5)).collect();
-            for n in [1, 3, 5] {
+            for n in [1, 3, 5, 17] {
                 let q: Vec<f32> = (0..n * d).map(|i| value(3 * i + 1)).collect();
                 for g in 0..kvh {
                     let off = g * d;

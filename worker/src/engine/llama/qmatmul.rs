@@ -412,7 +412,7 @@ impl QMatrix {
                 &mut out.d[dat..],
             );
         }
-        if simd::IntKernel::available().contains(&simd::IntKernel::Avx512) {
+        if simd::IntKernel::best() == simd::IntKernel::Avx512 {
             out.interleave(bpr);
         }
         if out.int_rows.len() == n {
@@ -1146,24 +1146,10 @@ mod simd {
         ) {
             // SAFETY: the caller keeps block `b` in bounds of every slice.
             unsafe {
-                let (w0, w1) = if NIBBLE {
-                    // Weights stream through once: ask for the bytes a few rows ahead.
-                    _mm_prefetch::<_MM_HINT_T0>(qs.as_ptr().wrapping_add(b * 16 + 4096).cast());
-                    let low = _mm_set1_epi8(0x0F);
-                    let packed = _mm_loadu_si128(qs.as_ptr().add(b * 16).cast());
-                    // Elements 0..16 are the low nibbles, 16..32 the high ones.
-                    (
-                        _mm256_cvtepu8_epi16(_mm_and_si128(packed, low)),
-                        _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low)),
-                    )
-                } else {
-                    _mm_prefetch::<_MM_HINT_T0>(qs.as_ptr().wrapping_add(b * 32 + 8192).cast());
-                    let w = _mm256_loadu_si256(qs.as_ptr().add(b * 32).cast());
-                    (
-                        _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)),
-                        _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(w)),
-                    )
-                };
+                // Weights stream through once: ask for the bytes a few rows ahead.
+                let ahead = if NIBBLE { b * 16 + 4096 } else { b * 32 + 8192 };
+                _mm_prefetch::<_MM_HINT_T0>(qs.as_ptr().wrapping_add(ahead).cast());
+                let (w0, w1) = widen_block::<NIBBLE>(qs, b);
                 let d = _mm256_set1_ps(*scales.get_unchecked(b));
                 for k in 0..R {
                     let s = block_dot_i16(w0, w1, xq[k].as_ptr().add(b * 32));
@@ -1358,6 +1344,7 @@ mod simd {
                 if NIBBLE {
                     let low = _mm_set1_epi8(0x0F);
                     let packed = _mm_loadu_si128(qs.as_ptr().add(b * 16).cast());
+                    // Elements 0..16 are the low nibbles, 16..32 the high ones.
                     (
                         _mm256_cvtepu8_epi16(_mm_and_si128(packed, low)),
                         _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low)),
@@ -2040,6 +2027,11 @@ mod tests {
                 }
                 // Every kernel this CPU runs against every weight row and input row:
                 // the vector kernels bitwise alike, the portable loop within rounding.
+                // Every kernel the CPU runs, the 512-bit one included when
+                // `BATON_NO_AVX512` keeps `prepare` from laying its inputs out.
+                if prep.qz.is_empty() {
+                    prep.interleave(bpr);
+                }
                 let outs: Vec<(simd::IntKernel, Vec<f32>)> = simd::IntKernel::available()
                     .iter()
                     .map(|&kernel| {
