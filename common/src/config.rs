@@ -268,6 +268,11 @@ pub struct WorkerConfig {
     /// Address of the worker's Prometheus `/metrics` (port 0: any free port, logged at
     /// start; empty: none).
     pub metrics_listen: String,
+    /// Threads running the model on CPU (0: `RAYON_NUM_THREADS`, else one per core).
+    pub compute_threads: u32,
+    /// Scheduling class of those threads: `idle` (Linux `SCHED_IDLE`: any other runnable
+    /// thread of the host preempts them at once; the default) or `normal`.
+    pub compute_priority: String,
 }
 
 impl Default for WorkerConfig {
@@ -284,6 +289,8 @@ impl Default for WorkerConfig {
             heartbeat_interval_ms: 500,
             drain_handover_ms: 30_000,
             metrics_listen: "127.0.0.1:0".into(),
+            compute_threads: 0,
+            compute_priority: "idle".into(),
         }
     }
 }

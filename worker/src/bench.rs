@@ -297,6 +297,10 @@ pub struct ServeBenchArgs {
     /// the same file.
     #[arg(long)]
     pub schedule: Option<PathBuf>,
+    /// Scheduling class of the compute threads, as a worker's `compute_priority` (the
+    /// same default, so that both sides of the comparison run alike).
+    #[arg(long, default_value = "idle")]
+    pub compute_priority: crate::compute::ComputePriority,
 }
 
 /// When each of `requests` requests is sent, from the start: `schedule`'s offsets
@@ -368,6 +372,7 @@ pub fn run_serve(args: &ServeBenchArgs) -> anyhow::Result<()> {
         time::Duration,
     };
 
+    crate::compute::init(0, args.compute_priority);
     let name = "bench".to_string();
     let (cmd_tx, cmd_rx) = std::sync::mpsc::channel();
     let (out_tx, mut out_rx) = tokio::sync::mpsc::unbounded_channel();

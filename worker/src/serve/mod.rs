@@ -33,6 +33,7 @@ use futures::StreamExt;
 
 use crate::{
     backend::{BackendKind, CpuBackend},
+    compute::{self, ComputePriority},
     engine::{llama::WeightDtype, Engine},
 };
 use actor::{CancelMsg, Drain, ProbeMsg, SubmitMsg, Worker};
@@ -75,6 +76,14 @@ pub struct ServeArgs {
     /// other workers, in milliseconds (overrides `worker.drain_handover_ms`).
     #[arg(long)]
     pub drain_handover_ms: Option<u64>,
+    /// Threads running the model (0: `RAYON_NUM_THREADS`, else one per core; overrides
+    /// `worker.compute_threads`).
+    #[arg(long)]
+    pub compute_threads: Option<u32>,
+    /// Scheduling class of those threads: idle or normal (overrides
+    /// `worker.compute_priority`).
+    #[arg(long)]
+    pub compute_priority: Option<ComputePriority>,
     /// Run the simulated engine (no model; a test tool).
     #[arg(long)]
     pub simulated: bool,
@@ -162,6 +171,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(w) => w,
         None => cfg.weights.parse().map_err(anyhow::Error::msg)?,
     };
+    let priority = match args.compute_priority {
+        Some(p) => p,
+        None => cfg.compute_priority.parse().map_err(anyhow::Error::msg)?,
+    };
+    compute::init(
+        args.compute_threads.unwrap_or(cfg.compute_threads) as usize,
+        priority,
+    );
     let limits = Limits {
         max_running: cfg.max_running.max(1) as usize,
         max_queued: cfg.max_queued as usize,
