@@ -67,8 +67,10 @@ class Cluster:
         for w in range(self.workers):
             self.spawn(f"worker-{w}", [
                 f"{self.args.bin}/baton-worker", "serve", "--nats-url", nats,
-                "--model", self.args.model, "--model-name", "bench"],
-                env={"RAYON_NUM_THREADS": str(threads)})
+                "--model", self.args.model, "--model-name", "bench",
+                "--compute-threads", str(threads)]
+                + (["--compute-priority", self.args.compute_priority]
+                   if self.args.compute_priority else []))
         self.coordinator = self.spawn("coordinator", [
             f"{self.args.bin}/baton-coordinator", "--nats-url", nats,
             "--listen", f"127.0.0.1:{http_port}",
@@ -297,6 +299,8 @@ def main():
                     help="figures of an earlier run (its --json) to show beside these")
     ap.add_argument("--threads", type=int, default=0,
                     help="compute threads per worker (0: cores / workers)")
+    ap.add_argument("--compute-priority", default=None, choices=["idle", "normal"],
+                    help="the workers' compute threads' class (default: cluster.toml's)")
     args = ap.parse_args()
     conc = [int(c) for c in args.concurrency.split(",")]
     try:
