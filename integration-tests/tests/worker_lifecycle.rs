@@ -157,3 +157,40 @@ fn drain_over_http_lets_a_worker_finish_and_leave() {
     assert_eq!(gone.status, 404);
     assert_eq!(gone.body["error"]["code"], "worker_not_found");
 }
+
+/// A worker's compute threads run under `SCHED_IDLE` unless configured otherwise, so that
+/// its network threads (and a coordinator or nats-server on the same host) preempt them.
+#[cfg(target_os = "linux")]
+#[test]
+fn compute_threads_run_in_the_idle_class_by_default() {
+    const SCHED_IDLE: u32 = 5;
+    let Some(cluster) = Cluster::start(ClusterOptions::simulated(1)) else {
+        return;
+    };
+    let pid = cluster.workers[0].pid();
+    let mut compute = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the worker's threads") {
+        let dir = task.expect("a thread").path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if !comm.starts_with("baton-compute-") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).expect("the thread's stat");
+        // Fields after the parenthesized name start at field 3; the policy is field 41.
+        let after = &stat[stat.rfind(')').expect("a name in parentheses") + 1..];
+        let policy: u32 = after
+            .split_whitespace()
+            .nth(41 - 3)
+            .and_then(|f| f.parse().ok())
+            .expect("a policy field");
+        compute.push((comm.trim().to_string(), policy));
+    }
+    assert!(
+        !compute.is_empty(),
+        "no baton-compute threads in the worker\n{}",
+        cluster.logs()
+    );
+    for (name, policy) in &compute {
+        assert_eq!(*policy, SCHED_IDLE, "thread {name} runs in class {policy}");
+    }
+}
