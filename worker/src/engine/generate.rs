@@ -407,7 +407,7 @@ impl<B: Backend> Engine<B> {
                 fresh.push((i, hashes));
             }
         }
-        let logits = {
+        let mut logits = {
             let mut inputs: Vec<SeqInput<'_, B>> = Vec::with_capacity(active.len());
             let mut rest: Vec<Option<&mut Sequence<B>>> =
                 seqs.iter_mut().map(|s| Some(&mut **s)).collect();
@@ -418,10 +418,11 @@ impl<B: Backend> Engine<B> {
                     cache: &mut s.cache,
                 });
             }
-            Llama::<B>::logits_to_host(self.model.forward(&mut inputs)?)
+            self.model.forward_to_host(&mut inputs)?
         };
-        for (&i, mut row) in active.iter().zip(logits) {
-            events[i] = Some(seqs[i].accept(self, &mut row)?);
+        let vocab = logits.len() / active.len();
+        for (&i, row) in active.iter().zip(logits.chunks_exact_mut(vocab)) {
+            events[i] = Some(seqs[i].accept(self, row)?);
         }
         if prefix {
             let mut cache = self.prefix_cache();

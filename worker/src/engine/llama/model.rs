@@ -149,6 +149,25 @@ impl<B: Backend> Llama<B> {
     /// at once, attention per sequence against its own cache — and returns the logits
     /// of each sequence's last new token, `[sequences, vocab]`.
     pub fn forward(&self, seqs: &mut [SeqInput<'_, B>]) -> Result<Tensor<B, 2>, ForwardError> {
+        Ok(match self.forward_any(seqs)? {
+            Logits::Host(flat) => {
+                let n = flat.len() / self.config.vocab;
+                Tensor::from_data(TensorData::new(flat, [n, self.config.vocab]), &self.device)
+            }
+            Logits::Device(t) => t,
+        })
+    }
+
+    /// [`Llama::forward`], with the logits on the host: `[sequences × vocab]`, row-major.
+    /// The host path hands over its own buffer; nothing is copied.
+    pub fn forward_to_host(&self, seqs: &mut [SeqInput<'_, B>]) -> Result<Vec<f32>, ForwardError> {
+        Ok(match self.forward_any(seqs)? {
+            Logits::Host(flat) => flat,
+            Logits::Device(t) => to_host(t),
+        })
+    }
+
+    fn forward_any(&self, seqs: &mut [SeqInput<'_, B>]) -> Result<Logits<B>, ForwardError> {
         let context = self.config.context_length.min(self.rope.max_positions());
         let mut spans = Vec::with_capacity(seqs.len());
         let mut ids = Vec::new();
@@ -181,8 +200,10 @@ impl<B: Backend> Llama<B> {
         }
         let mut caches: Vec<&mut KvCache<B>> = seqs.iter_mut().map(|s| &mut *s.cache).collect();
         let logits = match self.host_weights() {
-            Some(w) if !self.force_burn => self.forward_host(&w, &ids, &spans, &mut caches),
-            _ => self.forward_burn(ids, &spans, &mut caches),
+            Some(w) if !self.force_burn => {
+                Logits::Host(self.forward_host(&w, &ids, &spans, &mut caches))
+            }
+            _ => Logits::Device(self.forward_burn(ids, &spans, &mut caches)),
         };
         for (cache, span) in caches.iter_mut().zip(&spans) {
             cache.advance(span.len);
@@ -241,4 +262,12 @@ impl<B: Backend> Llama<B> {
             .map(|i| flat.get(i * vocab..(i + 1) * vocab).unwrap_or(&[]).to_vec())
             .collect()
     }
+}
+
+/// Logits where a forward pass left them.
+enum Logits<B: Backend> {
+    /// `[sequences × vocab]`, row-major, from the host path.
+    Host(Vec<f32>),
+    /// `[sequences, vocab]` from the burn path.
+    Device(Tensor<B, 2>),
 }
