@@ -49,6 +49,19 @@ pub struct BenchArgs {
     /// Prefix cache budget of the shared-prefix test, in MiB.
     #[arg(long, default_value_t = 256)]
     pub prefix_cache_mib: usize,
+    /// Sampling temperature of the decode runs (0: greedy; above, every token is drawn
+    /// over the whole vocabulary, as a request at that temperature would be).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+}
+
+/// Sampling at `temperature` (greedy at 0), seeded.
+fn sampling(temperature: f32) -> crate::engine::sampler::SamplingParams {
+    crate::engine::sampler::SamplingParams {
+        temperature,
+        seed: 7,
+        ..Default::default()
+    }
 }
 
 /// Peak resident set size of this process, in bytes (Linux `VmHWM`).
@@ -62,7 +75,10 @@ pub fn peak_rss_bytes() -> Option<u64> {
 /// Runs the benchmark and prints its lines.
 pub fn run<B: Backend>(args: &BenchArgs, device: &B::Device) -> anyhow::Result<()> {
     let threads = rayon::current_num_threads();
-    let tag = format!("dtype={} threads={threads}", args.dtype);
+    let mut tag = format!("dtype={} threads={threads}", args.dtype);
+    if args.temperature > 0.0 {
+        tag.push_str(&format!(" temperature={}", args.temperature));
+    }
     let t0 = Instant::now();
     let engine = Engine::<B>::load(&args.model, args.dtype, device)?;
     println!("baton load {tag} seconds={:.2}", t0.elapsed().as_secs_f64());
@@ -110,6 +126,7 @@ pub fn run<B: Backend>(args: &BenchArgs, device: &B::Device) -> anyhow::Result<(
         let params = GenerateParams {
             max_tokens: args.gen_tokens + 1,
             ignore_eos: true,
+            sampling: sampling(args.temperature),
             ..Default::default()
         };
         let mut seq = engine.start(prompt[..16.min(prompt.len())].to_vec(), params)?;
@@ -133,6 +150,7 @@ pub fn run<B: Backend>(args: &BenchArgs, device: &B::Device) -> anyhow::Result<(
             let params = GenerateParams {
                 max_tokens: args.gen_tokens + 1,
                 ignore_eos: true,
+                sampling: sampling(args.temperature),
                 ..Default::default()
             };
             // Sequences with prompts of different lengths (16, 17, …), as a server

@@ -421,8 +421,31 @@ impl<B: Backend> Engine<B> {
             self.model.forward_to_host(&mut inputs)?
         };
         let vocab = logits.len() / active.len();
-        for (&i, row) in active.iter().zip(logits.chunks_exact_mut(vocab)) {
-            events[i] = Some(seqs[i].accept(self, row)?);
+        // Every draw depends only on its own row, parameters, history and position, so
+        // several run in parallel on the compute threads (a draw at temperature > 0 sorts
+        // most of the vocabulary); the commits then run in order.
+        let draws: Vec<u32> = {
+            let mut jobs: Vec<(&SamplingParams, Vec<u32>, u64, &mut [f32])> = active
+                .iter()
+                .zip(logits.chunks_exact_mut(vocab))
+                .map(|(&i, row)| {
+                    let s = &*seqs[i];
+                    (&s.params.sampling, s.history(), s.position(), row)
+                })
+                .collect();
+            let draw =
+                |(p, history, position, row): &mut (&SamplingParams, Vec<u32>, u64, &mut [f32])| {
+                    p.sample(row, history, *position)
+                };
+            if jobs.len() > 1 && jobs.iter().any(|j| j.0.temperature > 0.0) {
+                use rayon::prelude::*;
+                jobs.par_iter_mut().map(draw).collect()
+            } else {
+                jobs.iter_mut().map(draw).collect()
+            }
+        };
+        for (&i, id) in active.iter().zip(draws) {
+            events[i] = Some(seqs[i].take(self, id)?);
         }
         if prefix {
             let mut cache = self.prefix_cache();
@@ -519,14 +542,14 @@ impl<B: Backend> Sequence<B> {
         &self.cache
     }
 
-    /// Samples the next token from its logits and applies the stop conditions.
-    fn accept(
-        &mut self,
-        engine: &Engine<B>,
-        logits: &mut [f32],
-    ) -> Result<TokenEvent, EngineError> {
-        let position = (self.prompt_ids.len() + self.generated.len()) as u64;
-        let history: Vec<u32> = if self.params.sampling.repetition_penalty != 1.0 {
+    /// The position of the next token: what its draw is keyed by.
+    fn position(&self) -> u64 {
+        (self.prompt_ids.len() + self.generated.len()) as u64
+    }
+
+    /// The tokens a repetition penalty looks at (none without one).
+    fn history(&self) -> Vec<u32> {
+        if self.params.sampling.repetition_penalty != 1.0 {
             self.prompt_ids
                 .iter()
                 .chain(&self.generated)
@@ -534,8 +557,12 @@ impl<B: Backend> Sequence<B> {
                 .collect()
         } else {
             Vec::new()
-        };
-        let id = self.params.sampling.sample(logits, &history, position);
+        }
+    }
+
+    /// Takes `id`, drawn from this sequence's logits, as its next token and applies the
+    /// stop conditions.
+    fn take(&mut self, engine: &Engine<B>, id: u32) -> Result<TokenEvent, EngineError> {
         self.pending.clear();
         self.pending.push(id);
         self.commit(engine, id)
