@@ -1,5 +1,6 @@
-//! The prefix cache: a sequence started from cached keys and values produces the tokens
-//! of a cold start, fresh or resumed, greedy or sampled. On a tiny random-weight model,
+//! The prefix cache: a sequence started from cached keys and values, whole blocks or
+//! the leading positions of one, produces the tokens of a cold start, fresh or resumed,
+//! greedy or sampled. On a tiny random-weight model,
 //! and on the default model when it is in `models/`.
 
 use std::path::PathBuf;
@@ -87,27 +88,35 @@ fn cached_prefixes_give_the_tokens_of_a_cold_start() {
 
         engine.set_prefix_cache(1 << 20);
         let before = engine.prefix_stats();
+        // Prompt tokens reused, per pass and prompt. Pass 0: nothing for the first; the
+        // second reuses the two shared blocks and the shared half of the third (a
+        // partial block: the first prompt's third block begins with the same 8 tokens),
+        // the third likewise, the fourth its first block and 3 tokens of the second.
+        // Pass 1: every prompt token but the last (the last always runs), from the
+        // blocks of each prompt's own first run (the first prompt's 49th token from
+        // the block its first run stored at its end, prompt and output).
+        let want_reused = [[0, 40, 40, 19], [49, 42, 47, 19]];
         // Twice over: the first pass fills the cache, the second finds whole prompts.
-        for pass in 0..2 {
-            for (x, want) in prompts.iter().zip(&cold) {
+        for (pass, reused) in want_reused.iter().enumerate() {
+            for ((x, want), &reused) in prompts.iter().zip(&cold).zip(reused) {
+                let at = engine.prefix_stats().reused_tokens;
                 assert_eq!(
                     &run(&engine, x, &p),
                     want,
                     "temperature {temperature}, pass {pass}, prompt of {} tokens",
                     x.len()
                 );
+                assert_eq!(
+                    engine.prefix_stats().reused_tokens - at,
+                    reused,
+                    "temperature {temperature}, pass {pass}, prompt of {} tokens",
+                    x.len()
+                );
             }
         }
         let s = engine.prefix_stats();
-        // Pass 0: a miss, then three hits on the shared blocks (2, 2 and 1 of them).
-        // Pass 1: four hits, each on every full block before the prompt's last token.
         assert_eq!(s.misses - before.misses, 1);
         assert_eq!(s.hits - before.hits, 7);
-        let blocks_reused = (2 + 2 + 1) + (3 + 2 + 2 + 1);
-        assert_eq!(
-            s.reused_tokens - before.reused_tokens,
-            (blocks_reused * BLOCK_TOKENS) as u64
-        );
         assert!(s.blocks > 0 && s.bytes > 0);
     }
 }
@@ -164,13 +173,14 @@ fn a_resumed_stream_reuses_its_blocks_and_goes_on_as_before() {
                 "temperature {temperature}, cut {cut}"
             );
         }
-        // 50 prompt + 5 tokens: three blocks; 50 + 20: four blocks (the fourth holds
-        // output tokens).
+        // 50 prompt + 5 tokens: three blocks and 6 positions of the fourth (the first
+        // run's fourth block: 2 prompt tokens, then its output); 50 + 20: four blocks
+        // (the first run's 73 positions hold no fifth).
         let s = engine.prefix_stats();
         assert_eq!(s.hits - before.hits, 2);
         assert_eq!(
             s.reused_tokens - before.reused_tokens,
-            (7 * BLOCK_TOKENS) as u64
+            (3 * BLOCK_TOKENS + 6 + 4 * BLOCK_TOKENS) as u64
         );
         engine.set_prefix_cache(0);
     }
@@ -211,10 +221,22 @@ fn the_default_model_gives_the_same_tokens_from_cached_blocks() {
         let cold: Vec<Vec<u32>> = prompts.iter().map(|x| run(&engine, x, &p)).collect();
         engine.set_prefix_cache(256 << 20);
         let before = engine.prefix_stats();
+        let mut reused = Vec::new();
         for (x, want) in prompts.iter().zip(&cold) {
+            let at = engine.prefix_stats().reused_tokens;
             assert_eq!(&run(&engine, x, &p), want, "temperature {temperature}");
+            reused.push(engine.prefix_stats().reused_tokens - at);
         }
-        // The second prompt reuses the system prompt's blocks.
+        // The second prompt reuses all it shares with the first: the system prompt's
+        // blocks and, from the first prompt's block that holds where they part, the
+        // positions before it.
+        let common = prompts[0]
+            .iter()
+            .zip(&prompts[1])
+            .take_while(|(a, b)| a == b)
+            .count();
+        assert!(common % BLOCK_TOKENS != 0 && common + BLOCK_TOKENS <= prompts[0].len());
+        assert_eq!(reused, [0, common as u64]);
         assert_eq!(engine.prefix_stats().hits - before.hits, 1);
     }
 }

@@ -15,7 +15,7 @@ use std::{
     sync::{Arc, Mutex, PoisonError},
 };
 
-use baton_common::chain::block_hashes;
+use baton_common::chain::{block_hashes, root};
 
 use burn_tensor::backend::Backend;
 
@@ -393,16 +393,32 @@ impl<B: Backend> Engine<B> {
                 }
                 let hashes = block_hashes(self.fingerprint, &s.pending);
                 // The last token always runs: its logits give the first output token.
-                let usable = (s.pending.len() - 1) / BLOCK_TOKENS;
+                let candidates = s.pending.len() - 1;
+                let usable = candidates / BLOCK_TOKENS;
                 let found = cache.lookup(&hashes[..usable]);
                 let mut loaded = 0;
                 for &h in &hashes[..found] {
                     let kv = cache.get(h).expect("lookup found it");
-                    if !s.cache.push_host_span(BLOCK_TOKENS, kv) {
+                    if !s.cache.push_host_span(BLOCK_TOKENS, BLOCK_TOKENS, kv) {
                         break;
                     }
                     loaded += BLOCK_TOKENS;
                 }
+                // Then the leading positions of a cached block that follows the last one
+                // found and begins with the same tokens.
+                if loaded == found * BLOCK_TOKENS && loaded < candidates {
+                    let parent = match found {
+                        0 => root(self.fingerprint),
+                        n => hashes[n - 1],
+                    };
+                    if let Some((h, n)) = cache.partial(parent, &s.pending[loaded..candidates]) {
+                        let kv = cache.get(h).expect("partial found it");
+                        if s.cache.push_host_span(BLOCK_TOKENS, n, kv) {
+                            loaded += n;
+                        }
+                    }
+                }
+                cache.record(loaded, candidates);
                 s.pending.drain(..loaded);
                 fresh.push((i, hashes));
             }
@@ -450,24 +466,21 @@ impl<B: Backend> Engine<B> {
         if prefix {
             let mut cache = self.prefix_cache();
             for (i, hashes) in &fresh {
-                store_blocks(&mut cache, &seqs[*i].cache, hashes);
+                let s = &*seqs[*i];
+                store_blocks(
+                    &mut cache,
+                    self.fingerprint,
+                    &s.cache,
+                    &s.cached_tokens(),
+                    hashes,
+                );
             }
             for &i in &active {
                 let s = &*seqs[i];
                 if s.finish.is_some() && s.cache.len() >= BLOCK_TOKENS {
-                    let run = s.cache.len();
-                    let tokens: Vec<u32> = s
-                        .prompt_ids
-                        .iter()
-                        .chain(&s.generated)
-                        .take(run)
-                        .copied()
-                        .collect();
-                    store_blocks(
-                        &mut cache,
-                        &s.cache,
-                        &block_hashes(self.fingerprint, &tokens),
-                    );
+                    let tokens = s.cached_tokens();
+                    let hashes = block_hashes(self.fingerprint, &tokens);
+                    store_blocks(&mut cache, self.fingerprint, &s.cache, &tokens, &hashes);
                 }
             }
         }
@@ -492,14 +505,29 @@ impl<B: Backend> Engine<B> {
 }
 
 /// Stores the full blocks of `kv` named by `hashes` (block *i* is positions
-/// `16i..16i + 16`), last to first, so that a run's first block is its most recently
-/// used and the last to be evicted.
-fn store_blocks<B: Backend>(cache: &mut PrefixCache, kv: &KvCache<B>, hashes: &[u64]) {
-    let full = (kv.len() / BLOCK_TOKENS).min(hashes.len());
+/// `16i..16i + 16`, its tokens `tokens[16i..16i + 16]`), last to first, so that a run's
+/// first block is its most recently used and the last to be evicted.
+fn store_blocks<B: Backend>(
+    cache: &mut PrefixCache,
+    fingerprint: u64,
+    kv: &KvCache<B>,
+    tokens: &[u32],
+    hashes: &[u64],
+) {
+    let full = (kv.len() / BLOCK_TOKENS)
+        .min(hashes.len())
+        .min(tokens.len() / BLOCK_TOKENS);
     for (b, &h) in hashes[..full].iter().enumerate().rev() {
         if !cache.touch(h) {
             if let Some(values) = kv.host_span(b * BLOCK_TOKENS, BLOCK_TOKENS) {
-                cache.insert(h, values);
+                let parent = match b {
+                    0 => root(fingerprint),
+                    b => hashes[b - 1],
+                };
+                let block: [u32; BLOCK_TOKENS] = tokens[b * BLOCK_TOKENS..(b + 1) * BLOCK_TOKENS]
+                    .try_into()
+                    .expect("a block's worth");
+                cache.insert(h, parent, block, values);
             }
         }
     }
@@ -522,6 +550,17 @@ pub struct Sequence<B: Backend> {
 }
 
 impl<B: Backend> Sequence<B> {
+    /// The tokens whose keys and values the KV cache holds: the prompt, then the
+    /// generated tokens, as far as the cache reaches.
+    fn cached_tokens(&self) -> Vec<u32> {
+        self.prompt_ids
+            .iter()
+            .chain(&self.generated)
+            .take(self.cache.len())
+            .copied()
+            .collect()
+    }
+
     /// Why the sequence ended, once it has.
     pub fn finish_reason(&self) -> Option<FinishReason> {
         self.finish

@@ -108,12 +108,12 @@ impl WorkerMetrics {
         r.register("generation_tokens", "Tokens generated", m.tokens.clone());
         r.register(
             "prefix_cache_hits",
-            "Sequences that started from cached prefix blocks",
+            "Sequences that started from cached prefix positions",
             m.prefix_hits.clone(),
         );
         r.register(
             "prefix_cache_misses",
-            "Sequences that found no cached prefix",
+            "Sequences that found none of their prompt cached",
             m.prefix_misses.clone(),
         );
         r.register(

@@ -125,12 +125,17 @@ impl<B: Backend> KvCache<B> {
         Some(out.into_boxed_slice())
     }
 
-    /// Appends `n` positions packed by [`KvCache::host_span`] to the host store of every
-    /// layer. Returns false, changing nothing, when the values do not fit this cache's
-    /// shape or the cache is not on the host store.
-    pub(crate) fn push_host_span(&mut self, n: usize, kv: &[f32]) -> bool {
+    /// Appends the first `take` of `n` positions packed by [`KvCache::host_span`] to the
+    /// host store of every layer. Returns false, changing nothing, when the values do not
+    /// fit this cache's shape, `take` is 0 or over `n`, or the cache is not on the host
+    /// store.
+    pub(crate) fn push_host_span(&mut self, n: usize, take: usize, kv: &[f32]) -> bool {
         let layers = self.host.len();
-        if n == 0 || layers == 0 || !self.host_backed() || !kv.len().is_multiple_of(layers * 2 * n)
+        if take == 0
+            || take > n
+            || layers == 0
+            || !self.host_backed()
+            || !kv.len().is_multiple_of(layers * 2 * n)
         {
             return false;
         }
@@ -140,10 +145,10 @@ impl<B: Backend> KvCache<B> {
         }
         for (layer, chunk) in self.host.iter_mut().zip(kv.chunks_exact(2 * n * width)) {
             let (k, v) = chunk.split_at(n * width);
-            layer.k.extend_from_slice(k);
-            layer.v.extend_from_slice(v);
+            layer.k.extend_from_slice(&k[..take * width]);
+            layer.v.extend_from_slice(&v[..take * width]);
         }
-        self.len += n;
+        self.len += take;
         true
     }
 
