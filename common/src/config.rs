@@ -259,6 +259,11 @@ pub struct WorkerConfig {
     /// Budget of the prefix cache (keys and values of prompt blocks kept across
     /// requests), in MiB; 0 disables it.
     pub prefix_cache_mib: u64,
+    /// Most tokens one decode step runs through the model: each generating sequence's
+    /// token, then prompts, a longer prompt in chunks over several steps (chunked
+    /// prefill), so that a long prompt holds the running streams up for one bounded
+    /// step at a time; 0: no limit (a prompt always runs whole).
+    pub max_step_tokens: u32,
     /// Heartbeat period, in milliseconds.
     pub heartbeat_interval_ms: u64,
     /// A draining worker lets its streams run this long, then hands those still running
@@ -286,6 +291,7 @@ impl Default for WorkerConfig {
             max_queued: 64,
             kv_budget_mib: 1024,
             prefix_cache_mib: 256,
+            max_step_tokens: 256,
             heartbeat_interval_ms: 500,
             drain_handover_ms: 30_000,
             metrics_listen: "127.0.0.1:0".into(),

@@ -53,6 +53,15 @@ pub struct BenchArgs {
     /// over the whole vocabulary, as a request at that temperature would be).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
+    /// A prompt of this many tokens joins 15 generating sequences, with each step
+    /// budget of `--step-tokens` in turn (`--reps` times, alternating): the longest step
+    /// the generating sequences wait through and the joining prompt's time to its first
+    /// token (`baton join …` lines, medians). 0: skip.
+    #[arg(long, default_value_t = 0)]
+    pub join_prompt: usize,
+    /// Step budgets of the `--join-prompt` test (0: no limit).
+    #[arg(long, value_delimiter = ',', default_value = "0,256")]
+    pub step_tokens: Vec<usize>,
 }
 
 /// Sampling at `temperature` (greedy at 0), seeded.
@@ -179,10 +188,74 @@ pub fn run<B: Backend>(args: &BenchArgs, device: &B::Device) -> anyhow::Result<(
     if args.shared_prefix > 0 {
         shared_prefix_ttft(&engine, args, &tag)?;
     }
+    if args.join_prompt > 0 {
+        let long: Vec<u32> = seed
+            .iter()
+            .copied()
+            .cycle()
+            .take(args.join_prompt)
+            .collect();
+        join_long_prompt(&engine, &prompt, &long, args, &tag)?;
+    }
     if let Some(rss) = peak_rss_bytes() {
         println!(
             "baton peak_rss {tag} mib={:.0}",
             rss as f64 / (1024.0 * 1024.0)
+        );
+    }
+    Ok(())
+}
+
+/// A prompt of `long` tokens joins 15 generating sequences under each step budget of
+/// `args.step_tokens`: the longest step while it prefills (what every generating stream
+/// waits for its next token) and its time to first token, medians of `args.reps`.
+fn join_long_prompt<B: Backend>(
+    engine: &Engine<B>,
+    short: &[u32],
+    long: &[u32],
+    args: &BenchArgs,
+    tag: &str,
+) -> anyhow::Result<()> {
+    let params = GenerateParams {
+        max_tokens: 1 << 16,
+        ignore_eos: true,
+        sampling: sampling(args.temperature),
+        ..Default::default()
+    };
+    let mut results: Vec<(Vec<f64>, Vec<f64>)> = vec![Default::default(); args.step_tokens.len()];
+    for _ in 0..args.reps.max(1) {
+        for (budget, (longest, ttft)) in args.step_tokens.iter().zip(&mut results) {
+            engine.set_step_tokens(*budget);
+            let mut seqs = (0..15)
+                .map(|i| engine.start(short[..(16 + i).min(short.len())].to_vec(), params.clone()))
+                .collect::<Result<Vec<_>, _>>()?;
+            for _ in 0..2 {
+                let mut refs: Vec<_> = seqs.iter_mut().collect();
+                engine.step(&mut refs)?;
+            }
+            seqs.push(engine.start(long.to_vec(), params.clone())?);
+            let (start, mut worst) = (Instant::now(), 0.0f64);
+            while seqs[15].generated().is_empty() {
+                let t = Instant::now();
+                let mut refs: Vec<_> = seqs.iter_mut().collect();
+                engine.step(&mut refs)?;
+                worst = worst.max(t.elapsed().as_secs_f64());
+            }
+            ttft.push(start.elapsed().as_secs_f64() * 1e3);
+            longest.push(worst * 1e3);
+        }
+    }
+    engine.set_step_tokens(0);
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    for (budget, (longest, ttft)) in args.step_tokens.iter().zip(&mut results) {
+        println!(
+            "baton join prompt={} step_tokens={budget} {tag} longest_step_ms={:.1} ttft_ms={:.1}",
+            long.len(),
+            median(longest),
+            median(ttft)
         );
     }
     Ok(())
@@ -309,6 +382,10 @@ pub struct ServeBenchArgs {
     /// prefixes alike.
     #[arg(long, default_value_t = baton_common::config::WorkerConfig::default().prefix_cache_mib)]
     pub prefix_cache_mib: u64,
+    /// Most tokens a step runs (0: no limit); the default is a worker's
+    /// (`worker.max_step_tokens`).
+    #[arg(long, default_value_t = baton_common::config::WorkerConfig::default().max_step_tokens)]
+    pub max_step_tokens: u32,
     /// When each request is sent: a file with one offset in seconds from the start per
     /// line, one line per request (overrides `--rate`'s fixed intervals).
     /// `scripts/bench-serving` writes one with Poisson arrivals and gives both sides
@@ -412,6 +489,7 @@ pub fn run_serve(args: &ServeBenchArgs) -> anyhow::Result<()> {
         engine.set_prefix_cache(
             usize::try_from(args.prefix_cache_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
         );
+        engine.set_step_tokens(args.max_step_tokens as usize);
         let real = RealEngine::new(engine, name.clone());
         std::thread::spawn(move || scheduler::run(real, limits, cmd_rx, out_tx, load))
     };

@@ -23,13 +23,20 @@ use tempfile::TempDir;
 /// A tiny model in block form (so the host forward path runs), with room for long
 /// prompts.
 fn engine(dir: &TempDir) -> Engine<B> {
+    engine_with(dir, WeightDtype::Native)
+}
+
+/// The same tiny model with weights kept as `dtype`.
+fn engine_with(dir: &TempDir, dtype: WeightDtype) -> Engine<B> {
     let path: PathBuf = dir.path().join("tiny.gguf");
-    let mut spec = SyntheticSpec::tiny(21);
-    spec.weight_type = GgmlType::Q8_0;
-    spec.config.context_length = 256;
-    write_synthetic_llama(&path, &spec).expect("write tiny model");
-    let engine = Engine::<B>::load(&path, WeightDtype::Native, &Default::default()).expect("load");
-    assert!(engine.model().host_path());
+    if !path.exists() {
+        let mut spec = SyntheticSpec::tiny(21);
+        spec.weight_type = GgmlType::Q8_0;
+        spec.config.context_length = 256;
+        write_synthetic_llama(&path, &spec).expect("write tiny model");
+    }
+    let engine = Engine::<B>::load(&path, dtype, &Default::default()).expect("load");
+    assert_eq!(engine.model().host_path(), dtype == WeightDtype::Native);
     engine
 }
 
@@ -239,4 +246,88 @@ fn the_default_model_gives_the_same_tokens_from_cached_blocks() {
         assert_eq!(reused, [0, common as u64]);
         assert_eq!(engine.prefix_stats().hits - before.hits, 1);
     }
+}
+
+/// Chunked prefill: under a step budget, prompts run in chunks over several steps give
+/// the tokens of whole prompts, greedy and sampled, with the prefix cache on and off; a
+/// sequence that is generating gets its token every step while prompts join; no step
+/// runs more than the budget (or, when generating sequences fill it, a block's worth of
+/// prompt beside them), and every prompt advances.
+#[test]
+fn chunked_prompts_give_the_tokens_of_whole_ones() {
+    let dir = TempDir::new().expect("tempdir");
+    chunked_prompts_match(&engine(&dir));
+}
+
+/// The same with dense weights: the burn forward path, where no prefix cache runs.
+#[test]
+fn chunked_prompts_give_the_tokens_of_whole_ones_on_the_burn_path() {
+    let dir = TempDir::new().expect("tempdir");
+    chunked_prompts_match(&engine_with(&dir, WeightDtype::F32));
+}
+
+fn chunked_prompts_match(engine: &Engine<B>) {
+    let prompts = prompts();
+    for (temperature, seed) in [(0.0, 0), (1.0, 9)] {
+        let p = params(temperature, seed);
+        engine.set_step_tokens(0);
+        engine.set_prefix_cache(0);
+        let whole: Vec<Vec<u32>> = prompts.iter().map(|x| run(engine, x, &p)).collect();
+        for (budget, cache) in [(7, 0), (16, 0), (1, 0), (5, 1 << 20), (40, 1 << 20)] {
+            let case = format!("temperature {temperature}, budget {budget}, cache {cache}");
+            engine.set_prefix_cache(cache);
+            engine.set_step_tokens(budget);
+            // The first prompt starts alone: ⌈50 / budget⌉ steps to its first token.
+            let mut seqs = vec![engine.start(prompts[0].clone(), p.clone()).expect("start")];
+            let mut steps = 0;
+            while seqs[0].generated().is_empty() {
+                engine.step(&mut [&mut seqs[0]]).expect("step");
+                steps += 1;
+            }
+            if cache == 0 {
+                assert_eq!(steps, prompts[0].len().div_ceil(budget), "{case}");
+            }
+            // The others join while it generates.
+            for x in &prompts[1..] {
+                seqs.push(engine.start(x.clone(), p.clone()).expect("start"));
+            }
+            while seqs.iter().any(|s| s.finish_reason().is_none()) {
+                let before: Vec<(usize, usize, bool)> = seqs
+                    .iter()
+                    .map(|s| {
+                        let done = s.finish_reason().is_some();
+                        (s.cache().len(), s.generated().len(), done)
+                    })
+                    .collect();
+                let generating = seqs
+                    .iter()
+                    .filter(|s| s.finish_reason().is_none() && !s.generated().is_empty())
+                    .count();
+                let mut refs: Vec<_> = seqs.iter_mut().collect();
+                engine.step(&mut refs).expect("step");
+                let ran: usize = seqs
+                    .iter()
+                    .zip(&before)
+                    .map(|(s, (len, _, _))| s.cache().len() - len)
+                    .sum();
+                if cache == 0 {
+                    assert!(ran > 0, "{case}: every step advances");
+                    assert!(
+                        ran <= budget.max(generating + BLOCK_TOKENS),
+                        "{case}: {ran} tokens in a step"
+                    );
+                }
+                // A generating sequence gets its token every step.
+                for (s, (_, made, done)) in seqs.iter().zip(&before) {
+                    if *made > 0 && !done {
+                        assert_eq!(s.generated().len(), made + 1, "{case}");
+                    }
+                }
+            }
+            for (s, want) in seqs.iter().zip(&whole) {
+                assert_eq!(s.generated(), &want[..], "{case}");
+            }
+        }
+    }
+    engine.set_step_tokens(0);
 }

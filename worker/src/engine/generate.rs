@@ -6,13 +6,17 @@
 //! between steps (continuous batching); [`Engine::generate`] is the one-sequence loop.
 //!
 //! With a prefix cache ([`Engine::set_prefix_cache`]), a sequence's first step starts
-//! from the cached keys and values of its longest cached run of leading blocks and
-//! runs only the rest of its prompt; after that step its full blocks are stored, and
-//! those of prompt and output once it finishes.
+//! from the cached keys and values of its longest cached prefix and runs only the rest
+//! of its prompt; after each step that runs part of a prompt its full blocks are
+//! stored, and those of prompt and output once it finishes. With a step budget
+//! ([`Engine::set_step_tokens`]) a long prompt runs in chunks over several steps.
 
 use std::{
     path::Path,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex, PoisonError,
+    },
 };
 
 use baton_common::chain::{block_hashes, root};
@@ -192,6 +196,8 @@ pub struct Engine<B: Backend> {
     /// [`Engine::set_prefix_cache`] gives it a budget). Behind a lock because
     /// [`Engine::step`] takes `&self`; only the thread that steps uses it.
     prefix: Mutex<PrefixCache>,
+    /// Most tokens one step runs (0: no limit); see [`Engine::set_step_tokens`].
+    step_tokens: AtomicUsize,
 }
 
 impl<B: Backend> Engine<B> {
@@ -238,7 +244,22 @@ impl<B: Backend> Engine<B> {
             end_tokens,
             fingerprint: hasher.digest(),
             prefix: Mutex::new(PrefixCache::new(0)),
+            step_tokens: AtomicUsize::new(0),
         })
+    }
+
+    /// Sets the most tokens one [`Engine::step`] runs through the model (0: no limit,
+    /// the default). Every sequence that is generating runs its one token; prompts take
+    /// what is left, in order, and a prompt longer than that is run in chunks over
+    /// several steps (chunked prefill), yielding its first token after its last chunk.
+    /// A long prompt then holds the other streams up for a bounded step, not for its
+    /// whole prefill. If generating sequences alone fill the budget, the first prompt
+    /// still runs a block's worth of tokens, so that every prompt advances.
+    ///
+    /// Chunking changes no numbers: a prompt row's kernels and attention depend on its
+    /// own sequence alone, whatever else shares its step.
+    pub fn set_step_tokens(&self, tokens: usize) {
+        self.step_tokens.store(tokens, Ordering::Relaxed);
     }
 
     /// Sets the prefix cache's budget in bytes (0 disables it and frees what it holds).
@@ -368,7 +389,9 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Advances every unfinished sequence by one token with one forward pass, and
-    /// returns the token event of each (in order; `None` for sequences already finished).
+    /// returns the token event of each (in order; `None` for sequences already finished,
+    /// and for a prompt that ran only a chunk of itself under the step budget, see
+    /// [`Engine::set_step_tokens`]).
     pub fn step(
         &self,
         seqs: &mut [&mut Sequence<B>],
@@ -381,9 +404,7 @@ impl<B: Backend> Engine<B> {
         if active.is_empty() {
             return Ok(events);
         }
-        // Sequences whose prefill this step is, with the block hashes of what it runs.
         let prefix = self.model.host_path() && self.prefix_cache().enabled();
-        let mut fresh: Vec<(usize, Vec<u64>)> = Vec::new();
         if prefix {
             let mut cache = self.prefix_cache();
             for &i in &active {
@@ -420,64 +441,90 @@ impl<B: Backend> Engine<B> {
                 }
                 cache.record(loaded, candidates);
                 s.pending.drain(..loaded);
-                fresh.push((i, hashes));
             }
         }
+        // How many pending tokens each sequence runs this step: one for each generating
+        // sequence, then what the step's budget leaves, prompt by prompt.
+        let budget = match self.step_tokens.load(Ordering::Relaxed) {
+            0 => usize::MAX,
+            n => n,
+        };
+        let generating = active
+            .iter()
+            .filter(|&&i| seqs[i].pending.len() == 1)
+            .count();
+        let mut left = budget.saturating_sub(generating);
+        let mut prompt_ran = false;
+        let runs: Vec<(usize, usize)> = active
+            .iter()
+            .filter_map(|&i| {
+                let n = seqs[i].pending.len();
+                if n == 1 {
+                    return Some((i, 1));
+                }
+                let mut take = n.min(left);
+                if take == 0 && !prompt_ran {
+                    take = n.min(BLOCK_TOKENS);
+                }
+                left = left.saturating_sub(take);
+                prompt_ran |= take > 0;
+                (take > 0).then_some((i, take))
+            })
+            .collect();
         let mut logits = {
-            let mut inputs: Vec<SeqInput<'_, B>> = Vec::with_capacity(active.len());
+            let mut inputs: Vec<SeqInput<'_, B>> = Vec::with_capacity(runs.len());
             let mut rest: Vec<Option<&mut Sequence<B>>> =
                 seqs.iter_mut().map(|s| Some(&mut **s)).collect();
-            for &i in &active {
+            for &(i, take) in &runs {
                 let s = rest[i].take().expect("each index once");
                 inputs.push(SeqInput {
-                    tokens: &s.pending,
+                    tokens: &s.pending[..take],
                     cache: &mut s.cache,
                 });
             }
             self.model.forward_to_host(&mut inputs)?
         };
-        let vocab = logits.len() / active.len();
+        let vocab = logits.len() / runs.len();
         // Every draw depends only on its own row, parameters, history and position, so
         // several run in parallel on the compute threads (a draw at temperature > 0 sorts
-        // most of the vocabulary); the commits then run in order.
-        let draws: Vec<u32> = {
-            let mut jobs: Vec<(&SamplingParams, Vec<u32>, u64, &mut [f32])> = active
+        // most of the vocabulary); the commits then run in order. A prompt that ran only
+        // a chunk draws nothing: the logits of a chunk's last row are not its prompt's.
+        let draws: Vec<(usize, u32)> = {
+            type Job<'a> = (usize, &'a SamplingParams, Vec<u32>, u64, &'a mut [f32]);
+            let mut jobs: Vec<Job<'_>> = runs
                 .iter()
                 .zip(logits.chunks_exact_mut(vocab))
-                .map(|(&i, row)| {
+                .filter(|((i, take), _)| *take == seqs[*i].pending.len())
+                .map(|(&(i, _), row)| {
                     let s = &*seqs[i];
-                    (&s.params.sampling, s.history(), s.position(), row)
+                    (i, &s.params.sampling, s.history(), s.position(), row)
                 })
                 .collect();
-            let draw =
-                |(p, history, position, row): &mut (&SamplingParams, Vec<u32>, u64, &mut [f32])| {
-                    p.sample(row, history, *position)
-                };
-            if jobs.len() > 1 && jobs.iter().any(|j| j.0.temperature > 0.0) {
+            let draw = |(i, p, history, position, row): &mut Job<'_>| {
+                (*i, p.sample(row, history, *position))
+            };
+            if jobs.len() > 1 && jobs.iter().any(|j| j.1.temperature > 0.0) {
                 use rayon::prelude::*;
                 jobs.par_iter_mut().map(draw).collect()
             } else {
                 jobs.iter_mut().map(draw).collect()
             }
         };
-        for (&i, id) in active.iter().zip(draws) {
+        for &(i, take) in &runs {
+            if take < seqs[i].pending.len() {
+                seqs[i].pending.drain(..take);
+            }
+        }
+        for (i, id) in draws {
             events[i] = Some(seqs[i].take(self, id)?);
         }
         if prefix {
+            // The full blocks of every prompt (or replay) that ran this step, and of
+            // every sequence that finished.
             let mut cache = self.prefix_cache();
-            for (i, hashes) in &fresh {
-                let s = &*seqs[*i];
-                store_blocks(
-                    &mut cache,
-                    self.fingerprint,
-                    &s.cache,
-                    &s.cached_tokens(),
-                    hashes,
-                );
-            }
-            for &i in &active {
+            for &(i, take) in &runs {
                 let s = &*seqs[i];
-                if s.finish.is_some() && s.cache.len() >= BLOCK_TOKENS {
+                if take > 1 || s.finish.is_some() && s.cache.len() >= BLOCK_TOKENS {
                     let tokens = s.cached_tokens();
                     let hashes = block_hashes(self.fingerprint, &tokens);
                     store_blocks(&mut cache, self.fingerprint, &s.cache, &tokens, &hashes);

@@ -72,6 +72,10 @@ pub struct ServeArgs {
     /// Prefix cache budget in MiB (0: disabled).
     #[arg(long)]
     pub prefix_cache_mib: Option<u64>,
+    /// Most tokens a step runs; longer prompts run in chunks (0: no limit; overrides
+    /// `worker.max_step_tokens`).
+    #[arg(long)]
+    pub max_step_tokens: Option<u32>,
     /// How long a draining worker lets its streams run before it hands them over to
     /// other workers, in milliseconds (overrides `worker.drain_handover_ms`).
     #[arg(long)]
@@ -145,6 +149,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(m) = args.prefix_cache_mib {
         cfg.prefix_cache_mib = m;
     }
+    if let Some(n) = args.max_step_tokens {
+        cfg.max_step_tokens = n;
+    }
+    let step_tokens = cfg.max_step_tokens as usize;
     if let Some(ms) = args.drain_handover_ms {
         cfg.drain_handover_ms = ms;
     }
@@ -205,6 +213,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     let engine =
                         Engine::<CpuBackend>::load(&model_path, weights, &Default::default())?;
                     engine.set_prefix_cache(prefix_bytes);
+                    engine.set_step_tokens(step_tokens);
                     Ok(real::RealEngine::new(engine, name))
                 },
                 limits,
@@ -224,6 +233,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                                 &Default::default(),
                             )?;
                             engine.set_prefix_cache(prefix_bytes);
+                            engine.set_step_tokens(step_tokens);
                             Ok(real::RealEngine::new(engine, name))
                         },
                         limits,
