@@ -173,6 +173,44 @@ pub(crate) fn attend_heads(
     }
 }
 
+/// Softmax weights of `n` rows of `keys` scores each, in place and unnormalised; returns
+/// each row's reciprocal sum.
+///
+/// The library's e^x here, not `exp_avx2`: within an ulp of it, but the generated
+/// tokens' logits on the default model moved further from the reference than the tests
+/// allow (to 6.4e-3 from 3.7e-3, against 5e-3).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn softmax_rows(scores: &mut [f32], n: usize, keys: usize) -> [f32; MAX_HEADS] {
+    let mut inv = [0.0f32; MAX_HEADS];
+    for h in 0..n {
+        let row = &mut scores[h * keys..(h + 1) * keys];
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let mut sum = 0.0f32;
+        for s in row.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        inv[h] = 1.0 / sum;
+    }
+    inv
+}
+
+/// The sum of eight lanes: the halves added (`a_j + a_j+4`), then lanes 0 + 2 and 1 + 3,
+/// then those two. [`attend_heads_avx512`] reduces four sums at once in this order.
+///
+/// # Safety
+/// Needs AVX.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx")]
+unsafe fn hsum8(x: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+}
+
 /// Query heads a call of [`attend_heads_avx2`] takes.
 #[cfg(target_arch = "x86_64")]
 const MAX_HEADS: usize = 16;
@@ -205,11 +243,6 @@ unsafe fn attend_heads_avx2(
     // `t < keys` at `t · stride + off .. + d` inside `k` and `v`, head `h < n` at
     // `h · d .. + d` inside `q` and `out`, and `h · keys + t` inside `scores`.
     unsafe {
-        let hsum = |x: __m256| {
-            let s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
-        };
         // Scores, four keys at a time (four independent chains of FMAs).
         for h in 0..n {
             let qp = q.as_ptr().add(h * d);
@@ -225,26 +258,13 @@ unsafe fn attend_heads_avx2(
                     }
                 }
                 for (i, a) in acc.iter().enumerate().take(take) {
-                    *scores.get_unchecked_mut(h * keys + t + i) = hsum(*a) * scale;
+                    *scores.get_unchecked_mut(h * keys + t + i) = hsum8(*a) * scale;
                 }
                 t += take;
             }
         }
         // Softmax weights, unnormalised; each head's sum.
-        let mut inv = [0.0f32; MAX_HEADS];
-        for h in 0..n {
-            let row = &mut scores[h * keys..(h + 1) * keys];
-            let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-            let mut sum = 0.0f32;
-            // The library's e^x here, not `exp_avx2`: within an ulp of it, but the
-            // generated tokens' logits on the default model moved further from the
-            // reference than the tests allow (to 6.4e-3 from 3.7e-3, against 5e-3).
-            for s in row.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            inv[h] = 1.0 / sum;
-        }
+        let inv = softmax_rows(scores, n, keys);
         // Weighted values: each value row once for every head, eight values at a time,
         // even and odd keys in separate accumulators (two chains of FMAs a head).
         for c in 0..chunks {
@@ -323,13 +343,6 @@ unsafe fn attend_heads_avx512(
     // rows `t < keys` at `t · stride + off .. + d` inside `k` and `v`, head `h < n` at
     // `h · d .. + d` inside `q` and `out`, and `h · keys + t` inside `scores`.
     unsafe {
-        // One sum's reduction, as `attend_heads_avx2` does it: the halves added
-        // (a_j + a_j+4), then lanes 0+2 and 1+3, then those two.
-        let hsum = |x: __m256| {
-            let s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
-        };
         let sc = _mm256_set1_ps(scale);
         let mut h0 = 0;
         while h0 < n {
@@ -383,23 +396,13 @@ unsafe fn attend_heads_avx512(
                         let qc = _mm256_loadu_ps(q.as_ptr().add((h0 + h) * d + 8 * c));
                         a = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kp), a);
                     }
-                    *scores.get_unchecked_mut((h0 + h) * keys + t) = hsum(a) * scale;
+                    *scores.get_unchecked_mut((h0 + h) * keys + t) = hsum8(a) * scale;
                 }
             }
             h0 += hn;
         }
         // Softmax weights, unnormalised; each head's sum (as `attend_heads_avx2`).
-        let mut inv = [0.0f32; MAX_HEADS];
-        for h in 0..n {
-            let row = &mut scores[h * keys..(h + 1) * keys];
-            let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-            let mut sum = 0.0f32;
-            for s in row.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            inv[h] = 1.0 / sum;
-        }
+        let inv = softmax_rows(scores, n, keys);
         // Weighted values, 32 values (two vectors) of up to three heads at a time, then
         // 16 where `d` leaves them.
         let mut c0 = 0;
