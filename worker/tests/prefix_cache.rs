@@ -331,3 +331,37 @@ fn chunked_prompts_match(engine: &Engine<B>) {
     }
     engine.set_step_tokens(0);
 }
+
+/// Under a step budget, prompts that arrive together and wait their turn find what the
+/// prompts that ran before them stored, and each sequence is counted once, a hit or a
+/// miss.
+#[test]
+fn prompts_waiting_under_the_budget_reuse_what_ran_before_them() {
+    let dir = TempDir::new().expect("tempdir");
+    let engine = engine(&dir);
+    let prompts = prompts();
+    let p = params(0.0, 0);
+    engine.set_prefix_cache(0);
+    let whole: Vec<Vec<u32>> = prompts.iter().map(|x| run(&engine, x, &p)).collect();
+    engine.set_prefix_cache(1 << 20);
+    // The first prompt (50 tokens) fills the first step alone; the others wait a step.
+    engine.set_step_tokens(prompts[0].len());
+    let before = engine.prefix_stats();
+    let mut seqs: Vec<_> = prompts
+        .iter()
+        .map(|x| engine.start(x.clone(), p.clone()).expect("start"))
+        .collect();
+    while seqs.iter().any(|s| s.finish_reason().is_none()) {
+        let mut refs: Vec<_> = seqs.iter_mut().collect();
+        engine.step(&mut refs).expect("step");
+    }
+    for (s, want) in seqs.iter().zip(&whole) {
+        assert_eq!(s.generated(), &want[..]);
+    }
+    let s = engine.prefix_stats();
+    assert_eq!(s.misses - before.misses, 1, "only the first prompt missed");
+    assert_eq!(s.hits - before.hits, 3);
+    // 40 shared tokens for the second and third, 19 (all but the last) for the fourth.
+    assert_eq!(s.reused_tokens - before.reused_tokens, 40 + 40 + 19);
+    engine.set_step_tokens(0);
+}

@@ -405,6 +405,11 @@ impl<B: Backend> Engine<B> {
             return Ok(events);
         }
         let prefix = self.model.host_path() && self.prefix_cache().enabled();
+        // Sequences looked up in the prefix cache now: positions reused, and positions
+        // that could have been (counted once it runs or reuses something; a prompt that
+        // found nothing and waits under the step budget is looked up again next step,
+        // when the prompts that ran before it may have stored what it needs).
+        let mut looked: Vec<(usize, usize, usize)> = Vec::new();
         if prefix {
             let mut cache = self.prefix_cache();
             for &i in &active {
@@ -439,7 +444,7 @@ impl<B: Backend> Engine<B> {
                         }
                     }
                 }
-                cache.record(loaded, candidates);
+                looked.push((i, loaded, candidates));
                 s.pending.drain(..loaded);
             }
         }
@@ -471,6 +476,14 @@ impl<B: Backend> Engine<B> {
                 (take > 0).then_some((i, take))
             })
             .collect();
+        if !looked.is_empty() {
+            let mut cache = self.prefix_cache();
+            for (i, loaded, candidates) in looked {
+                if loaded > 0 || runs.iter().any(|&(r, _)| r == i) {
+                    cache.record(loaded, candidates);
+                }
+            }
+        }
         let mut logits = {
             let mut inputs: Vec<SeqInput<'_, B>> = Vec::with_capacity(runs.len());
             let mut rest: Vec<Option<&mut Sequence<B>>> =
