@@ -77,6 +77,23 @@ fn run(engine: &Engine<B>, prompt: &[u32], params: &GenerateParams) -> Vec<u32> 
         .ids
 }
 
+/// Starts every prompt at once and steps them together to their ends; their tokens.
+fn run_together(
+    engine: &Engine<B>,
+    prompts: &[Vec<u32>],
+    params: &GenerateParams,
+) -> Vec<Vec<u32>> {
+    let mut seqs: Vec<_> = prompts
+        .iter()
+        .map(|x| engine.start(x.clone(), params.clone()).expect("start"))
+        .collect();
+    while seqs.iter().any(|s| s.finish_reason().is_none()) {
+        let mut refs: Vec<_> = seqs.iter_mut().collect();
+        engine.step(&mut refs).expect("step");
+    }
+    seqs.iter().map(|s| s.generated().to_vec()).collect()
+}
+
 #[test]
 fn cached_prefixes_give_the_tokens_of_a_cold_start() {
     let dir = TempDir::new().expect("tempdir");
@@ -139,17 +156,7 @@ fn a_batch_mixing_cached_and_cold_prefills_matches_cold_starts() {
     engine.set_prefix_cache(1 << 20);
     run(&engine, &prompts[0], &p);
     // All four start in one step, each from the blocks the first run stored.
-    let mut seqs: Vec<_> = prompts
-        .iter()
-        .map(|x| engine.start(x.clone(), p.clone()).expect("start"))
-        .collect();
-    while seqs.iter().any(|s| s.finish_reason().is_none()) {
-        let mut refs: Vec<_> = seqs.iter_mut().collect();
-        engine.step(&mut refs).expect("step");
-    }
-    for (s, want) in seqs.iter().zip(&cold) {
-        assert_eq!(s.generated(), &want[..]);
-    }
+    assert_eq!(run_together(&engine, &prompts, &p), cold);
     assert_eq!(engine.prefix_stats().hits, 4);
 }
 
@@ -347,17 +354,7 @@ fn prompts_waiting_under_the_budget_reuse_what_ran_before_them() {
     // The first prompt (50 tokens) fills the first step alone; the others wait a step.
     engine.set_step_tokens(prompts[0].len());
     let before = engine.prefix_stats();
-    let mut seqs: Vec<_> = prompts
-        .iter()
-        .map(|x| engine.start(x.clone(), p.clone()).expect("start"))
-        .collect();
-    while seqs.iter().any(|s| s.finish_reason().is_none()) {
-        let mut refs: Vec<_> = seqs.iter_mut().collect();
-        engine.step(&mut refs).expect("step");
-    }
-    for (s, want) in seqs.iter().zip(&whole) {
-        assert_eq!(s.generated(), &want[..]);
-    }
+    assert_eq!(run_together(&engine, &prompts, &p), whole);
     let s = engine.prefix_stats();
     assert_eq!(s.misses - before.misses, 1, "only the first prompt missed");
     assert_eq!(s.hits - before.hits, 3);

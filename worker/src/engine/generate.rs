@@ -538,9 +538,7 @@ impl<B: Backend> Engine<B> {
             for &(i, take) in &runs {
                 let s = &*seqs[i];
                 if take > 1 || s.finish.is_some() && s.cache.len() >= BLOCK_TOKENS {
-                    let tokens = s.cached_tokens();
-                    let hashes = block_hashes(self.fingerprint, &tokens);
-                    store_blocks(&mut cache, self.fingerprint, &s.cache, &tokens, &hashes);
+                    store_blocks(&mut cache, self.fingerprint, &s.cache, &s.cached_tokens());
                 }
             }
         }
@@ -564,19 +562,17 @@ impl<B: Backend> Engine<B> {
     }
 }
 
-/// Stores the full blocks of `kv` named by `hashes` (block *i* is positions
-/// `16i..16i + 16`, its tokens `tokens[16i..16i + 16]`), last to first, so that a run's
-/// first block is its most recently used and the last to be evicted.
+/// Stores the full blocks of `kv`, whose positions hold `tokens` (block *i* is positions
+/// `16i..16i + 16`, named by the chain's hash after them), last to first, so that a
+/// run's first block is its most recently used and the last to be evicted.
 fn store_blocks<B: Backend>(
     cache: &mut PrefixCache,
     fingerprint: u64,
     kv: &KvCache<B>,
     tokens: &[u32],
-    hashes: &[u64],
 ) {
-    let full = (kv.len() / BLOCK_TOKENS)
-        .min(hashes.len())
-        .min(tokens.len() / BLOCK_TOKENS);
+    let hashes = block_hashes(fingerprint, tokens);
+    let full = (kv.len() / BLOCK_TOKENS).min(hashes.len());
     for (b, &h) in hashes[..full].iter().enumerate().rev() {
         if !cache.touch(h) {
             if let Some(values) = kv.host_span(b * BLOCK_TOKENS, BLOCK_TOKENS) {
