@@ -779,7 +779,7 @@ impl<B: Backend> Llama<B> {
 
                 let a = unsafe { atts.get(0..rows * qd) };
                 b.out.prepare(a, &row_int, &mut xsum);
-                while let Some((r0, r1)) = chunk(&counters, phase, hidden) {
+                while let Some((r0, r1)) = chunk(&counters, phase, hidden, threads) {
                     yt.resize((r1 - r0) * rows, 0.0);
                     b.out
                         .product_rows(a, rows, &xsum, r0, r1, &mut tile, &mut yt);
@@ -790,7 +790,7 @@ impl<B: Backend> Llama<B> {
 
                 rms_norm(unsafe { xs.get(0..rows * hidden) }, b.ffn_norm, eps, &mut h);
                 b.gate_up.prepare(&h, &row_int, &mut xsum);
-                while let Some((r0, r1)) = chunk(&counters, phase, ffn) {
+                while let Some((r0, r1)) = chunk(&counters, phase, ffn, threads) {
                     let n = (r1 - r0) * rows;
                     yt.resize(n, 0.0);
                     yt2.resize(n, 0.0);
@@ -818,7 +818,7 @@ impl<B: Backend> Llama<B> {
 
                 let a = unsafe { acts.get(0..rows * ffn) };
                 b.down.prepare(a, &row_int, &mut xsum);
-                while let Some((r0, r1)) = chunk(&counters, phase, hidden) {
+                while let Some((r0, r1)) = chunk(&counters, phase, hidden, threads) {
                     yt.resize((r1 - r0) * rows, 0.0);
                     b.down
                         .product_rows(a, rows, &xsum, r0, r1, &mut tile, &mut yt);
@@ -835,7 +835,7 @@ impl<B: Backend> Llama<B> {
             h.resize(last.len(), 0.0);
             rms_norm(&last, w.norm, eps, &mut h);
             w.lm_head.prepare(&h, &last_int, &mut xsum);
-            while let Some((r0, r1)) = chunk(&counters, phase, vocab) {
+            while let Some((r0, r1)) = chunk(&counters, phase, vocab, threads) {
                 yt.resize((r1 - r0) * nseq, 0.0);
                 w.lm_head
                     .product_rows(&h, nseq, &xsum, r0, r1, &mut tile, &mut yt);
@@ -852,13 +852,20 @@ impl<B: Backend> Llama<B> {
     }
 }
 
-/// Output rows per work item of the products (a multiple of the dense tile).
-const CHUNK: usize = 64;
-
-/// The next chunk `r0..r1` of `total` output rows in `phase`.
-fn chunk(counters: &Counters, phase: usize, total: usize) -> Option<(usize, usize)> {
-    let item = counters.next(phase, total.div_ceil(CHUNK))?;
-    Some((item * CHUNK, (item * CHUNK + CHUNK).min(total)))
+/// The next chunk `r0..r1` of `total` output rows in `phase`: about eight chunks a
+/// thread, a multiple of six rows (the kernels' tiles of three rows and three pairs), so
+/// that the threads finish a phase together (a phase of 576 rows in chunks of 64 left
+/// one of two threads a ninth of it to wait through) and a thread slowed by the machine
+/// leaves its last chunks to the others.
+fn chunk(
+    counters: &Counters,
+    phase: usize,
+    total: usize,
+    threads: usize,
+) -> Option<(usize, usize)> {
+    let size = total.div_ceil(threads.max(1) * 8).next_multiple_of(6);
+    let item = counters.next(phase, total.div_ceil(size))?;
+    Some((item * size, (item * size + size).min(total)))
 }
 
 /// `x[j][r0..r1] += yt[r − r0][j]` for every row `j` of `x` (`width` wide).
