@@ -25,11 +25,17 @@
 //! on this model that moved logits by up to 1.7 and greedy text within a few tokens, so
 //! 16 bits it is.) On x86-64 with AVX2 and FMA (checked at run time) the
 //! dot products use 256-bit vectors; elsewhere a portable loop does the same arithmetic.
-//! Where the CPU also has AVX-512 with VNNI, integer products run two blocks to a
-//! 512-bit vector, three weight rows against four input rows at a time, with the same
-//! additions in the same lanes as the AVX2 kernel: a worker with AVX-512 and one
-//! without give a stream the same bits, so a stream moved between them continues the
-//! same text (`simd::IntKernel`).
+//! The vector kernels take a row's blocks four at a time (a quad; [`Prepared`] lays the
+//! inputs out for it): one 512-bit multiply-add leaves each block's integer sum in four
+//! lanes, so that one conversion, one scale product and two FMAs (the scaled sum, the
+//! minimum term) serve four blocks. Where the CPU has AVX-512 with VNNI a quad is one
+//! vector of each of four element groups (`vpmaddwd`, then `vpdpwssd` three times),
+//! two weight rows against four input rows at a time; with AVX2 a quad is two halves of
+//! 256 bits. Both add the same terms in the same lanes in the same order: a worker with
+//! AVX-512 and one without give a stream the same bits, so a stream moved between them
+//! continues the same text (`simd::IntKernel`). On Zen 5 the 16-bit multiply-adds and
+//! the f32 multiplies and FMAs share two pipes, which is what bounds these products at
+//! 16 rows (docs/benchmarks.md, "Products at their bound").
 
 use half::f16;
 use rayon::prelude::*;
@@ -79,12 +85,19 @@ pub struct Prepared {
     q: Vec<i16>,
     /// Scale of each block of `q`, `[int_rows, cols/32]`.
     d: Vec<f32>,
-    /// For the 512-bit kernel only ([`simd::IntKernel::Avx512`]): `q` with each pair of
-    /// blocks `b`, `b + 1` interleaved by halves (`b[0..16] b+1[0..16] b[16..32]
-    /// b+1[16..32]`; an odd last block as it is), and each pair's scales spread over
-    /// sixteen lanes (`e_b` ×8, `e_b+1` ×8), `[int_rows, 8 · (cols/32 rounded down to even)]`.
+    /// For the vector kernels ([`simd::IntKernel::Avx2`], [`simd::IntKernel::Avx512`]):
+    /// `q` in the quad layout. Each row's blocks go in quads of four (a last partial
+    /// quad padded with zero blocks); a quad is four vectors of 32 values, vector `g`
+    /// holding elements `8g..8g + 8` of each of its four blocks in turn, so that a
+    /// 512-bit integer product of a quad leaves each block's sum in four adjacent
+    /// 32-bit lanes. `ez` holds each quad's four block scales, each repeated four times
+    /// (zero for padding). `[int_rows, 128 · ⌈cols/128⌉]` and `[int_rows, 16 · ⌈cols/128⌉]`.
     qz: Vec<i16>,
     ez: Vec<f32>,
+    /// For the vector kernels and 4-bit weights: each quad's four block sums `Σx`,
+    /// quartered and each repeated four times (the minimum terms `m · Σx` then join the
+    /// quad's lanes, a quarter in each of a block's four), laid out as `ez`.
+    sz: Vec<f32>,
     /// When only some rows are integer: their block sums, and the other rows (`x` and
     /// block sums) gathered, so that each kind runs over contiguous rows.
     isums: Vec<f32>,
@@ -102,29 +115,47 @@ impl Prepared {
             sums,
             qz: &self.qz,
             ez: &self.ez,
+            sz: &self.sz,
         }
     }
 
-    /// `qz` and `ez` from `q` and `d` (rows of `bpr` blocks).
+    /// `qz` and `ez` from `q` and `d` (rows of `bpr` blocks), and `sz` from the block
+    /// sums of the integer rows (when there are sums: 4-bit weights).
     fn interleave(&mut self, bpr: usize) {
-        let pairs = bpr / 2;
-        self.qz.reserve(self.q.len());
-        self.ez.reserve(self.d.len() / bpr.max(1) * pairs * 16);
-        for (q, d) in self
+        let quads = bpr.div_ceil(4);
+        let rows = self.d.len() / bpr.max(1);
+        self.qz.clear();
+        self.ez.clear();
+        self.sz.clear();
+        self.qz.resize(rows * quads * 128, 0);
+        self.ez.resize(rows * quads * 16, 0.0);
+        if !self.sums.is_empty() {
+            self.sz.resize(rows * quads * 16, 0.0);
+            for (t, &j) in self.int_rows.iter().enumerate() {
+                let sz = &mut self.sz[t * quads * 16..(t + 1) * quads * 16];
+                for (b, &sum) in self.sums[j * bpr..(j + 1) * bpr].iter().enumerate() {
+                    let at = (b / 4) * 16 + (b % 4) * 4;
+                    // Exact: a power of two (normal sums; a subnormal one may round).
+                    sz[at..at + 4].fill(sum * 0.25);
+                }
+            }
+        }
+        for (row, (q, d)) in self
             .q
             .chunks_exact(bpr * BLOCK)
             .zip(self.d.chunks_exact(bpr))
+            .enumerate()
         {
-            for p in 0..pairs {
-                let (a, b) = q[2 * p * BLOCK..(2 * p + 2) * BLOCK].split_at(BLOCK);
-                for half in [0..16, 16..32] {
-                    self.qz.extend_from_slice(&a[half.clone()]);
-                    self.qz.extend_from_slice(&b[half]);
+            let qz = &mut self.qz[row * quads * 128..(row + 1) * quads * 128];
+            let ez = &mut self.ez[row * quads * 16..(row + 1) * quads * 16];
+            for (b, (block, &e)) in q.chunks_exact(BLOCK).zip(d).enumerate() {
+                let (quad, slot) = (b / 4, b % 4);
+                for g in 0..4 {
+                    let at = quad * 128 + g * 32 + slot * 8;
+                    qz[at..at + 8].copy_from_slice(&block[g * 8..g * 8 + 8]);
                 }
-                self.ez.extend(std::iter::repeat_n(d[2 * p], 8));
-                self.ez.extend(std::iter::repeat_n(d[2 * p + 1], 8));
+                ez[quad * 16 + slot * 4..quad * 16 + slot * 4 + 4].fill(e);
             }
-            self.qz.extend_from_slice(&q[2 * pairs * BLOCK..]);
         }
     }
 }
@@ -383,6 +414,7 @@ impl QMatrix {
         out.d.clear();
         out.qz.clear();
         out.ez.clear();
+        out.sz.clear();
         out.isums.clear();
         out.f_rows.clear();
         out.fx.clear();
@@ -412,7 +444,7 @@ impl QMatrix {
                 &mut out.d[dat..],
             );
         }
-        if simd::IntKernel::best() == simd::IntKernel::Avx512 {
+        if simd::IntKernel::best() != simd::IntKernel::Portable {
             out.interleave(bpr);
         }
         if out.int_rows.len() == n {
@@ -811,21 +843,20 @@ mod simd {
         }
     }
 
-    /// The kernels for products with 16-bit integer inputs. All of them give every
-    /// output bitwise the same value: the block sums are exact in integers and the
-    /// vector kernels add the floating-point terms in the same lanes in the same order
-    /// (two accumulators of eight lanes, even and odd blocks, summed at the end), which
-    /// the portable loop does not (it adds block by block), so it agrees with them only
-    /// up to rounding.
+    /// The kernels for products with 16-bit integer inputs. The vector kernels give
+    /// every output bitwise the same value: the block sums are exact in integers and
+    /// they add the floating-point terms in the same lanes in the same order (sixteen
+    /// lanes, four a block of each quad, folded in halves at the end); the portable
+    /// loop adds block by block, so it agrees with them only up to rounding.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum IntKernel {
         /// Plain Rust, any CPU.
         Portable,
-        /// AVX2 and FMA: one block at a time, `vpmaddwd` on 256-bit vectors.
+        /// AVX2 and FMA: half a quad (two blocks) at a time, `vpmaddwd` on 256-bit
+        /// vectors.
         Avx2,
-        /// AVX-512 (F, BW) with VNNI: two blocks at a time in 512-bit vectors,
-        /// `vpmaddwd` then `vpdpwssd`, with inputs laid out for it by
-        /// [`super::Prepared`]; half the vector operations a multiply-add of [`Self::Avx2`].
+        /// AVX-512 (F, BW) with VNNI: a quad at a time, `vpmaddwd` then `vpdpwssd` on
+        /// 512-bit vectors; half the vector operations of [`Self::Avx2`].
         Avx512,
     }
 
@@ -871,6 +902,12 @@ mod simd {
         }
     }
 
+    /// Weight rows the integer kernels take through every input row before the next
+    /// ones: 48 rows of 576 values are 14–28 KiB, which stay in the core's first- or
+    /// second-level cache while the input rows pass (the output projection's slices of
+    /// thousands of rows did not, and were read from memory again for every four inputs).
+    pub const WEIGHT_SLICE: usize = 48;
+
     /// Input rows quantized to 16-bit blocks, from [`super::Prepared`]: values `q`
     /// (rows of `32 · nb`), block scales `d` (rows of `nb`), exact block sums `sums`
     /// (laid out as `d`; 4-bit weights only) and, for [`IntKernel::Avx512`], the
@@ -882,6 +919,7 @@ mod simd {
         pub sums: &'a [f32],
         pub qz: &'a [i16],
         pub ez: &'a [f32],
+        pub sz: &'a [f32],
     }
 
     /// Weight rows (`qs`, `scales`, `mins`: `m` rows of `nb` blocks each) against input
@@ -910,6 +948,7 @@ mod simd {
             sums,
             qz,
             ez,
+            sz,
         } = x;
         let nibble = kind == super::QKind::Nibble;
         let m = scales.len().checked_div(nb).unwrap_or(0);
@@ -930,12 +969,17 @@ mod simd {
             "{kernel:?} does not run on this CPU"
         );
         #[cfg(target_arch = "x86_64")]
+        if kernel != IntKernel::Portable {
+            assert!(
+                qz.len() == n * nb.div_ceil(4) * 128
+                    && ez.len() == n * nb.div_ceil(4) * 16
+                    && sz.len() == if nibble { ez.len() } else { 0 },
+                "inputs in the quad layout missing"
+            );
+        }
+        #[cfg(target_arch = "x86_64")]
         match kernel {
             IntKernel::Avx512 => {
-                assert!(
-                    qz.len() == xq.len() && ez.len() == n * (nb / 2) * 16,
-                    "interleaved inputs missing"
-                );
                 // SAFETY: AVX-512 F/BW/VNNI, AVX2 and FMA were detected at run time (the
                 // assertion above); the lengths checked above put every block of every
                 // row asked for in bounds.
@@ -953,16 +997,16 @@ mod simd {
                 // above put every block of every row asked for in bounds.
                 unsafe {
                     if nibble {
-                        x86::dot_int_rows::<true>(nb, qs, scales, mins, xq, xd, sums, rows, out);
+                        x86::dot_int_rows::<true>(nb, qs, scales, mins, x, rows, out);
                     } else {
-                        x86::dot_int_rows::<false>(nb, qs, scales, mins, xq, xd, sums, rows, out);
+                        x86::dot_int_rows::<false>(nb, qs, scales, mins, x, rows, out);
                     }
                 }
                 return;
             }
             IntKernel::Portable => {}
         }
-        let _ = (qz, ez);
+        let _ = (qz, ez, sz);
         let qpb = if nibble { 16 } else { 32 };
         for r in 0..m {
             for j in rows.clone() {
@@ -1110,103 +1154,177 @@ mod simd {
             }
         }
 
-        /// `Σ w·p` of one block as eight f32 lanes: weights `w0` (elements 0..16) and
-        /// `w1` (16..32) as i16, inputs the 32 i16 at `p`. Sums stay exact in i32: each
-        /// lane adds four products of at most 128 · 32767.
-        ///
-        /// # Safety
-        /// Needs AVX2; `p` must point at 32 readable i16.
-        #[inline]
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn block_dot_i16(w0: __m256i, w1: __m256i, p: *const i16) -> __m256 {
-            // SAFETY: the caller guarantees 32 i16 at `p`.
-            unsafe {
-                let p0 = _mm256_loadu_si256(p.cast());
-                let p1 = _mm256_loadu_si256(p.add(16).cast());
-                let s = _mm256_add_epi32(_mm256_madd_epi16(w0, p0), _mm256_madd_epi16(w1, p1));
-                _mm256_cvtepi32_ps(s)
-            }
+        /// Input rows for the quad kernels: row `k`'s quads start `k · quads · 128`
+        /// values into `qz`, `k · quads · 16` into `ez` and (4-bit weights only) `sz`.
+        #[derive(Clone, Copy)]
+        struct QuadRows {
+            qz: *const i16,
+            ez: *const f32,
+            sz: *const f32,
+            nb: usize,
         }
 
-        /// Block `b` of every input row into `acc`: the weight block is widened to i16
-        /// once, then each row adds `(d_b · e_kb) · Σ q·p` to its accumulator.
-        ///
-        /// # Safety
-        /// Needs AVX2 and FMA; block `b` must be inside `qs`, `scales` and every `xq[k]`,
-        /// `xd[k]`.
-        #[inline]
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn int_block<const NIBBLE: bool, const R: usize>(
-            qs: &[u8],
-            scales: &[f32],
-            xq: &[&[i16]; R],
-            xd: &[&[f32]; R],
-            b: usize,
-            acc: &mut [__m256; R],
-        ) {
-            // SAFETY: the caller keeps block `b` in bounds of every slice.
-            unsafe {
-                // Weights stream through once: ask for the bytes a few rows ahead.
-                let ahead = if NIBBLE { b * 16 + 4096 } else { b * 32 + 8192 };
-                _mm_prefetch::<_MM_HINT_T0>(qs.as_ptr().wrapping_add(ahead).cast());
-                let (w0, w1) = widen_block::<NIBBLE>(qs, b);
-                let d = _mm256_set1_ps(*scales.get_unchecked(b));
-                for k in 0..R {
-                    let s = block_dot_i16(w0, w1, xq[k].as_ptr().add(b * 32));
-                    // d_b · e_kb in every lane, as one f32 product.
-                    let scale = _mm256_mul_ps(d, _mm256_broadcast_ss(&*xd[k].as_ptr().add(b)));
-                    acc[k] = _mm256_fmadd_ps(scale, s, acc[k]);
+        impl QuadRows {
+            /// The rows of `x` from row `j` on.
+            ///
+            /// # Safety
+            /// Row `j` must be a row of `x` (`nb` blocks a row).
+            unsafe fn at(x: super::IntRows<'_>, nb: usize, j: usize, nibble: bool) -> Self {
+                let quads = nb.div_ceil(4);
+                // SAFETY: row `j` is in bounds by the caller's contract.
+                unsafe {
+                    QuadRows {
+                        qz: x.qz.as_ptr().add(128 * quads * j),
+                        ez: x.ez.as_ptr().add(16 * quads * j),
+                        sz: if nibble {
+                            x.sz.as_ptr().add(16 * quads * j)
+                        } else {
+                            x.sz.as_ptr()
+                        },
+                        nb,
+                    }
                 }
             }
         }
 
-        /// One weight row against `R` rows of 16-bit inputs. Each row keeps two
-        /// accumulators, even blocks in one and odd blocks in the other (so that
-        /// consecutive blocks of a lone row do not wait on each other), summed at the
-        /// end: the same additions in the same order for every `R`.
+        /// The weights of blocks `b`, `b + 1` (the half `h` of a quad) as four vectors of
+        /// sixteen i16, element groups 0..8, 8..16, 16..24 and 24..32 of block `b` in
+        /// the low eight and of block `b + 1` in the high eight, and their scales
+        /// (`d_b` ×4, `d_b+1` ×4). Block `b + 1` reads as zeros with scale 0 when `two`
+        /// is false.
         ///
         /// # Safety
-        /// Needs AVX2 and FMA; `qs` holds `scales.len()` blocks, every `xq[k]` is
-        /// `32 · scales.len()` long and every `xd[k]` as long as `scales`; for nibbles
-        /// `mins` and every `sums[k]` are as long as `scales`.
+        /// Needs AVX2 and FMA; block `b` (and `b + 1` when `two`) inside `qs`, `scales`.
+        #[inline]
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn dot_int<const NIBBLE: bool, const R: usize>(
+        unsafe fn widen_half<const NIBBLE: bool>(
+            qs: &[u8],
+            scales: &[f32],
+            b: usize,
+            two: bool,
+        ) -> ([__m256i; 4], __m256) {
+            // SAFETY: the caller guarantees the blocks read are in bounds.
+            unsafe {
+                let w = if NIBBLE {
+                    let p = qs.as_ptr().add(b * 16);
+                    let v = if two {
+                        _mm256_loadu_si256(p.cast())
+                    } else {
+                        _mm256_zextsi128_si256(_mm_loadu_si128(p.cast()))
+                    };
+                    // Bytes 0..8 of both blocks, then bytes 8..16 of both: byte i holds
+                    // element i (low nibble) and i + 16 (high nibble).
+                    let v = _mm256_permute4x64_epi64::<0b11_01_10_00>(v);
+                    let a = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v));
+                    let c = _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(v));
+                    let low = _mm256_set1_epi16(0x0F);
+                    [
+                        _mm256_and_si256(a, low),
+                        _mm256_and_si256(c, low),
+                        _mm256_srli_epi16(a, 4),
+                        _mm256_srli_epi16(c, 4),
+                    ]
+                } else {
+                    let p = qs.as_ptr().add(b * 32);
+                    let a = _mm256_loadu_si256(p.cast());
+                    let c = if two {
+                        _mm256_loadu_si256(p.add(32).cast())
+                    } else {
+                        _mm256_setzero_si256()
+                    };
+                    // Within each 128-bit half: eight bytes of `a`, eight of `c`.
+                    let even = _mm256_unpacklo_epi64(a, c); // groups 0 | 2
+                    let odd = _mm256_unpackhi_epi64(a, c); // groups 1 | 3
+                    [
+                        _mm256_cvtepi8_epi16(_mm256_castsi256_si128(even)),
+                        _mm256_cvtepi8_epi16(_mm256_castsi256_si128(odd)),
+                        _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(even)),
+                        _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(odd)),
+                    ]
+                };
+                let d1 = if two {
+                    *scales.get_unchecked(b + 1)
+                } else {
+                    0.0
+                };
+                let d = _mm256_setr_m128(_mm_set1_ps(*scales.get_unchecked(b)), _mm_set1_ps(d1));
+                (w, d)
+            }
+        }
+
+        /// [`super::dot_int_rows`] on 256-bit vectors: one weight row against `R` input
+        /// rows, half a quad (two blocks) at a time, the quad layout's lanes 0..8 in one
+        /// accumulator and 8..16 in another, so that every lane adds what the same lane
+        /// of [`dot_int_quad`] adds, in the same order.
+        ///
+        /// # Safety
+        /// Needs AVX2 and FMA; `qs`, `scales` (and `mins` for nibbles) hold `x.nb`
+        /// blocks; `x` points at `R` rows laid out as [`super::IntRows`] describes.
+        #[inline]
+        #[allow(clippy::needless_range_loop)] // `k` also offsets the input pointers
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn dot_int_half<const NIBBLE: bool, const R: usize>(
             qs: &[u8],
             scales: &[f32],
             mins: &[f32],
-            xq: [&[i16]; R],
-            xd: [&[f32]; R],
-            sums: [&[f32]; R],
+            x: QuadRows,
         ) -> [f32; R] {
-            let n = scales.len();
-            let mut even = [_mm256_setzero_ps(); R];
-            let mut odd = [_mm256_setzero_ps(); R];
-            let mut b = 0;
-            // SAFETY (the blocks): every index passed is below `n`.
-            while b + 2 <= n {
-                unsafe {
-                    int_block::<NIBBLE, R>(qs, scales, &xq, &xd, b, &mut even);
-                    int_block::<NIBBLE, R>(qs, scales, &xq, &xd, b + 1, &mut odd);
+            let nb = x.nb;
+            let quads = nb.div_ceil(4);
+            let mut acc = [[_mm256_setzero_ps(); R]; 2];
+            // SAFETY (the loads): blocks below `nb`, quads below `quads`, rows below `R`,
+            // in bounds by the caller's contract.
+            unsafe {
+                for q in 0..quads {
+                    for h in 0..2 {
+                        let b = 4 * q + 2 * h;
+                        if b >= nb {
+                            break;
+                        }
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            qs.as_ptr()
+                                .wrapping_add(b * if NIBBLE { 16 } else { 32 } + 4096)
+                                .cast(),
+                        );
+                        let two = b + 1 < nb;
+                        let (w, d) = widen_half::<NIBBLE>(qs, scales, b, two);
+                        let mv = if NIBBLE {
+                            let m1 = if two { *mins.get_unchecked(b + 1) } else { 0.0 };
+                            _mm256_setr_m128(_mm_set1_ps(*mins.get_unchecked(b)), _mm_set1_ps(m1))
+                        } else {
+                            _mm256_setzero_ps()
+                        };
+                        for k in 0..R {
+                            let p = x.qz.add(128 * quads * k + 128 * q + 16 * h);
+                            let mut s = _mm256_madd_epi16(w[0], _mm256_loadu_si256(p.cast()));
+                            for (g, w) in w.iter().enumerate().skip(1) {
+                                let pg = _mm256_loadu_si256(p.add(32 * g).cast());
+                                s = _mm256_add_epi32(s, _mm256_madd_epi16(*w, pg));
+                            }
+                            let e = _mm256_loadu_ps(x.ez.add(16 * quads * k + 16 * q + 8 * h));
+                            acc[h][k] = _mm256_fmadd_ps(
+                                _mm256_mul_ps(d, e),
+                                _mm256_cvtepi32_ps(s),
+                                acc[h][k],
+                            );
+                            if NIBBLE {
+                                let sq = _mm256_loadu_ps(x.sz.add(16 * quads * k + 16 * q + 8 * h));
+                                acc[h][k] = _mm256_fmadd_ps(mv, sq, acc[h][k]);
+                            }
+                        }
+                    }
                 }
-                b += 2;
-            }
-            if b < n {
-                unsafe { int_block::<NIBBLE, R>(qs, scales, &xq, &xd, b, &mut even) };
-            }
-            // A plain loop, not a closure: closures do not inherit the target features.
-            let mut out = [0.0f32; R];
-            for k in 0..R {
-                out[k] = hsum(_mm256_add_ps(even[k], odd[k]));
-                if NIBBLE {
-                    // SAFETY: AVX2/FMA by this function's contract.
-                    out[k] += unsafe { min_terms(mins, sums[k]) };
+                let mut out = [0.0f32; R];
+                for k in 0..R {
+                    out[k] = hsum(_mm256_add_ps(acc[0][k], acc[1][k]));
                 }
+                out
             }
-            out
         }
 
-        /// [`super::dot_int_rows`]: four input rows at a time against every weight row,
-        /// then the rest one at a time.
+        /// [`super::dot_int_rows`] with [`dot_int_half`]: weight rows in slices of
+        /// [`super::WEIGHT_SLICE`], each against every input row asked for, four input
+        /// rows at a time (then one).
         ///
         /// # Safety
         /// Needs AVX2 and FMA; the lengths as [`super::dot_int_rows`] checks them.
@@ -1217,63 +1335,39 @@ mod simd {
             qs: &[u8],
             scales: &[f32],
             mins: &[f32],
-            xq: &[i16],
-            xd: &[f32],
-            sums: &[f32],
+            x: super::IntRows<'_>,
             rows: std::ops::Range<usize>,
             out: &mut [f32],
         ) {
-            let (m, n) = (scales.len() / nb, xd.len() / nb);
+            let (m, n) = (scales.len() / nb, x.d.len() / nb);
             let qpb = if NIBBLE { 16 } else { 32 };
-            let mut j = rows.start;
-            while j < rows.end {
-                let take = if j + 4 <= rows.end { 4 } else { 1 };
-                // SAFETY: input row `j + k < rows.end <= n` and weight row `r < m` are in
-                // bounds of every slice by the caller's checks.
-                unsafe {
-                    let xq_at =
-                        |k: usize| xq.get_unchecked(32 * nb * (j + k)..32 * nb * (j + k + 1));
-                    let xd_at = |k: usize| xd.get_unchecked(nb * (j + k)..nb * (j + k + 1));
-                    let sums_at = |k: usize| {
-                        if NIBBLE {
-                            sums.get_unchecked(nb * (j + k)..nb * (j + k + 1))
-                        } else {
-                            &[][..]
-                        }
-                    };
-                    for r in 0..m {
-                        let w = (
-                            qs.get_unchecked(qpb * nb * r..qpb * nb * (r + 1)),
-                            scales.get_unchecked(nb * r..nb * (r + 1)),
-                            if NIBBLE {
+            for s0 in (0..m).step_by(super::WEIGHT_SLICE) {
+                let s1 = (s0 + super::WEIGHT_SLICE).min(m);
+                let mut j = rows.start;
+                while j < rows.end {
+                    let take = if j + 4 <= rows.end { 4 } else { 1 };
+                    // SAFETY: input rows `j..j + take` (below `rows.end <= n`) and weight
+                    // row `r < m` are in bounds of every slice by the caller's checks.
+                    unsafe {
+                        let inputs = QuadRows::at(x, nb, j, NIBBLE);
+                        for r in s0..s1 {
+                            let wq = qs.get_unchecked(qpb * nb * r..qpb * nb * (r + 1));
+                            let ws = scales.get_unchecked(nb * r..nb * (r + 1));
+                            let wm = if NIBBLE {
                                 mins.get_unchecked(nb * r..nb * (r + 1))
                             } else {
                                 &[][..]
-                            },
-                        );
-                        let o = out.get_unchecked_mut(n * r + j..n * r + j + take);
-                        if take == 4 {
-                            o.copy_from_slice(&dot_int::<NIBBLE, 4>(
-                                w.0,
-                                w.1,
-                                w.2,
-                                [xq_at(0), xq_at(1), xq_at(2), xq_at(3)],
-                                [xd_at(0), xd_at(1), xd_at(2), xd_at(3)],
-                                [sums_at(0), sums_at(1), sums_at(2), sums_at(3)],
-                            ));
-                        } else {
-                            o[0] = dot_int::<NIBBLE, 1>(
-                                w.0,
-                                w.1,
-                                w.2,
-                                [xq_at(0)],
-                                [xd_at(0)],
-                                [sums_at(0)],
-                            )[0];
+                            };
+                            let o = out.get_unchecked_mut(n * r + j..n * r + j + take);
+                            if take == 4 {
+                                o.copy_from_slice(&dot_int_half::<NIBBLE, 4>(wq, ws, wm, inputs));
+                            } else {
+                                o[0] = dot_int_half::<NIBBLE, 1>(wq, ws, wm, inputs)[0];
+                            }
                         }
                     }
+                    j += take;
                 }
-                j += take;
             }
         }
 
@@ -1332,166 +1426,173 @@ mod simd {
             }
         }
 
-        /// Weight block `b` widened to i16: elements 0..16 and 16..32.
-        ///
-        /// # Safety
-        /// Needs AVX2; block `b` must be inside `qs`.
-        #[inline]
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn widen_block<const NIBBLE: bool>(qs: &[u8], b: usize) -> (__m256i, __m256i) {
-            // SAFETY: the caller guarantees block `b` is in bounds.
-            unsafe {
-                if NIBBLE {
-                    let low = _mm_set1_epi8(0x0F);
-                    let packed = _mm_loadu_si128(qs.as_ptr().add(b * 16).cast());
-                    // Elements 0..16 are the low nibbles, 16..32 the high ones.
-                    (
-                        _mm256_cvtepu8_epi16(_mm_and_si128(packed, low)),
-                        _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low)),
-                    )
-                } else {
-                    let w = _mm256_loadu_si256(qs.as_ptr().add(b * 32).cast());
-                    (
-                        _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)),
-                        _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(w)),
-                    )
-                }
-            }
-        }
-
-        /// Input rows for [`dot_int_wide`]: the first row's interleaved values `qz`,
-        /// spread scales `ez`, block scales `d` and block sums `sums` (4-bit weights
-        /// only), each row `nb` blocks after the one before.
-        #[derive(Clone, Copy)]
-        struct WideRows {
-            qz: *const i16,
-            ez: *const f32,
-            d: *const f32,
-            sums: *const f32,
-            nb: usize,
-        }
-
-        /// [`dot_int`] on 512-bit vectors, for `W` weight rows (`W · nb` blocks of
-        /// `qs`, `scales`, `mins`) against `R` input rows: blocks `b`, `b + 1` (even,
-        /// odd) share each vector, block `b` in lanes 0..8 and `b + 1` in lanes 8..16, so
-        /// that every lane holds what the same lane of [`dot_int`]'s even or odd
-        /// accumulator holds, with the same integer sums, the same scale products and
-        /// the same FMAs; an odd last block goes to the even half as there.
+        /// `W` weight rows (`W · x.nb` blocks of `qs`, `scales`, `mins`) against `R`
+        /// input rows on 512-bit vectors, a quad of four blocks at a time: each weight
+        /// quad is widened once to four vectors of 32 i16 in the quad layout (one
+        /// `vpermq` puts each block's bytes where its four lanes are), then every input
+        /// row takes one `vpmaddwd`, three `vpdpwssd` and one scaled FMA per weight row,
+        /// four blocks to the vector. A last partial quad is read through masks (zeros,
+        /// scale 0). Every lane adds what the same lane of [`dot_int_half`] adds, in the
+        /// same order, so the results are bitwise its results.
         ///
         /// # Safety
         /// Needs AVX-512 F/BW/VNNI, AVX2 and FMA; `qs`, `scales` (and `mins` for
-        /// nibbles) hold `W · x.nb` blocks; `x` points at `R` rows of inputs laid out
-        /// as [`super::IntRows`] describes.
+        /// nibbles) hold `W · x.nb` blocks; `x` points at `R` rows laid out as
+        /// [`super::IntRows`] describes.
         #[inline]
         #[allow(clippy::needless_range_loop)] // `k` also offsets the input pointers
         #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
-        unsafe fn dot_int_wide<const NIBBLE: bool, const R: usize, const W: usize>(
+        unsafe fn dot_int_quad<const NIBBLE: bool, const R: usize, const W: usize>(
             qs: &[u8],
             scales: &[f32],
             mins: &[f32],
-            x: WideRows,
+            x: QuadRows,
         ) -> [[f32; R]; W] {
             let nb = x.nb;
-            let ew = nb / 2 * 16;
+            let quads = nb.div_ceil(4);
             let mut acc = [[_mm512_setzero_ps(); R]; W];
             let mut out = [[0.0f32; R]; W];
-            // SAFETY (the loads): every block index is below `nb`, in bounds of every
-            // row by the caller's contract.
+            // SAFETY (the loads): full quads lie inside every row by the caller's
+            // contract; a partial one is read through masks that stop at the row's end.
             unsafe {
-                let low = _mm256_set1_epi8(0x0F);
-                let spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-                let halves = _mm512_set_epi64(7, 6, 3, 2, 5, 4, 1, 0);
-                let mut b = 0;
-                while b + 2 <= nb {
-                    let mut w = [(_mm512_setzero_si512(), _mm512_setzero_si512()); W];
+                let spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+                // Quad bytes (qwords b0 b0' b1 b1' …) to b0 b1 b2 b3 | b0' b1' b2' b3'.
+                let nibble_order = _mm512_set_epi64(7, 5, 3, 1, 6, 4, 2, 0);
+                // Two 64-byte halves of a quad of bytes to groups 0, 1 | 2, 3.
+                let byte_first = _mm512_set_epi64(13, 9, 5, 1, 12, 8, 4, 0);
+                let byte_second = _mm512_set_epi64(15, 11, 7, 3, 14, 10, 6, 2);
+                let low = _mm512_set1_epi16(0x0F);
+                for q in 0..quads {
+                    let blocks = (nb - 4 * q).min(4);
+                    let mut w = [[_mm512_setzero_si512(); 4]; W];
                     let mut d = [_mm512_setzero_ps(); W];
-                    for (i, (w, d)) in w.iter_mut().zip(&mut d).enumerate() {
-                        let at = i * nb + b;
-                        *w = if NIBBLE {
-                            _mm_prefetch::<_MM_HINT_T0>(
-                                qs.as_ptr().wrapping_add(at * 16 + 4096).cast(),
-                            );
-                            let packed = _mm256_loadu_si256(qs.as_ptr().add(at * 16).cast());
-                            (
-                                _mm512_cvtepu8_epi16(_mm256_and_si256(packed, low)),
-                                _mm512_cvtepu8_epi16(_mm256_and_si256(
-                                    _mm256_srli_epi16(packed, 4),
-                                    low,
-                                )),
-                            )
+                    let mut mv = [_mm512_setzero_ps(); W];
+                    for i in 0..W {
+                        let at = i * nb + 4 * q;
+                        if NIBBLE {
+                            let mq = if blocks == 4 {
+                                _mm512_castps128_ps512(_mm_loadu_ps(mins.as_ptr().add(at)))
+                            } else {
+                                _mm512_maskz_loadu_ps((1u16 << blocks) - 1, mins.as_ptr().add(at))
+                            };
+                            mv[i] = _mm512_permutexvar_ps(spread, mq);
+                        }
+                        let sc = if blocks == 4 {
+                            _mm512_castps128_ps512(_mm_loadu_ps(scales.as_ptr().add(at)))
                         } else {
-                            _mm_prefetch::<_MM_HINT_T0>(
-                                qs.as_ptr().wrapping_add(at * 32 + 8192).cast(),
-                            );
-                            // 128-bit quarters b[0..16] b[16..32] b+1[0..16] b+1[16..32]
-                            // reordered to b[0..16] b+1[0..16] | b[16..32] b+1[16..32].
-                            let v = _mm512_permutexvar_epi64(
-                                halves,
-                                _mm512_loadu_si512(qs.as_ptr().add(at * 32).cast()),
-                            );
-                            (
-                                _mm512_cvtepi8_epi16(_mm512_castsi512_si256(v)),
-                                _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64::<1>(v)),
-                            )
+                            _mm512_maskz_loadu_ps((1u16 << blocks) - 1, scales.as_ptr().add(at))
                         };
-                        // d_b in lanes 0..8, d_b+1 in lanes 8..16.
-                        *d = _mm512_permutexvar_ps(
-                            spread,
-                            _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(
-                                scales.as_ptr().add(at).cast(),
-                            ))),
-                        );
+                        d[i] = _mm512_permutexvar_ps(spread, sc);
+                        w[i] = if NIBBLE {
+                            let p = qs.as_ptr().add(at * 16);
+                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4096).cast());
+                            let v = if blocks == 4 {
+                                _mm512_loadu_si512(p.cast())
+                            } else {
+                                _mm512_maskz_loadu_epi8((1u64 << (16 * blocks)) - 1, p.cast())
+                            };
+                            let v = _mm512_permutexvar_epi64(nibble_order, v);
+                            let a = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(v));
+                            let c = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64::<1>(v));
+                            [
+                                _mm512_and_si512(a, low),
+                                _mm512_and_si512(c, low),
+                                _mm512_srli_epi16::<4>(a),
+                                _mm512_srli_epi16::<4>(c),
+                            ]
+                        } else {
+                            let p = qs.as_ptr().add(at * 32);
+                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(8192).cast());
+                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(8192 + 64).cast());
+                            let (v0, v1) = if blocks == 4 {
+                                (
+                                    _mm512_loadu_si512(p.cast()),
+                                    _mm512_loadu_si512(p.add(64).cast()),
+                                )
+                            } else {
+                                let bytes = 32 * blocks;
+                                let mask = |n: usize| -> u64 {
+                                    if n >= 64 {
+                                        u64::MAX
+                                    } else {
+                                        (1u64 << n) - 1
+                                    }
+                                };
+                                (
+                                    _mm512_maskz_loadu_epi8(mask(bytes), p.cast()),
+                                    _mm512_maskz_loadu_epi8(
+                                        mask(bytes.saturating_sub(64)),
+                                        p.add(64).cast(),
+                                    ),
+                                )
+                            };
+                            let f = _mm512_permutex2var_epi64(v0, byte_first, v1);
+                            let s = _mm512_permutex2var_epi64(v0, byte_second, v1);
+                            [
+                                _mm512_cvtepi8_epi16(_mm512_castsi512_si256(f)),
+                                _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64::<1>(f)),
+                                _mm512_cvtepi8_epi16(_mm512_castsi512_si256(s)),
+                                _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64::<1>(s)),
+                            ]
+                        };
                     }
                     for k in 0..R {
-                        let p = x.qz.add(k * 32 * nb + b * 32);
-                        let (p0, p1) = (
+                        let p = x.qz.add(128 * quads * k + 128 * q);
+                        let e = _mm512_loadu_ps(x.ez.add(16 * quads * k + 16 * q));
+                        let sq = if NIBBLE {
+                            _mm512_loadu_ps(x.sz.add(16 * quads * k + 16 * q))
+                        } else {
+                            _mm512_setzero_ps()
+                        };
+                        let xs = [
                             _mm512_loadu_si512(p.cast()),
                             _mm512_loadu_si512(p.add(32).cast()),
-                        );
-                        let e = _mm512_loadu_ps(x.ez.add(k * ew + b * 8));
+                            _mm512_loadu_si512(p.add(64).cast()),
+                            _mm512_loadu_si512(p.add(96).cast()),
+                        ];
                         for i in 0..W {
-                            let s = _mm512_madd_epi16(w[i].0, p0);
-                            let s = _mm512_dpwssd_epi32(s, w[i].1, p1);
-                            let scale = _mm512_mul_ps(d[i], e);
-                            acc[i][k] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[i][k]);
+                            let mut s = _mm512_madd_epi16(w[i][0], xs[0]);
+                            // `vpdpwssd` itself: without a tuning that says it is fast,
+                            // the compiler splits its intrinsic into `vpmaddwd` and
+                            // `vpaddd`, one more operation each.
+                            for g in 1..4 {
+                                std::arch::asm!(
+                                    "vpdpwssd {s}, {w}, {x}",
+                                    s = inout(zmm_reg) s,
+                                    w = in(zmm_reg) w[i][g],
+                                    x = in(zmm_reg) xs[g],
+                                    options(pure, nomem, nostack),
+                                );
+                            }
+                            acc[i][k] = _mm512_fmadd_ps(
+                                _mm512_mul_ps(d[i], e),
+                                _mm512_cvtepi32_ps(s),
+                                acc[i][k],
+                            );
+                            if NIBBLE {
+                                acc[i][k] = _mm512_fmadd_ps(mv[i], sq, acc[i][k]);
+                            }
                         }
                     }
-                    b += 2;
                 }
                 for i in 0..W {
-                    let tail = if b < nb {
-                        Some((
-                            widen_block::<NIBBLE>(qs, i * nb + b),
-                            _mm256_set1_ps(*scales.get_unchecked(i * nb + b)),
-                        ))
-                    } else {
-                        None
-                    };
                     for k in 0..R {
-                        let mut even = _mm512_castps512_ps256(acc[i][k]);
-                        let odd = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(
+                        let lo = _mm512_castps512_ps256(acc[i][k]);
+                        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(
                             acc[i][k],
                         )));
-                        if let Some(((w0, w1), d)) = tail {
-                            let s = block_dot_i16(w0, w1, x.qz.add(k * 32 * nb + b * 32));
-                            let e = _mm256_broadcast_ss(&*x.d.add(k * nb + b));
-                            even = _mm256_fmadd_ps(_mm256_mul_ps(d, e), s, even);
-                        }
-                        out[i][k] = hsum(_mm256_add_ps(even, odd));
-                        if NIBBLE {
-                            out[i][k] += min_terms(
-                                mins.get_unchecked(i * nb..(i + 1) * nb),
-                                std::slice::from_raw_parts(x.sums.add(k * nb), nb),
-                            );
-                        }
+                        out[i][k] = hsum(_mm256_add_ps(lo, hi));
                     }
                 }
             }
             out
         }
 
-        /// [`super::dot_int_rows`] with [`dot_int_wide`]: four input rows at a time (then
-        /// one) against three weight rows at a time (then what is left).
+        /// [`super::dot_int_rows`] with [`dot_int_quad`]: weight rows in slices of
+        /// [`super::WEIGHT_SLICE`], each slice against every input row asked for (so a
+        /// slice is read from memory once and stays in cache while the inputs pass), four
+        /// input rows at a time (then one) against two weight rows at a time for nibbles,
+        /// three for bytes (then what is left).
         ///
         /// # Safety
         /// Needs AVX-512 F/BW/VNNI, AVX2 and FMA; the lengths as
@@ -1509,57 +1610,49 @@ mod simd {
         ) {
             let (m, n) = (scales.len() / nb, x.d.len() / nb);
             let qpb = if NIBBLE { 16 } else { 32 };
-            let ew = nb / 2 * 16;
+            let wmax = if NIBBLE { 2 } else { 3 };
             // SAFETY: input rows `j..j + take` (below `rows.end <= n`) and weight rows
-            // `r..r + 2` (below `m`) are in bounds of every slice by the caller's checks.
+            // `r..r + wr` (below `m`) are in bounds of every slice by the caller's checks.
             unsafe {
-                let mut j = rows.start;
-                while j < rows.end {
-                    let inputs = WideRows {
-                        qz: x.qz.as_ptr().add(32 * nb * j),
-                        ez: x.ez.as_ptr().add(ew * j),
-                        d: x.d.as_ptr().add(nb * j),
-                        sums: if NIBBLE {
-                            x.sums.as_ptr().add(nb * j)
-                        } else {
-                            x.sums.as_ptr()
-                        },
-                        nb,
-                    };
-                    let take = match rows.end - j {
-                        4.. => 4,
-                        _ => 1,
-                    };
-                    let mut r = 0;
-                    while r < m {
-                        let wr = (m - r).min(3);
-                        let wq = qs.get_unchecked(qpb * nb * r..qpb * nb * (r + wr));
-                        let ws = scales.get_unchecked(nb * r..nb * (r + wr));
-                        let wm = if NIBBLE {
-                            mins.get_unchecked(nb * r..nb * (r + wr))
-                        } else {
-                            &[][..]
-                        };
-                        macro_rules! run {
-                            ($r:literal, $w:literal) => {{
-                                let v = dot_int_wide::<NIBBLE, $r, $w>(wq, ws, wm, inputs);
-                                for (i, v) in v.iter().enumerate() {
-                                    out.get_unchecked_mut(n * (r + i) + j..n * (r + i) + j + $r)
+                for s0 in (0..m).step_by(super::WEIGHT_SLICE) {
+                    let s1 = (s0 + super::WEIGHT_SLICE).min(m);
+                    let mut j = rows.start;
+                    while j < rows.end {
+                        let inputs = QuadRows::at(x, nb, j, NIBBLE);
+                        let take = if rows.end - j >= 4 { 4 } else { 1 };
+                        let mut r = s0;
+                        while r < s1 {
+                            let wr = (s1 - r).min(wmax);
+                            let wq = qs.get_unchecked(qpb * nb * r..qpb * nb * (r + wr));
+                            let ws = scales.get_unchecked(nb * r..nb * (r + wr));
+                            let wm = if NIBBLE {
+                                mins.get_unchecked(nb * r..nb * (r + wr))
+                            } else {
+                                &[][..]
+                            };
+                            macro_rules! run {
+                                ($r:literal, $w:literal) => {{
+                                    let v = dot_int_quad::<NIBBLE, $r, $w>(wq, ws, wm, inputs);
+                                    for (i, v) in v.iter().enumerate() {
+                                        out.get_unchecked_mut(
+                                            n * (r + i) + j..n * (r + i) + j + $r,
+                                        )
                                         .copy_from_slice(v);
-                                }
-                            }};
+                                    }
+                                }};
+                            }
+                            match (take, wr) {
+                                (4, 3) => run!(4, 3),
+                                (4, 2) => run!(4, 2),
+                                (4, _) => run!(4, 1),
+                                (_, 3) => run!(1, 3),
+                                (_, 2) => run!(1, 2),
+                                (_, _) => run!(1, 1),
+                            }
+                            r += wr;
                         }
-                        match (take, wr) {
-                            (4, 3) => run!(4, 3),
-                            (4, 2) => run!(4, 2),
-                            (4, _) => run!(4, 1),
-                            (_, 3) => run!(1, 3),
-                            (_, 2) => run!(1, 2),
-                            (_, _) => run!(1, 1),
-                        }
-                        r += wr;
+                        j += take;
                     }
-                    j += take;
                 }
             }
         }
@@ -1979,8 +2072,15 @@ mod tests {
 
     #[test]
     fn sixteen_bit_activations_stay_within_their_rounding() {
-        // Five blocks a row: pairs of blocks and an odd one for the 512-bit kernel.
-        let (rows, cols) = (40, 160);
+        // Four to seven blocks a row: a whole quad of blocks for the vector kernels, then
+        // one with one, two or three more.
+        for cols in [128, 160, 192, 224] {
+            sixteen_bit_activations_with(cols);
+        }
+    }
+
+    fn sixteen_bit_activations_with(cols: usize) {
+        let rows = 40;
         let w = values(rows * cols, 11);
         let bpr = cols / BLOCK;
         for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_0] {
@@ -2027,11 +2127,10 @@ mod tests {
                 }
                 // Every kernel this CPU runs against every weight row and input row:
                 // the vector kernels bitwise alike, the portable loop within rounding.
-                // Every kernel the CPU runs, the 512-bit one included when
-                // `BATON_NO_AVX512` keeps `prepare` from laying its inputs out.
-                if prep.qz.is_empty() {
-                    prep.interleave(bpr);
-                }
+                assert!(
+                    !prep.qz.is_empty() || simd::IntKernel::best() == simd::IntKernel::Portable,
+                    "inputs laid out for the vector kernels"
+                );
                 let outs: Vec<(simd::IntKernel, Vec<f32>)> = simd::IntKernel::available()
                     .iter()
                     .map(|&kernel| {
