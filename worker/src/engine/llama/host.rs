@@ -6,6 +6,7 @@
 //! host store of each sequence's [`KvCache`]. Only the logits become a tensor.
 
 use burn_tensor::backend::Backend;
+use rayon::prelude::*;
 
 use super::{
     attention::SeqSpan,
@@ -625,12 +626,13 @@ impl<B: Backend> Llama<B> {
 
     /// The forward pass of [`Llama::forward`] on the host; inputs already checked.
     ///
-    /// Runs as one parallel region over the rayon pool (see [`super::team`]). Per layer:
-    /// each thread normalises the residual stream into its own buffer; the QKV product,
-    /// RoPE and the cache writes; attention, one (row, head) at a time; the output
-    /// product, added to the residual; the gate/up product with SwiGLU; the down
-    /// product, added to the residual. Threads take chunks of output rows of each phase
-    /// from a counter and meet at a barrier after it: five barriers a layer.
+    /// A step of generated tokens only, at least [`SPLIT_ROWS`] of them for every thread
+    /// of the rayon pool, is split by sequence: each thread runs the whole network for
+    /// its share of the sequences alone, with no barrier between phases (each weight is
+    /// then read once a thread instead of once a step, which at that many rows costs
+    /// less than the threads waiting for each other ten times a layer). Any other step
+    /// runs as one parallel region over the pool ([`Llama::forward_rows`]). A row's
+    /// arithmetic is the same either way, so its results are too.
     pub(crate) fn forward_host(
         &self,
         w: &HostWeights<'_>,
@@ -638,6 +640,54 @@ impl<B: Backend> Llama<B> {
         spans: &[SeqSpan],
         caches: &mut [&mut KvCache<B>],
     ) -> Vec<f32> {
+        let threads = rayon::current_num_threads();
+        let Some(groups) = split_by_sequence(spans, threads) else {
+            return self.forward_rows(w, ids, spans, caches, true, true).0;
+        };
+        let mut parts = Vec::with_capacity(groups.len());
+        let mut rest: &mut [&mut KvCache<B>] = caches;
+        for g in groups {
+            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(g.len());
+            rest = tail;
+            let first = spans[g.start].row;
+            let last = &spans[g.end - 1];
+            let own: Vec<SeqSpan> = spans[g.clone()]
+                .iter()
+                .map(|s| SeqSpan {
+                    row: s.row - first,
+                    ..*s
+                })
+                .collect();
+            parts.push((&ids[first..last.row + last.len], own, mine));
+        }
+        let lasts: Vec<(Vec<f32>, Vec<bool>)> = parts
+            .into_par_iter()
+            .map(|(ids, spans, caches)| self.forward_rows(w, ids, &spans, caches, false, false))
+            .collect();
+        let (last, last_int): (Vec<Vec<f32>>, Vec<Vec<bool>>) = lasts.into_iter().unzip();
+        self.output(w, &last.concat(), &last_int.concat())
+    }
+
+    /// The forward pass of `ids` as one region: on every thread of the rayon pool
+    /// (`pool`), or on the calling thread alone. Returns the logits (`with_output`), or
+    /// else the last row of every sequence before the final norm, for
+    /// [`Llama::output`]; and which of those rows are generated tokens.
+    ///
+    /// Per layer:
+    /// each thread normalises the residual stream into its own buffer; the QKV product,
+    /// RoPE and the cache writes; attention, one (row, head) at a time; the output
+    /// product, added to the residual; the gate/up product with SwiGLU; the down
+    /// product, added to the residual. Threads take chunks of output rows of each phase
+    /// from a counter and meet at a barrier after it: five barriers a layer.
+    fn forward_rows(
+        &self,
+        w: &HostWeights<'_>,
+        ids: &[i32],
+        spans: &[SeqSpan],
+        caches: &mut [&mut KvCache<B>],
+        pool: bool,
+        with_output: bool,
+    ) -> (Vec<f32>, Vec<bool>) {
         let c = &self.config;
         let (hidden, heads, kvh, d, ffn) = (c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn);
         let (qd, kvd) = (heads * d, kvh * d);
@@ -686,7 +736,7 @@ impl<B: Backend> Llama<B> {
         let mut q = vec![0.0f32; rows * qd];
         let mut att = vec![0.0f32; rows * qd];
         let mut act = vec![0.0f32; rows * ffn];
-        let mut logits = vec![0.0f32; nseq * vocab];
+        let mut logits = vec![0.0f32; if with_output { nseq * vocab } else { 0 }];
         let (xs, qs, atts, acts, logs) = (
             Shared::new(&mut x),
             Shared::new(&mut q),
@@ -694,12 +744,16 @@ impl<B: Backend> Llama<B> {
             Shared::new(&mut act),
             Shared::new(&mut logits),
         );
-        let threads = rayon::current_num_threads();
+        let threads = if pool {
+            rayon::current_num_threads()
+        } else {
+            1
+        };
         let barrier = SpinBarrier::new(threads);
         let counters = Counters::new(layers * 5 + 1);
         let rope = &self.rope;
 
-        rayon::broadcast(|_| {
+        let region = || {
             let _guard = barrier.guard();
             let mut h = vec![0.0f32; rows * hidden];
             let mut xsum = Prepared::default();
@@ -827,29 +881,105 @@ impl<B: Backend> Llama<B> {
                 phase += 1;
                 barrier.wait();
             }
-            // The last row of every sequence through the final norm and the output.
-            let mut last = Vec::with_capacity(nseq * hidden);
-            for &r in &last_rows {
-                last.extend_from_slice(unsafe { xs.get(r * hidden..(r + 1) * hidden) });
-            }
-            h.resize(last.len(), 0.0);
-            rms_norm(&last, w.norm, eps, &mut h);
-            w.lm_head.prepare(&h, &last_int, &mut xsum);
-            while let Some((r0, r1)) = chunk(&counters, phase, vocab, threads) {
-                yt.resize((r1 - r0) * nseq, 0.0);
-                w.lm_head
-                    .product_rows(&h, nseq, &xsum, r0, r1, &mut tile, &mut yt);
-                for s in 0..nseq {
-                    let o = unsafe { logs.get_mut(s * vocab + r0..s * vocab + r1) };
-                    for (i, o) in o.iter_mut().enumerate() {
-                        *o = yt[i * nseq + s];
-                    }
+            if with_output {
+                let mut last = Vec::with_capacity(nseq * hidden);
+                for &r in &last_rows {
+                    last.extend_from_slice(unsafe { xs.get(r * hidden..(r + 1) * hidden) });
                 }
+                let scratch = (&mut h, &mut xsum, &mut tile, &mut yt);
+                output_part(
+                    w, eps, &last, &last_int, &counters, phase, threads, &logs, scratch,
+                );
             }
-        });
+        };
+        if pool {
+            rayon::broadcast(|_| region());
+        } else {
+            region();
+        }
         drop(kv);
+        if with_output {
+            return (logits, last_int);
+        }
+        let mut last = Vec::with_capacity(nseq * hidden);
+        for &r in &last_rows {
+            last.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
+        }
+        (last, last_int)
+    }
+
+    /// The output projection of `last` (the last row of every sequence, `[nseq,
+    /// hidden]`, before the final norm; `last_int` marks the generated ones) on every
+    /// thread of the rayon pool: logits `[nseq, vocab]`.
+    fn output(&self, w: &HostWeights<'_>, last: &[f32], last_int: &[bool]) -> Vec<f32> {
+        let mut logits = vec![0.0f32; last_int.len() * w.lm_head.rows()];
+        let logs = Shared::new(&mut logits);
+        let threads = rayon::current_num_threads();
+        let counters = Counters::new(1);
+        rayon::broadcast(|_| {
+            let (mut h, mut prep, mut tile, mut yt) = Default::default();
+            let scratch = (&mut h, &mut prep, &mut tile, &mut yt);
+            let eps = self.norm.eps;
+            output_part(
+                w, eps, last, last_int, &counters, 0, threads, &logs, scratch,
+            );
+        });
         logits
     }
+}
+
+/// One thread's part of the output projection: the final norm of `last` (every
+/// thread normalises all of it into its own buffer), then chunks of vocabulary rows
+/// claimed from `phase`'s counter, written into `logs` `[nseq, vocab]`.
+#[allow(clippy::too_many_arguments)]
+fn output_part(
+    w: &HostWeights<'_>,
+    eps: f32,
+    last: &[f32],
+    last_int: &[bool],
+    counters: &Counters,
+    phase: usize,
+    threads: usize,
+    logs: &Shared<'_>,
+    (h, prep, tile, yt): (&mut Vec<f32>, &mut Prepared, &mut Vec<f32>, &mut Vec<f32>),
+) {
+    let nseq = last_int.len();
+    let vocab = w.lm_head.rows();
+    h.resize(last.len(), 0.0);
+    rms_norm(last, w.norm, eps, h);
+    w.lm_head.prepare(h, last_int, prep);
+    while let Some((r0, r1)) = chunk(counters, phase, vocab, threads) {
+        yt.resize((r1 - r0) * nseq, 0.0);
+        w.lm_head.product_rows(h, nseq, prep, r0, r1, tile, yt);
+        for s in 0..nseq {
+            // SAFETY: vocabulary rows r0..r1 belong to the chunk this thread claimed.
+            let o = unsafe { logs.get_mut(s * vocab + r0..s * vocab + r1) };
+            for (i, o) in o.iter_mut().enumerate() {
+                *o = yt[i * nseq + s];
+            }
+        }
+    }
+}
+
+/// Generated tokens a thread takes, at least, when a step is split by sequence (see
+/// [`Llama::forward_host`]): below this the weights read again by every thread cost more
+/// than the barriers they save.
+pub(crate) const SPLIT_ROWS: usize = 4;
+
+/// The sequences of each thread when a step is split by sequence: `threads` runs of
+/// consecutive sequences whose sizes differ by at most one, when there are at least two
+/// threads and every sequence brings one generated token (a prompt's rows would load one
+/// thread with most of the work) and at least [`SPLIT_ROWS`] of them a thread.
+fn split_by_sequence(spans: &[SeqSpan], threads: usize) -> Option<Vec<std::ops::Range<usize>>> {
+    let n = spans.len();
+    if threads < 2 || n < threads * SPLIT_ROWS || spans.iter().any(|s| s.len != 1) {
+        return None;
+    }
+    Some(
+        (0..threads)
+            .map(|t| t * n / threads..(t + 1) * n / threads)
+            .collect(),
+    )
 }
 
 /// The next chunk `r0..r1` of `total` output rows in `phase`: about eight chunks a
@@ -1142,6 +1272,120 @@ mod tests {
     /// shares its step (other sequences decoding, another's prompt joining) and however
     /// the cache before it was filled: one token a step, or replayed in one pass with the
     /// prompt after a move to another worker.
+    /// The sequences of a split step: one contiguous run a thread, sizes within one of
+    /// each other; no split for one thread, too few rows or any prompt of two tokens.
+    #[test]
+    fn steps_split_by_sequence_only_when_every_thread_gets_enough() {
+        let spans = |lens: &[usize]| {
+            let mut row = 0;
+            lens.iter()
+                .map(|&len| {
+                    row += len;
+                    SeqSpan {
+                        row: row - len,
+                        len,
+                        pos: 7,
+                    }
+                })
+                .collect::<Vec<_>>()
+        };
+        let ones = |n: usize| spans(&vec![1; n]);
+        assert!(split_by_sequence(&ones(16), 1).is_none());
+        assert!(split_by_sequence(&ones(2 * SPLIT_ROWS - 1), 2).is_none());
+        let mut lens = vec![1; 16];
+        lens[5] = 2;
+        assert!(split_by_sequence(&spans(&lens), 2).is_none());
+        for (n, threads) in [(8, 2), (16, 2), (13, 3), (64, 4)] {
+            let groups = split_by_sequence(&ones(n), threads).expect("split");
+            assert_eq!(groups.len(), threads);
+            assert_eq!(groups[0].start, 0);
+            assert_eq!(groups[threads - 1].end, n);
+            for pair in groups.windows(2) {
+                assert_eq!(pair[0].end, pair[1].start);
+            }
+            let sizes: Vec<usize> = groups.iter().map(|g| g.len()).collect();
+            let lo = sizes.iter().min().expect("groups");
+            let hi = sizes.iter().max().expect("groups");
+            assert!(
+                hi - lo <= 1 && *lo >= SPLIT_ROWS,
+                "{n} over {threads}: {sizes:?}"
+            );
+        }
+    }
+
+    /// A step of many generated tokens, split by sequence over two or three threads,
+    /// gives every sequence bitwise the logits it gets decoding alone.
+    #[test]
+    fn a_step_split_by_sequence_gives_each_sequence_its_logits_alone() {
+        let (_dir, model) = load(GgmlType::Q4_1, 5, WeightDtype::NativeI16);
+        for threads in [2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("pool");
+            pool.install(|| {
+                let n = threads * SPLIT_ROWS + 1;
+                let prompts: Vec<Vec<u32>> = (0..n as u32)
+                    .map(|i| (0..3 + i % 5).map(|k| 11 + 7 * i + k).collect())
+                    .collect();
+                let step = |i: usize, s: usize| [(31 * i + 5 * s) as u32 % 250 + 1];
+                let start = |p: &[u32]| {
+                    let mut c = model.new_cache();
+                    c.set_decode_from(p.len());
+                    run(
+                        &model,
+                        &mut [SeqInput {
+                            tokens: p,
+                            cache: &mut c,
+                        }],
+                    );
+                    c
+                };
+                let alone: Vec<Vec<Vec<f32>>> = prompts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| {
+                        let mut c = start(p);
+                        (0..3)
+                            .map(|s| {
+                                let t = step(i, s);
+                                run(
+                                    &model,
+                                    &mut [SeqInput {
+                                        tokens: &t,
+                                        cache: &mut c,
+                                    }],
+                                )
+                                .remove(0)
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let mut caches: Vec<_> = prompts.iter().map(|p| start(p)).collect();
+                #[allow(clippy::needless_range_loop)] // `s` also makes the tokens
+                for s in 0..3 {
+                    let tokens: Vec<[u32; 1]> = (0..n).map(|i| step(i, s)).collect();
+                    let mut seqs: Vec<SeqInput<'_, B>> = tokens
+                        .iter()
+                        .zip(caches.iter_mut())
+                        .map(|(t, c)| SeqInput {
+                            tokens: t,
+                            cache: c,
+                        })
+                        .collect();
+                    let together = run(&model, &mut seqs);
+                    for (i, logits) in together.iter().enumerate() {
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert!(
+                            bits(logits) == bits(&alone[i][s]),
+                            "{threads} threads, sequence {i}, step {s}"
+                        );
+                    }
+                }
+            });
+        }
+    }
+
     #[test]
     fn generated_rows_do_not_depend_on_their_batch() {
         for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
