@@ -20,7 +20,8 @@
 //! (the f32 block kernels switch to a GEMM from 8 rows, whose order changes with the
 //! row count). Prompts stay f32: 16-bit inputs through a whole prefill moved the
 //! default model's last logits by 1.8e-2, against 5e-3 allowed; their rows take
-//! dequantized tiles and a tiled product, whose order per output does not depend
+//! dequantized tiles and a panel product (input rows in vector lanes, each weight
+//! broadcast, one FMA chain an output), whose order per output does not depend
 //! on the row count either. (llama.cpp quantizes activations to `i8`;
 //! on this model that moved logits by up to 1.7 and greedy text within a few tokens, so
 //! 16 bits it is.) On x86-64 with AVX2 and FMA (checked at run time) the
@@ -104,6 +105,9 @@ pub struct Prepared {
     f_rows: Vec<usize>,
     fx: Vec<f32>,
     fsums: Vec<f32>,
+    /// For a matrix with integer inputs: its f32 rows (all of them or those in `fx`)
+    /// as panels for [`simd::panel_product`].
+    panels: Vec<f32>,
 }
 
 impl Prepared {
@@ -419,6 +423,7 @@ impl QMatrix {
         out.f_rows.clear();
         out.fx.clear();
         out.fsums.clear();
+        out.panels.clear();
         if self.kind == QKind::Nibble {
             out.sums
                 .extend(x.chunks_exact(BLOCK).map(|c| c.iter().sum::<f32>()));
@@ -429,6 +434,7 @@ impl QMatrix {
         out.int_rows
             .extend((0..int_rows.len()).filter(|&j| int_rows[j]));
         if out.int_rows.is_empty() {
+            simd::panels(x, cols, &mut out.panels);
             return;
         }
         out.q.reserve(out.int_rows.len() * cols);
@@ -463,6 +469,7 @@ impl QMatrix {
                 to.extend_from_slice(sums);
             }
         }
+        simd::panels(&out.fx, cols, &mut out.panels);
     }
 
     /// Products of weight rows `r0..r1` with every row of `x: [n, cols]`, into
@@ -485,7 +492,7 @@ impl QMatrix {
         );
         let n_int = prep.int_rows.len();
         if n_int == 0 {
-            self.product_rows_f32(x, n, &prep.sums, r0, r1, tile, out);
+            self.product_rows_f32(x, n, &prep.sums, &prep.panels, r0, r1, tile, out);
         } else if n_int == n {
             self.product_rows_int(n, prep.int_inputs(&prep.sums), r0, out);
         } else {
@@ -501,18 +508,21 @@ impl QMatrix {
             );
             scatter(&part[..tr * n_int], &prep.int_rows, n, out);
             let part = &mut part[..tr * n_f];
-            self.product_rows_f32(&prep.fx, n_f, &prep.fsums, r0, r1, tile, part);
+            let (fx, fsums) = (&prep.fx, &prep.fsums);
+            self.product_rows_f32(fx, n_f, fsums, &prep.panels, r0, r1, tile, part);
             scatter(part, &prep.f_rows, n, out);
         }
     }
 
-    /// [`QMatrix::product_rows`] with f32 inputs `x: [n, cols]` and their block sums.
+    /// [`QMatrix::product_rows`] with f32 inputs `x: [n, cols]`, their block sums and
+    /// (for a matrix with integer inputs) their panels.
     #[allow(clippy::too_many_arguments)]
     fn product_rows_f32(
         &self,
         x: &[f32],
         n: usize,
         xsum: &[f32],
+        panels: &[f32],
         r0: usize,
         r1: usize,
         tile: &mut Vec<f32>,
@@ -533,7 +543,15 @@ impl QMatrix {
             for (i, r) in (r0..r1).enumerate() {
                 self.dequant_into(r, &mut tile[i * cols..(i + 1) * cols]);
             }
-            simd::tile_product(simd::available(), x, n, &tile[..tr * cols], tr, cols, out);
+            simd::panel_product(
+                simd::available(),
+                panels,
+                n,
+                &tile[..tr * cols],
+                tr,
+                cols,
+                out,
+            );
             return;
         }
         if n >= Self::DENSE_FROM {
@@ -733,14 +751,34 @@ mod simd {
         }
     }
 
-    /// `out[r][j] = Σ_c x[j][c] · w[r][c]` for `x: [n, cols]` and `w: [m, cols]` (f32
-    /// rows), into `out: [m, n]`. Each output adds its products in one fixed sequence (eight
-    /// lanes over the columns, then the lanes), whichever other rows share the call, so
-    /// a row's results do not depend on `n` (the AVX2 kernel and the portable loop each
-    /// agree with themselves). `cols` is a multiple of 8.
-    pub fn tile_product(
+    /// Rows of panels: `x: [n, cols]` as blocks of 16 rows (the last padded with
+    /// zeros), each column's 16 values together (`[⌈n/16⌉, cols, 16]`), for
+    /// [`panel_product`].
+    pub fn panels(x: &[f32], cols: usize, out: &mut Vec<f32>) {
+        let n = x.len() / cols.max(1);
+        out.clear();
+        out.resize(n.div_ceil(16) * cols * 16, 0.0);
+        for (b, panel) in out.chunks_exact_mut(cols * 16).enumerate() {
+            let rows = (n - 16 * b).min(16);
+            for l in 0..rows {
+                let row = &x[(16 * b + l) * cols..(16 * b + l + 1) * cols];
+                for (c, &v) in row.iter().enumerate() {
+                    panel[c * 16 + l] = v;
+                }
+            }
+        }
+    }
+
+    /// `out[r][j] = Σ_c w[r][c] · x[j][c]` for weight rows `w: [m, cols]` and the `n`
+    /// input rows laid out by [`panels`], into `out: [m, n]`. Every output is one
+    /// chain of fused multiply-adds over its columns in order, from zero, whatever `n`,
+    /// `m`, the row's place and the CPU: the vector kernels put input rows in lanes
+    /// (sixteen to a 512-bit vector, eight to a 256-bit one) and broadcast each weight,
+    /// the portable loop runs the same chain with `mul_add`, so all of them give the
+    /// same bits, and a prompt row's result never depends on the rows beside it.
+    pub fn panel_product(
         avx2: bool,
-        x: &[f32],
+        panels: &[f32],
         n: usize,
         w: &[f32],
         m: usize,
@@ -748,11 +786,8 @@ mod simd {
         out: &mut [f32],
     ) {
         assert!(
-            cols.is_multiple_of(8)
-                && x.len() == n * cols
-                && w.len() == m * cols
-                && out.len() == m * n,
-            "tile shapes disagree"
+            panels.len() == n.div_ceil(16) * cols * 16 && w.len() == m * cols && out.len() == m * n,
+            "panel shapes disagree"
         );
         #[cfg(target_arch = "x86_64")]
         if avx2 {
@@ -760,9 +795,9 @@ mod simd {
             // version, by `IntKernel::best`); the shapes are checked above.
             unsafe {
                 if IntKernel::best() == IntKernel::Avx512 {
-                    x86::tile_product_wide(x, n, w, m, cols, out);
+                    x86::panel_product_wide(panels, n, w, m, cols, out);
                 } else {
-                    x86::tile_product(x, n, w, m, cols, out);
+                    x86::panel_product(panels, n, w, m, cols, out);
                 }
             }
             return;
@@ -770,13 +805,12 @@ mod simd {
         let _ = avx2;
         for r in 0..m {
             for j in 0..n {
-                let mut lanes = [0.0f32; 8];
-                for c in (0..cols).step_by(8) {
-                    for (l, lane) in lanes.iter_mut().enumerate() {
-                        *lane += x[j * cols + c + l] * w[r * cols + c + l];
-                    }
+                let panel = &panels[(j / 16) * cols * 16..];
+                let mut acc = 0.0f32;
+                for c in 0..cols {
+                    acc = w[r * cols + c].mul_add(panel[c * 16 + j % 16], acc);
                 }
-                out[r * n + j] = lanes.iter().sum();
+                out[r * n + j] = acc;
             }
         }
     }
@@ -1739,194 +1773,213 @@ mod simd {
             hsum(macc) + tail
         }
 
-        /// [`super::tile_product`]: four input rows by three weight rows at a time
-        /// (twelve accumulators), smaller tiles at the edges, every output the same
-        /// chain of FMAs over its columns.
+        /// [`super::panel_product`] on 256-bit vectors: each panel of sixteen input rows
+        /// in two halves of eight lanes, up to six weight rows at a time (twelve
+        /// accumulators), each weight broadcast from memory.
         ///
         /// # Safety
-        /// Needs AVX2 and FMA; the shapes as [`super::tile_product`] checks them.
+        /// Needs AVX2 and FMA; the shapes as [`super::panel_product`] checks them.
         #[target_feature(enable = "avx2,fma")]
-        pub unsafe fn tile_product(
-            x: &[f32],
+        pub unsafe fn panel_product(
+            panels: &[f32],
             n: usize,
             w: &[f32],
             m: usize,
             cols: usize,
             out: &mut [f32],
         ) {
-            let mut j = 0;
-            while j < n {
-                let rows = (n - j).min(4);
+            for b in 0..n.div_ceil(16) {
+                let rows = (n - 16 * b).min(16);
+                let halves = rows.div_ceil(8);
                 let mut r = 0;
                 while r < m {
-                    let ws = (m - r).min(3);
-                    // SAFETY: rows j..j + rows of x and r..r + ws of w are in bounds.
+                    let wr = (m - r).min(6);
+                    // SAFETY: panel `b`, weight rows r..r + wr and the outputs written are
+                    // in bounds by the shapes the caller checked.
                     unsafe {
-                        match (rows, ws) {
-                            (4, 3) => tile::<4, 3>(x, w, j, r, n, cols, out),
-                            (4, 2) => tile::<4, 2>(x, w, j, r, n, cols, out),
-                            (4, _) => tile::<4, 1>(x, w, j, r, n, cols, out),
-                            (3, 3) => tile::<3, 3>(x, w, j, r, n, cols, out),
-                            (3, 2) => tile::<3, 2>(x, w, j, r, n, cols, out),
-                            (3, _) => tile::<3, 1>(x, w, j, r, n, cols, out),
-                            (2, 3) => tile::<2, 3>(x, w, j, r, n, cols, out),
-                            (2, 2) => tile::<2, 2>(x, w, j, r, n, cols, out),
-                            (2, _) => tile::<2, 1>(x, w, j, r, n, cols, out),
-                            (_, 3) => tile::<1, 3>(x, w, j, r, n, cols, out),
-                            (_, 2) => tile::<1, 2>(x, w, j, r, n, cols, out),
-                            (_, _) => tile::<1, 1>(x, w, j, r, n, cols, out),
+                        macro_rules! run {
+                            ($h:literal, $w:literal) => {
+                                panel_rows::<$h, $w>(panels, b, w, r, cols, n, rows, out)
+                            };
+                        }
+                        match (halves, wr) {
+                            (2, 6) => run!(2, 6),
+                            (2, 5) => run!(2, 5),
+                            (2, 4) => run!(2, 4),
+                            (2, 3) => run!(2, 3),
+                            (2, 2) => run!(2, 2),
+                            (2, _) => run!(2, 1),
+                            (_, 6) => run!(1, 6),
+                            (_, 5) => run!(1, 5),
+                            (_, 4) => run!(1, 4),
+                            (_, 3) => run!(1, 3),
+                            (_, 2) => run!(1, 2),
+                            (_, _) => run!(1, 1),
                         }
                     }
-                    r += ws;
+                    r += wr;
                 }
-                j += rows;
             }
         }
 
-        /// [`tile_product`] with pairs of weight rows in 512-bit vectors (row `r` in
-        /// lanes 0..8, `r + 1` in lanes 8..16): every output is the same chain of FMAs
-        /// in the same eight lanes, reduced the same way, so the results are bitwise
-        /// [`tile_product`]'s. Four input rows by up to three pairs at a time; an odd
-        /// last weight row goes through [`tile`].
+        /// Panel `b`'s first `H` halves (of its `rows` rows) by weight rows `r..r + W`.
         ///
         /// # Safety
-        /// Needs AVX-512 F, AVX2 and FMA; the shapes as [`super::tile_product`] checks
+        /// Needs AVX2 and FMA; panel `b` and weight rows `r..r + W` in bounds, `out`
+        /// `[m, n]` with `r + W <= m`.
+        #[allow(clippy::too_many_arguments)]
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn panel_rows<const H: usize, const W: usize>(
+            panels: &[f32],
+            b: usize,
+            w: &[f32],
+            r: usize,
+            cols: usize,
+            n: usize,
+            rows: usize,
+            out: &mut [f32],
+        ) {
+            let mut acc = [[_mm256_setzero_ps(); H]; W];
+            // SAFETY: in bounds by the caller's contract.
+            unsafe {
+                let p = panels.as_ptr().add(b * cols * 16);
+                let wp = w.as_ptr().add(r * cols);
+                for c in 0..cols {
+                    let mut xv = [_mm256_setzero_ps(); H];
+                    for (h, xv) in xv.iter_mut().enumerate() {
+                        *xv = _mm256_loadu_ps(p.add(16 * c + 8 * h));
+                    }
+                    for (i, acc) in acc.iter_mut().enumerate() {
+                        let wv = _mm256_broadcast_ss(&*wp.add(i * cols + c));
+                        for (a, x) in acc.iter_mut().zip(&xv) {
+                            *a = _mm256_fmadd_ps(wv, *x, *a);
+                        }
+                    }
+                }
+                for (i, acc) in acc.iter().enumerate() {
+                    let at = (r + i) * n + 16 * b;
+                    for (h, a) in acc.iter().enumerate() {
+                        let lanes = rows.saturating_sub(8 * h).min(8);
+                        if lanes == 8 {
+                            _mm256_storeu_ps(out.as_mut_ptr().add(at + 8 * h), *a);
+                        } else {
+                            let mut v = [0.0f32; 8];
+                            _mm256_storeu_ps(v.as_mut_ptr(), *a);
+                            out[at + 8 * h..at + 8 * h + lanes].copy_from_slice(&v[..lanes]);
+                        }
+                    }
+                }
+            }
+        }
+
+        /// [`super::panel_product`] on 512-bit vectors: a panel of sixteen input rows to
+        /// a vector, two panels by up to twelve weight rows at a time (24 accumulators)
+        /// or one by twelve; every lane the same chain of FMAs as [`panel_product`]'s,
+        /// so the results are bitwise its results.
+        ///
+        /// # Safety
+        /// Needs AVX-512 F, AVX2 and FMA; the shapes as [`super::panel_product`] checks
         /// them.
         #[target_feature(enable = "avx512f,avx2,fma")]
-        pub unsafe fn tile_product_wide(
-            x: &[f32],
+        pub unsafe fn panel_product_wide(
+            panels: &[f32],
             n: usize,
             w: &[f32],
             m: usize,
             cols: usize,
             out: &mut [f32],
         ) {
-            let mut j = 0;
-            while j < n {
-                let rows = (n - j).min(4);
+            let blocks = n.div_ceil(16);
+            let mut b = 0;
+            while b < blocks {
+                let two = b + 1 < blocks;
                 let mut r = 0;
                 while r < m {
-                    let pairs = ((m - r) / 2).min(3);
-                    // SAFETY: rows j..j + rows of x and r..r + 2·pairs (or r + 1) of w
-                    // are in bounds.
+                    let wr = (m - r).min(12);
+                    // SAFETY: panels b (and b + 1), weight rows r..r + wr and the outputs
+                    // written are in bounds by the shapes the caller checked.
                     unsafe {
-                        match (rows, pairs) {
-                            (4, 3) => tile_wide::<4, 3>(x, w, j, r, n, cols, out),
-                            (4, 2) => tile_wide::<4, 2>(x, w, j, r, n, cols, out),
-                            (4, 1) => tile_wide::<4, 1>(x, w, j, r, n, cols, out),
-                            (3, 3) => tile_wide::<3, 3>(x, w, j, r, n, cols, out),
-                            (3, 2) => tile_wide::<3, 2>(x, w, j, r, n, cols, out),
-                            (3, 1) => tile_wide::<3, 1>(x, w, j, r, n, cols, out),
-                            (2, 3) => tile_wide::<2, 3>(x, w, j, r, n, cols, out),
-                            (2, 2) => tile_wide::<2, 2>(x, w, j, r, n, cols, out),
-                            (2, 1) => tile_wide::<2, 1>(x, w, j, r, n, cols, out),
-                            (_, 3) => tile_wide::<1, 3>(x, w, j, r, n, cols, out),
-                            (_, 2) => tile_wide::<1, 2>(x, w, j, r, n, cols, out),
-                            (_, 1) => tile_wide::<1, 1>(x, w, j, r, n, cols, out),
-                            (4, _) => tile::<4, 1>(x, w, j, r, n, cols, out),
-                            (3, _) => tile::<3, 1>(x, w, j, r, n, cols, out),
-                            (2, _) => tile::<2, 1>(x, w, j, r, n, cols, out),
-                            (_, _) => tile::<1, 1>(x, w, j, r, n, cols, out),
+                        macro_rules! run {
+                            ($p:literal, $w:literal) => {
+                                panel_rows_wide::<$p, $w>(panels, b, w, r, cols, n, out)
+                            };
+                        }
+                        macro_rules! rows {
+                            ($p:literal) => {
+                                match wr {
+                                    12 => run!($p, 12),
+                                    11 => run!($p, 11),
+                                    10 => run!($p, 10),
+                                    9 => run!($p, 9),
+                                    8 => run!($p, 8),
+                                    7 => run!($p, 7),
+                                    6 => run!($p, 6),
+                                    5 => run!($p, 5),
+                                    4 => run!($p, 4),
+                                    3 => run!($p, 3),
+                                    2 => run!($p, 2),
+                                    _ => run!($p, 1),
+                                }
+                            };
+                        }
+                        if two {
+                            rows!(2)
+                        } else {
+                            rows!(1)
                         }
                     }
-                    r += (2 * pairs).max(1);
+                    r += wr;
                 }
-                j += rows;
+                b += if two { 2 } else { 1 };
             }
         }
 
-        /// Input rows `j..j + R` by weight rows `r..r + 2P`, two rows to a vector.
+        /// Panels `b..b + P` by weight rows `r..r + W`.
         ///
         /// # Safety
-        /// Needs AVX-512 F, AVX2 and FMA; those rows in bounds of `x` and `w` (`cols`
-        /// each), `out` `[m, n]` with `r + 2P <= m`, `j + R <= n`.
+        /// Needs AVX-512 F, AVX2 and FMA; those panels and weight rows in bounds, `out`
+        /// `[m, n]` with `r + W <= m`.
         #[allow(clippy::too_many_arguments)]
         #[inline]
         #[target_feature(enable = "avx512f,avx2,fma")]
-        unsafe fn tile_wide<const R: usize, const P: usize>(
-            x: &[f32],
+        unsafe fn panel_rows_wide<const P: usize, const W: usize>(
+            panels: &[f32],
+            b: usize,
             w: &[f32],
-            j: usize,
             r: usize,
-            n: usize,
             cols: usize,
+            n: usize,
             out: &mut [f32],
         ) {
-            let mut acc = [[_mm512_setzero_ps(); P]; R];
-            let (xp, wp) = (x.as_ptr(), w.as_ptr());
-            let mut c = 0;
-            while c < cols {
-                // SAFETY: column c..c + 8 of each row is in bounds (cols % 8 == 0).
-                unsafe {
-                    let mut wv = [_mm512_setzero_ps(); P];
-                    for (i, wv) in wv.iter_mut().enumerate() {
-                        let lo = _mm256_loadu_ps(wp.add((r + 2 * i) * cols + c));
-                        let hi = _mm256_loadu_ps(wp.add((r + 2 * i + 1) * cols + c));
-                        *wv = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-                            _mm512_castpd256_pd512(_mm256_castps_pd(lo)),
-                            _mm256_castps_pd(hi),
-                        ));
+            let mut acc = [[_mm512_setzero_ps(); P]; W];
+            // SAFETY: in bounds by the caller's contract.
+            unsafe {
+                let p = panels.as_ptr().add(b * cols * 16);
+                let wp = w.as_ptr().add(r * cols);
+                for c in 0..cols {
+                    let mut xv = [_mm512_setzero_ps(); P];
+                    for (k, xv) in xv.iter_mut().enumerate() {
+                        *xv = _mm512_loadu_ps(p.add(k * cols * 16 + 16 * c));
                     }
-                    for (k, acc) in acc.iter_mut().enumerate() {
-                        let xh = _mm256_castps_pd(_mm256_loadu_ps(xp.add((j + k) * cols + c)));
-                        let xv = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-                            _mm512_castpd256_pd512(xh),
-                            xh,
-                        ));
-                        for (a, w) in acc.iter_mut().zip(&wv) {
-                            *a = _mm512_fmadd_ps(xv, *w, *a);
+                    for (i, acc) in acc.iter_mut().enumerate() {
+                        let wv = _mm512_set1_ps(*wp.add(i * cols + c));
+                        for (a, x) in acc.iter_mut().zip(&xv) {
+                            *a = _mm512_fmadd_ps(wv, *x, *a);
                         }
                     }
                 }
-                c += 8;
-            }
-            for (k, acc) in acc.iter().enumerate() {
-                for (i, a) in acc.iter().enumerate() {
-                    let lo = _mm512_castps512_ps256(*a);
-                    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
-                    out[(r + 2 * i) * n + j + k] = hsum(lo);
-                    out[(r + 2 * i + 1) * n + j + k] = hsum(hi);
-                }
-            }
-        }
-
-        /// Input rows `j..j + R` by weight rows `r..r + M`.
-        ///
-        /// # Safety
-        /// Needs AVX2 and FMA; those rows in bounds of `x` and `w` (`cols` each), `out`
-        /// `[m, n]` with `r + M <= m`, `j + R <= n`.
-        #[allow(clippy::too_many_arguments)]
-        #[inline]
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn tile<const R: usize, const M: usize>(
-            x: &[f32],
-            w: &[f32],
-            j: usize,
-            r: usize,
-            n: usize,
-            cols: usize,
-            out: &mut [f32],
-        ) {
-            let mut acc = [[_mm256_setzero_ps(); M]; R];
-            let (xp, wp) = (x.as_ptr(), w.as_ptr());
-            let mut c = 0;
-            while c < cols {
-                // SAFETY: column c..c + 8 of each row is in bounds (cols % 8 == 0).
-                unsafe {
-                    let wv: [__m256; M] =
-                        std::array::from_fn(|i| _mm256_loadu_ps(wp.add((r + i) * cols + c)));
-                    for (k, acc) in acc.iter_mut().enumerate() {
-                        let xv = _mm256_loadu_ps(xp.add((j + k) * cols + c));
-                        for (a, w) in acc.iter_mut().zip(&wv) {
-                            *a = _mm256_fmadd_ps(xv, *w, *a);
-                        }
+                for (i, acc) in acc.iter().enumerate() {
+                    for (k, a) in acc.iter().enumerate() {
+                        let j0 = 16 * (b + k);
+                        let lanes = (n - j0).min(16);
+                        let mask: __mmask16 = if lanes == 16 {
+                            u16::MAX
+                        } else {
+                            (1u16 << lanes) - 1
+                        };
+                        _mm512_mask_storeu_ps(out.as_mut_ptr().add((r + i) * n + j0), mask, *a);
                     }
-                }
-                c += 8;
-            }
-            for (k, acc) in acc.iter().enumerate() {
-                for (i, a) in acc.iter().enumerate() {
-                    out[(r + i) * n + j + k] = hsum(*a);
                 }
             }
         }
@@ -2264,25 +2317,58 @@ mod tests {
         }
     }
 
-    /// The 512-bit tile product gives bitwise the AVX2 one's results, odd row counts
-    /// included.
+    /// The panel product (prompt rows beside integer inputs) gives the same bits on
+    /// every kernel this CPU runs and the portable loop, every row the bits it gets
+    /// alone, and the exact product within f32 rounding; panels of 16 rows, partial
+    /// ones, and every weight-row count around the kernels' groups of six and twelve.
     #[test]
-    fn wide_tile_product_matches_the_avx2_one() {
-        #[cfg(target_arch = "x86_64")]
-        if simd::IntKernel::available().contains(&simd::IntKernel::Avx512) {
-            let cols = 40;
-            for (n, m) in [(1, 1), (3, 7), (4, 6), (9, 13), (5, 2)] {
-                let x = values(n * cols, 17);
-                let w = values(m * cols, 19);
-                let (mut a, mut b) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
-                // SAFETY: AVX-512 F, AVX2 and FMA are available (checked above); the
-                // shapes match.
-                unsafe {
-                    simd::x86::tile_product(&x, n, &w, m, cols, &mut a);
-                    simd::x86::tile_product_wide(&x, n, &w, m, cols, &mut b);
+    fn panel_products_give_the_same_bits_everywhere() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (n, m, cols) in [
+            (1, 1, 32),
+            (3, 7, 64),
+            (16, 6, 96),
+            (17, 13, 128),
+            (33, 12, 96),
+            (40, 25, 32),
+            (8, 5, 576),
+        ] {
+            let x = values(n * cols, 17);
+            let w = values(m * cols, 19);
+            let mut panels = Vec::new();
+            simd::panels(&x, cols, &mut panels);
+            let run = |avx2: bool| {
+                let mut out = vec![0.0f32; m * n];
+                simd::panel_product(avx2, &panels, n, &w, m, cols, &mut out);
+                out
+            };
+            let portable = run(false);
+            let want = reference(&w, m, cols, &x, n);
+            for r in 0..m {
+                for j in 0..n {
+                    let (got, e) = (portable[r * n + j], want[j * m + r]);
+                    assert!((got - e).abs() <= 1e-4 * (1.0 + e.abs()), "{got} vs {e}");
                 }
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&a), bits(&b), "n={n} m={m}");
+            }
+            if simd::available() {
+                assert_eq!(bits(&run(true)), bits(&portable), "n={n} m={m} cols={cols}");
+                #[cfg(target_arch = "x86_64")]
+                {
+                    let mut narrow = vec![0.0f32; m * n];
+                    // SAFETY: AVX2 and FMA are available (checked above); the shapes
+                    // match.
+                    unsafe { simd::x86::panel_product(&panels, n, &w, m, cols, &mut narrow) };
+                    assert_eq!(bits(&narrow), bits(&portable), "AVX2 n={n} m={m}");
+                }
+            }
+            // Row j alone gives column j.
+            for j in [0, n / 2, n - 1] {
+                let mut one = Vec::new();
+                simd::panels(&x[j * cols..(j + 1) * cols], cols, &mut one);
+                let mut out = vec![0.0f32; m];
+                simd::panel_product(simd::available(), &one, 1, &w, m, cols, &mut out);
+                let column: Vec<f32> = (0..m).map(|r| portable[r * n + j]).collect();
+                assert_eq!(bits(&out), bits(&column), "row {j} of {n} alone");
             }
         }
     }
