@@ -21,7 +21,8 @@
 //! row count). Prompts stay f32: 16-bit inputs through a whole prefill moved the
 //! default model's last logits by 1.8e-2, against 5e-3 allowed; their rows take
 //! dequantized tiles and a panel product (input rows in vector lanes, each weight
-//! broadcast, one FMA chain an output), whose order per output does not depend
+//! pair broadcast, two FMA chains an output, one a half of the columns), whose
+//! order per output does not depend
 //! on the row count either. (llama.cpp quantizes activations to `i8`;
 //! on this model that moved logits by up to 1.7 and greedy text within a few tokens, so
 //! 16 bits it is.) On x86-64 with AVX2 and FMA (checked at run time) the
@@ -537,11 +538,13 @@ impl QMatrix {
             // it runs alone, beside other prompts, or in part after a prefix-cache hit.
             // (The GEMM's order changes with the number of rows.)
             let (tr, cols) = (r1 - r0, self.cols);
-            if tile.len() < tr * cols {
-                tile.resize(tr * cols, 0.0);
+            if tile.len() < (tr + 1) * cols {
+                tile.resize((tr + 1) * cols, 0.0);
             }
+            let (rows, row) = tile.split_at_mut(tr * cols);
             for (i, r) in (r0..r1).enumerate() {
-                self.dequant_into(r, &mut tile[i * cols..(i + 1) * cols]);
+                self.dequant_into(r, &mut row[..cols]);
+                simd::interleave_halves(&row[..cols], &mut rows[i * cols..(i + 1) * cols]);
             }
             simd::panel_product(
                 simd::available(),
@@ -751,31 +754,56 @@ mod simd {
         }
     }
 
-    /// Rows of panels: `x: [n, cols]` as blocks of 16 rows (the last padded with
-    /// zeros), each column's 16 values together (`[⌈n/16⌉, cols, 16]`), for
-    /// [`panel_product`].
+    /// Rows of panels for [`panel_product`]: `x: [n, cols]` in blocks of eight rows
+    /// (the last padded with zeros), each column `k` of the first half beside column
+    /// `cols/2 + k` of the second: lane `2l` of a panel's `k`-th sixteen holds row `l`'s
+    /// `x[k]`, lane `2l + 1` its `x[cols/2 + k]` (`[⌈n/8⌉, cols/2, 16]`).
     pub fn panels(x: &[f32], cols: usize, out: &mut Vec<f32>) {
         let n = x.len() / cols.max(1);
+        let half = cols / 2;
         out.clear();
-        out.resize(n.div_ceil(16) * cols * 16, 0.0);
-        for (b, panel) in out.chunks_exact_mut(cols * 16).enumerate() {
-            let rows = (n - 16 * b).min(16);
-            for l in 0..rows {
-                let row = &x[(16 * b + l) * cols..(16 * b + l + 1) * cols];
-                for (c, &v) in row.iter().enumerate() {
-                    panel[c * 16 + l] = v;
+        out.resize(n.div_ceil(8) * cols * 8, 0.0);
+        for (b, panel) in out.chunks_exact_mut(cols * 8).enumerate() {
+            for l in 0..(n - 8 * b).min(8) {
+                let row = &x[(8 * b + l) * cols..(8 * b + l + 1) * cols];
+                for k in 0..half {
+                    panel[16 * k + 2 * l] = row[k];
+                    panel[16 * k + 2 * l + 1] = row[half + k];
                 }
             }
         }
     }
 
-    /// `out[r][j] = Σ_c w[r][c] · x[j][c]` for weight rows `w: [m, cols]` and the `n`
-    /// input rows laid out by [`panels`], into `out: [m, n]`. Every output is one
-    /// chain of fused multiply-adds over its columns in order, from zero, whatever `n`,
-    /// `m`, the row's place and the CPU: the vector kernels put input rows in lanes
-    /// (sixteen to a 512-bit vector, eight to a 256-bit one) and broadcast each weight,
-    /// the portable loop runs the same chain with `mul_add`, so all of them give the
-    /// same bits, and a prompt row's result never depends on the rows beside it.
+    /// A weight row for [`panel_product`]: `out[2k] = row[k]`, `out[2k + 1] =
+    /// row[cols/2 + k]`.
+    pub fn interleave_halves(row: &[f32], out: &mut [f32]) {
+        assert!(
+            row.len() == out.len() && row.len().is_multiple_of(2),
+            "halves disagree"
+        );
+        let half = row.len() / 2;
+        #[cfg(target_arch = "x86_64")]
+        if available() && half.is_multiple_of(8) {
+            // SAFETY: AVX2 detected at run time; the lengths checked above.
+            unsafe { x86::interleave_halves(row, out) };
+            return;
+        }
+        let (a, b) = row.split_at(half);
+        for (o, (&a, &b)) in out.chunks_exact_mut(2).zip(a.iter().zip(b)) {
+            o[0] = a;
+            o[1] = b;
+        }
+    }
+
+    /// `out[r][j] = Σ_c w[r][c] · x[j][c]` for weight rows `w: [m, cols]` (each laid out
+    /// by [`interleave_halves`]) and the `n` input rows laid out by [`panels`], into
+    /// `out: [m, n]`. Every output is two chains of fused multiply-adds from zero, one
+    /// over each half of the columns in order, then their sum, whatever `n`, `m`, the
+    /// row's place and the CPU: the vector kernels put eight input rows times the two
+    /// halves in sixteen lanes and broadcast each pair of weights (`w[k]`,
+    /// `w[cols/2 + k]`), the portable loop runs the same chains with `mul_add`, so all of
+    /// them give the same bits, and a prompt row's result never depends on the rows
+    /// beside it. (Eight rows a vector keep a short prompt's vectors full.)
     pub fn panel_product(
         avx2: bool,
         panels: &[f32],
@@ -786,7 +814,10 @@ mod simd {
         out: &mut [f32],
     ) {
         assert!(
-            panels.len() == n.div_ceil(16) * cols * 16 && w.len() == m * cols && out.len() == m * n,
+            cols.is_multiple_of(2)
+                && panels.len() == n.div_ceil(8) * cols * 8
+                && w.len() == m * cols
+                && out.len() == m * n,
             "panel shapes disagree"
         );
         #[cfg(target_arch = "x86_64")]
@@ -803,14 +834,18 @@ mod simd {
             return;
         }
         let _ = avx2;
+        let half = cols / 2;
         for r in 0..m {
+            let wr = &w[r * cols..(r + 1) * cols];
             for j in 0..n {
-                let panel = &panels[(j / 16) * cols * 16..];
-                let mut acc = 0.0f32;
-                for c in 0..cols {
-                    acc = w[r * cols + c].mul_add(panel[c * 16 + j % 16], acc);
+                let panel = &panels[(j / 8) * cols * 8..];
+                let lane = 2 * (j % 8);
+                let (mut a, mut b) = (0.0f32, 0.0f32);
+                for k in 0..half {
+                    a = wr[2 * k].mul_add(panel[16 * k + lane], a);
+                    b = wr[2 * k + 1].mul_add(panel[16 * k + lane + 1], b);
                 }
-                out[r * n + j] = acc;
+                out[r * n + j] = a + b;
             }
         }
     }
@@ -1773,9 +1808,41 @@ mod simd {
             hsum(macc) + tail
         }
 
-        /// [`super::panel_product`] on 256-bit vectors: each panel of sixteen input rows
-        /// in two halves of eight lanes, up to six weight rows at a time (twelve
-        /// accumulators), each weight broadcast from memory.
+        /// [`super::interleave_halves`], eight pairs at a time.
+        ///
+        /// # Safety
+        /// Needs AVX2; `row` and `out` equally long, half of it a multiple of 8.
+        #[target_feature(enable = "avx2,fma")]
+        pub unsafe fn interleave_halves(row: &[f32], out: &mut [f32]) {
+            let half = row.len() / 2;
+            // SAFETY: every load and store below is inside the two slices.
+            unsafe {
+                let (a, b) = (row.as_ptr(), row.as_ptr().add(half));
+                let o = out.as_mut_ptr();
+                for k in (0..half).step_by(8) {
+                    let (x, y) = (_mm256_loadu_ps(a.add(k)), _mm256_loadu_ps(b.add(k)));
+                    let (lo, hi) = (_mm256_unpacklo_ps(x, y), _mm256_unpackhi_ps(x, y));
+                    _mm256_storeu_ps(o.add(2 * k), _mm256_permute2f128_ps::<0x20>(lo, hi));
+                    _mm256_storeu_ps(o.add(2 * k + 8), _mm256_permute2f128_ps::<0x31>(lo, hi));
+                }
+            }
+        }
+
+        /// The pair-sums of `a`'s lanes (lane `2l` + lane `2l + 1`, the two halves' chains
+        /// of input row `l`) in its low four lanes.
+        ///
+        /// # Safety
+        /// Needs AVX2.
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn pair_sums(a: __m256) -> __m256 {
+            let t = _mm256_add_ps(a, _mm256_permute_ps::<0b10_11_00_01>(a));
+            _mm256_permutevar8x32_ps(t, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6))
+        }
+
+        /// [`super::panel_product`] on 256-bit vectors: each panel of eight input rows in
+        /// two vectors of four rows (times two halves), up to six weight rows at a time
+        /// (twelve accumulators), each pair of weights broadcast from memory.
         ///
         /// # Safety
         /// Needs AVX2 and FMA; the shapes as [`super::panel_product`] checks them.
@@ -1788,9 +1855,8 @@ mod simd {
             cols: usize,
             out: &mut [f32],
         ) {
-            for b in 0..n.div_ceil(16) {
-                let rows = (n - 16 * b).min(16);
-                let halves = rows.div_ceil(8);
+            for b in 0..n.div_ceil(8) {
+                let rows = (n - 8 * b).min(8);
                 let mut r = 0;
                 while r < m {
                     let wr = (m - r).min(6);
@@ -1802,19 +1868,19 @@ mod simd {
                                 panel_rows::<$h, $w>(panels, b, w, r, cols, n, rows, out)
                             };
                         }
-                        match (halves, wr) {
-                            (2, 6) => run!(2, 6),
-                            (2, 5) => run!(2, 5),
-                            (2, 4) => run!(2, 4),
-                            (2, 3) => run!(2, 3),
-                            (2, 2) => run!(2, 2),
-                            (2, _) => run!(2, 1),
-                            (_, 6) => run!(1, 6),
-                            (_, 5) => run!(1, 5),
-                            (_, 4) => run!(1, 4),
-                            (_, 3) => run!(1, 3),
-                            (_, 2) => run!(1, 2),
-                            (_, _) => run!(1, 1),
+                        match (rows > 4, wr) {
+                            (true, 6) => run!(2, 6),
+                            (true, 5) => run!(2, 5),
+                            (true, 4) => run!(2, 4),
+                            (true, 3) => run!(2, 3),
+                            (true, 2) => run!(2, 2),
+                            (true, _) => run!(2, 1),
+                            (false, 6) => run!(1, 6),
+                            (false, 5) => run!(1, 5),
+                            (false, 4) => run!(1, 4),
+                            (false, 3) => run!(1, 3),
+                            (false, 2) => run!(1, 2),
+                            (false, _) => run!(1, 1),
                         }
                     }
                     r += wr;
@@ -1822,7 +1888,8 @@ mod simd {
             }
         }
 
-        /// Panel `b`'s first `H` halves (of its `rows` rows) by weight rows `r..r + W`.
+        /// Panel `b`'s first `H` vectors (four of its `rows` rows each) by weight rows
+        /// `r..r + W`.
         ///
         /// # Safety
         /// Needs AVX2 and FMA; panel `b` and weight rows `r..r + W` in bounds, `out`
@@ -1843,40 +1910,39 @@ mod simd {
             let mut acc = [[_mm256_setzero_ps(); H]; W];
             // SAFETY: in bounds by the caller's contract.
             unsafe {
-                let p = panels.as_ptr().add(b * cols * 16);
+                let p = panels.as_ptr().add(b * cols * 8);
                 let wp = w.as_ptr().add(r * cols);
-                for c in 0..cols {
+                for k in 0..cols / 2 {
                     let mut xv = [_mm256_setzero_ps(); H];
                     for (h, xv) in xv.iter_mut().enumerate() {
-                        *xv = _mm256_loadu_ps(p.add(16 * c + 8 * h));
+                        *xv = _mm256_loadu_ps(p.add(16 * k + 8 * h));
                     }
                     for (i, acc) in acc.iter_mut().enumerate() {
-                        let wv = _mm256_broadcast_ss(&*wp.add(i * cols + c));
+                        let wv = _mm256_castpd_ps(_mm256_broadcast_sd(
+                            &*wp.add(i * cols + 2 * k).cast::<f64>(),
+                        ));
                         for (a, x) in acc.iter_mut().zip(&xv) {
                             *a = _mm256_fmadd_ps(wv, *x, *a);
                         }
                     }
                 }
                 for (i, acc) in acc.iter().enumerate() {
-                    let at = (r + i) * n + 16 * b;
+                    let at = (r + i) * n + 8 * b;
                     for (h, a) in acc.iter().enumerate() {
-                        let lanes = rows.saturating_sub(8 * h).min(8);
-                        if lanes == 8 {
-                            _mm256_storeu_ps(out.as_mut_ptr().add(at + 8 * h), *a);
-                        } else {
-                            let mut v = [0.0f32; 8];
-                            _mm256_storeu_ps(v.as_mut_ptr(), *a);
-                            out[at + 8 * h..at + 8 * h + lanes].copy_from_slice(&v[..lanes]);
-                        }
+                        let lanes = rows.saturating_sub(4 * h).min(4);
+                        let mut v = [0.0f32; 8];
+                        _mm256_storeu_ps(v.as_mut_ptr(), pair_sums(*a));
+                        out[at + 4 * h..at + 4 * h + lanes].copy_from_slice(&v[..lanes]);
                     }
                 }
             }
         }
 
-        /// [`super::panel_product`] on 512-bit vectors: a panel of sixteen input rows to
-        /// a vector, two panels by up to twelve weight rows at a time (24 accumulators)
-        /// or one by twelve; every lane the same chain of FMAs as [`panel_product`]'s,
-        /// so the results are bitwise its results.
+        /// [`super::panel_product`] on 512-bit vectors: a panel of eight input rows (times
+        /// two halves) to a vector, two panels by up to twelve weight rows at a time (24
+        /// accumulators) or one by twelve; every lane the same chain of FMAs as
+        /// [`panel_product`]'s and the same pair sums, so the results are bitwise its
+        /// results.
         ///
         /// # Safety
         /// Needs AVX-512 F, AVX2 and FMA; the shapes as [`super::panel_product`] checks
@@ -1890,7 +1956,7 @@ mod simd {
             cols: usize,
             out: &mut [f32],
         ) {
-            let blocks = n.div_ceil(16);
+            let blocks = n.div_ceil(8);
             let mut b = 0;
             while b < blocks {
                 let two = b + 1 < blocks;
@@ -1955,30 +2021,37 @@ mod simd {
             let mut acc = [[_mm512_setzero_ps(); P]; W];
             // SAFETY: in bounds by the caller's contract.
             unsafe {
-                let p = panels.as_ptr().add(b * cols * 16);
+                let p = panels.as_ptr().add(b * cols * 8);
                 let wp = w.as_ptr().add(r * cols);
-                for c in 0..cols {
+                for k in 0..cols / 2 {
                     let mut xv = [_mm512_setzero_ps(); P];
-                    for (k, xv) in xv.iter_mut().enumerate() {
-                        *xv = _mm512_loadu_ps(p.add(k * cols * 16 + 16 * c));
+                    for (q, xv) in xv.iter_mut().enumerate() {
+                        *xv = _mm512_loadu_ps(p.add(q * cols * 8 + 16 * k));
                     }
                     for (i, acc) in acc.iter_mut().enumerate() {
-                        let wv = _mm512_set1_ps(*wp.add(i * cols + c));
+                        let wv = _mm512_castpd_ps(_mm512_set1_pd(
+                            wp.add(i * cols + 2 * k).cast::<f64>().read_unaligned(),
+                        ));
                         for (a, x) in acc.iter_mut().zip(&xv) {
                             *a = _mm512_fmadd_ps(wv, *x, *a);
                         }
                     }
                 }
+                let evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
                 for (i, acc) in acc.iter().enumerate() {
-                    for (k, a) in acc.iter().enumerate() {
-                        let j0 = 16 * (b + k);
-                        let lanes = (n - j0).min(16);
-                        let mask: __mmask16 = if lanes == 16 {
-                            u16::MAX
+                    for (q, a) in acc.iter().enumerate() {
+                        let j0 = 8 * (b + q);
+                        let lanes = (n - j0).min(8);
+                        let t = _mm512_add_ps(*a, _mm512_permute_ps::<0b10_11_00_01>(*a));
+                        let sums = _mm512_castps512_ps256(_mm512_permutexvar_ps(evens, t));
+                        let at = (r + i) * n + j0;
+                        if lanes == 8 {
+                            _mm256_storeu_ps(out.as_mut_ptr().add(at), sums);
                         } else {
-                            (1u16 << lanes) - 1
-                        };
-                        _mm512_mask_storeu_ps(out.as_mut_ptr().add((r + i) * n + j0), mask, *a);
+                            let mut v = [0.0f32; 8];
+                            _mm256_storeu_ps(v.as_mut_ptr(), sums);
+                            out[at..at + lanes].copy_from_slice(&v[..lanes]);
+                        }
                     }
                 }
             }
@@ -2319,8 +2392,9 @@ mod tests {
 
     /// The panel product (prompt rows beside integer inputs) gives the same bits on
     /// every kernel this CPU runs and the portable loop, every row the bits it gets
-    /// alone, and the exact product within f32 rounding; panels of 16 rows, partial
-    /// ones, and every weight-row count around the kernels' groups of six and twelve.
+    /// alone, and the exact product within f32 rounding; panels of eight rows, pairs of
+    /// them, partial ones, and weight-row counts around the kernels' groups of six and
+    /// twelve.
     #[test]
     fn panel_products_give_the_same_bits_everywhere() {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -2332,14 +2406,24 @@ mod tests {
             (33, 12, 96),
             (40, 25, 32),
             (8, 5, 576),
+            (4, 13, 64),
+            (9, 24, 96),
+            (20, 7, 160),
         ] {
             let x = values(n * cols, 17);
             let w = values(m * cols, 19);
             let mut panels = Vec::new();
             simd::panels(&x, cols, &mut panels);
+            let mut wl = vec![0.0f32; m * cols];
+            for (row, out) in w.chunks_exact(cols).zip(wl.chunks_exact_mut(cols)) {
+                simd::interleave_halves(row, out);
+                for k in 0..cols / 2 {
+                    assert_eq!((out[2 * k], out[2 * k + 1]), (row[k], row[cols / 2 + k]));
+                }
+            }
             let run = |avx2: bool| {
                 let mut out = vec![0.0f32; m * n];
-                simd::panel_product(avx2, &panels, n, &w, m, cols, &mut out);
+                simd::panel_product(avx2, &panels, n, &wl, m, cols, &mut out);
                 out
             };
             let portable = run(false);
@@ -2357,7 +2441,7 @@ mod tests {
                     let mut narrow = vec![0.0f32; m * n];
                     // SAFETY: AVX2 and FMA are available (checked above); the shapes
                     // match.
-                    unsafe { simd::x86::panel_product(&panels, n, &w, m, cols, &mut narrow) };
+                    unsafe { simd::x86::panel_product(&panels, n, &wl, m, cols, &mut narrow) };
                     assert_eq!(bits(&narrow), bits(&portable), "AVX2 n={n} m={m}");
                 }
             }
@@ -2366,7 +2450,7 @@ mod tests {
                 let mut one = Vec::new();
                 simd::panels(&x[j * cols..(j + 1) * cols], cols, &mut one);
                 let mut out = vec![0.0f32; m];
-                simd::panel_product(simd::available(), &one, 1, &w, m, cols, &mut out);
+                simd::panel_product(simd::available(), &one, 1, &wl, m, cols, &mut out);
                 let column: Vec<f32> = (0..m).map(|r| portable[r * n + j]).collect();
                 assert_eq!(bits(&out), bits(&column), "row {j} of {n} alone");
             }
