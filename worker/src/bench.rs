@@ -62,6 +62,61 @@ pub struct BenchArgs {
     /// Step budgets of the `--join-prompt` test (0: no limit).
     #[arg(long, value_delimiter = ',', default_value = "0,256")]
     pub step_tokens: Vec<usize>,
+    /// Only the matrix-product kernels, on one thread: a 1536 × 576 matrix (the
+    /// model's gate and up shape) of random weights in Q4_1 and Q8_0, taken in slices of
+    /// 96 rows as the forward pass takes them, against generated-token rows (16-bit
+    /// integer inputs) and prompt rows (f32 inputs, the panel product)
+    /// (`baton kernel …` lines, multiply-adds a second, best of `--reps`).
+    #[arg(long)]
+    pub kernels: bool,
+}
+
+/// `--kernels`: single-thread speed of the products of generated-token and prompt rows.
+fn kernel_speeds(reps: usize) -> anyhow::Result<()> {
+    use crate::engine::{
+        gguf::{writer::quantize, GgmlType},
+        llama::qmatmul::{Prepared, QMatrix},
+    };
+    let (rows, cols, slice) = (1536, 576, 96);
+    // Deterministic values in [-1, 1).
+    let values = |n: usize, seed: u64| -> Vec<f32> {
+        (0..n as u64)
+            .map(|i| {
+                let h = (i ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+                (h % 2000) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    };
+    let w = values(rows * cols, 1);
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        let q = QMatrix::from_gguf(ty, rows, cols, &quantize(ty, &w)?)
+            .ok_or_else(|| anyhow::anyhow!("{ty:?} does not repack"))?
+            .with_int_inputs(true);
+        for (generated, n) in [(true, 1), (true, 4), (true, 16), (false, 16), (false, 128)] {
+            let x = values(n * cols, 7);
+            let mut prep = Prepared::default();
+            q.prepare(&x, &vec![generated; n], &mut prep);
+            let (mut tile, mut out) = (Vec::new(), vec![0.0f32; slice * n]);
+            let macs = (rows * cols * n) as f64;
+            let passes = (3e8 / macs).ceil() as usize;
+            let mut best = f64::MAX;
+            for _ in 0..reps.max(1) {
+                let t = Instant::now();
+                for _ in 0..passes {
+                    for r0 in (0..rows).step_by(slice) {
+                        q.product_rows(&x, n, &prep, r0, r0 + slice, &mut tile, &mut out);
+                    }
+                }
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            println!(
+                "baton kernel {ty:?} rows={} n={n} gmac_s={:.1}",
+                if generated { "generated" } else { "prompt" },
+                macs * passes as f64 / best / 1e9
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Sampling at `temperature` (greedy at 0), seeded.
@@ -83,6 +138,9 @@ pub fn peak_rss_bytes() -> Option<u64> {
 
 /// Runs the benchmark and prints its lines.
 pub fn run<B: Backend>(args: &BenchArgs, device: &B::Device) -> anyhow::Result<()> {
+    if args.kernels {
+        return kernel_speeds(args.reps);
+    }
     let threads = rayon::current_num_threads();
     let mut tag = format!("dtype={} threads={threads}", args.dtype);
     if args.temperature > 0.0 {
