@@ -1918,8 +1918,9 @@ mod simd {
                         *xv = _mm256_loadu_ps(p.add(16 * k + 8 * h));
                     }
                     for (i, acc) in acc.iter_mut().enumerate() {
-                        let wv = _mm256_castpd_ps(_mm256_broadcast_sd(
-                            &*wp.add(i * cols + 2 * k).cast::<f64>(),
+                        // Two f32 at any 4-byte boundary: read unaligned.
+                        let wv = _mm256_castpd_ps(_mm256_set1_pd(
+                            wp.add(i * cols + 2 * k).cast::<f64>().read_unaligned(),
                         ));
                         for (a, x) in acc.iter_mut().zip(&xv) {
                             *a = _mm256_fmadd_ps(wv, *x, *a);
