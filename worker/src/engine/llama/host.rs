@@ -630,7 +630,7 @@ impl<B: Backend> Llama<B> {
     /// of the rayon pool, is split by sequence: each thread runs the whole network for
     /// its share of the sequences alone, with no barrier between phases (each weight is
     /// then read once a thread instead of once a step, which at that many rows costs
-    /// less than the threads waiting for each other ten times a layer). Any other step
+    /// less than the threads waiting for each other five times a layer). Any other step
     /// runs as one parallel region over the pool ([`Llama::forward_rows`]). A row's
     /// arithmetic is the same either way, so its results are too.
     pub(crate) fn forward_host(
