@@ -979,8 +979,9 @@ mod simd {
 
     /// Input rows quantized to 16-bit blocks, from [`super::Prepared`]: values `q`
     /// (rows of `32 · nb`), block scales `d` (rows of `nb`), exact block sums `sums`
-    /// (laid out as `d`; 4-bit weights only) and, for [`IntKernel::Avx512`], the
-    /// interleaved copies `qz` and `ez`.
+    /// (laid out as `d`; 4-bit weights only), which the portable loop reads, and, for
+    /// the vector kernels, the same rows in the quad layout: `qz`, `ez` and (4-bit
+    /// weights only) `sz` (see [`super::Prepared`]).
     #[derive(Debug, Clone, Copy)]
     pub struct IntRows<'a> {
         pub q: &'a [i16],
@@ -2357,7 +2358,7 @@ mod tests {
                 }
             }
             // A matrix with integer inputs keeps its f32 rows (prompts) batch-invariant
-            // too: the fixed-order tile product at every row count, never the GEMM.
+            // too: the fixed-order panel product at every row count, never the GEMM.
             for m in [5, 8, 9, 16, 41] {
                 let mut prep = Prepared::default();
                 q.prepare(&x[..m * cols], &vec![false; m], &mut prep);
