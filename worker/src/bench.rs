@@ -38,6 +38,11 @@ pub struct BenchArgs {
     /// reported (`baton tg64 batch=N …`). Empty: single-stream only.
     #[arg(long, value_delimiter = ',')]
     pub batch: Vec<usize>,
+    /// Prompt length of the first batched sequence (the others' grow by one each, up
+    /// to `--prompt-tokens`): longer prompts weigh attention, which reads every cached
+    /// key and value each step.
+    #[arg(long, default_value_t = 16)]
+    pub batch_prompt: usize,
     /// Skip the prefill test.
     #[arg(long)]
     pub no_prefill: bool,
@@ -220,11 +225,11 @@ pub fn run<B: Backend>(args: &BenchArgs, device: &B::Device) -> anyhow::Result<(
                 sampling: sampling(args.temperature),
                 ..Default::default()
             };
-            // Sequences with prompts of different lengths (16, 17, …), as a server
-            // would hold: their caches and positions differ.
+            // Sequences with prompts of different lengths (16, 17, … by default), as a
+            // server would hold: their caches and positions differ.
             let mut seqs = (0..n)
                 .map(|i| {
-                    let len = (16 + i).min(prompt.len());
+                    let len = (args.batch_prompt + i).min(prompt.len()).max(1);
                     engine.start(prompt[..len].to_vec(), params.clone())
                 })
                 .collect::<Result<Vec<_>, _>>()?;

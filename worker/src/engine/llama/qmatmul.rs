@@ -29,11 +29,11 @@
 //! dot products use 256-bit vectors; elsewhere a portable loop does the same arithmetic.
 //! The vector kernels take a row's blocks four at a time (a quad; [`Prepared`] lays the
 //! inputs out for it): one 512-bit multiply-add leaves each block's integer sum in four
-//! lanes, so that one conversion, one scale product and two FMAs (the scaled sum, the
-//! minimum term) serve four blocks. Where the CPU has AVX-512 with VNNI a quad is one
-//! vector of each of four element groups (`vpmaddwd`, then `vpdpwssd` three times),
-//! two weight rows against four input rows at a time; with AVX2 a quad is two halves of
-//! 256 bits. Both add the same terms in the same lanes in the same order: a worker with
+//! lanes, so that one conversion, one scale product and one FMA serve four blocks; the
+//! 4-bit minimum terms `m · Σx` follow a row's quads, sixteen blocks to an FMA. Where the
+//! CPU has AVX-512 with VNNI a quad is one vector of each of four element groups
+//! (`vpmaddwd`, then `vpdpwssd` three times), three weight rows against four input rows
+//! at a time; with AVX2 a quad is two halves of 256 bits. Both add the same terms in the same lanes in the same order: a worker with
 //! AVX-512 and one without give a stream the same bits, so a stream moved between them
 //! continues the same text (`simd::IntKernel`). On Zen 5 the 16-bit multiply-adds and
 //! the f32 multiplies and FMAs share two pipes, which is what bounds these products at
@@ -96,10 +96,6 @@ pub struct Prepared {
     /// (zero for padding). `[int_rows, 128 · ⌈cols/128⌉]` and `[int_rows, 16 · ⌈cols/128⌉]`.
     qz: Vec<i16>,
     ez: Vec<f32>,
-    /// For the vector kernels and 4-bit weights: each quad's four block sums `Σx`,
-    /// quartered and each repeated four times (the minimum terms `m · Σx` then join the
-    /// quad's lanes, a quarter in each of a block's four), laid out as `ez`.
-    sz: Vec<f32>,
     /// When only some rows are integer: their block sums, and the other rows (`x` and
     /// block sums) gathered, so that each kind runs over contiguous rows.
     isums: Vec<f32>,
@@ -120,31 +116,17 @@ impl Prepared {
             sums,
             qz: &self.qz,
             ez: &self.ez,
-            sz: &self.sz,
         }
     }
 
-    /// `qz` and `ez` from `q` and `d` (rows of `bpr` blocks), and `sz` from the block
-    /// sums of the integer rows (when there are sums: 4-bit weights).
+    /// `qz` and `ez` from `q` and `d` (rows of `bpr` blocks).
     fn interleave(&mut self, bpr: usize) {
         let quads = bpr.div_ceil(4);
         let rows = self.d.len() / bpr.max(1);
         self.qz.clear();
         self.ez.clear();
-        self.sz.clear();
         self.qz.resize(rows * quads * 128, 0);
         self.ez.resize(rows * quads * 16, 0.0);
-        if !self.sums.is_empty() {
-            self.sz.resize(rows * quads * 16, 0.0);
-            for (t, &j) in self.int_rows.iter().enumerate() {
-                let sz = &mut self.sz[t * quads * 16..(t + 1) * quads * 16];
-                for (b, &sum) in self.sums[j * bpr..(j + 1) * bpr].iter().enumerate() {
-                    let at = (b / 4) * 16 + (b % 4) * 4;
-                    // Exact: a power of two (normal sums; a subnormal one may round).
-                    sz[at..at + 4].fill(sum * 0.25);
-                }
-            }
-        }
         for (row, (q, d)) in self
             .q
             .chunks_exact(bpr * BLOCK)
@@ -419,7 +401,6 @@ impl QMatrix {
         out.d.clear();
         out.qz.clear();
         out.ez.clear();
-        out.sz.clear();
         out.isums.clear();
         out.f_rows.clear();
         out.fx.clear();
@@ -979,9 +960,8 @@ mod simd {
 
     /// Input rows quantized to 16-bit blocks, from [`super::Prepared`]: values `q`
     /// (rows of `32 · nb`), block scales `d` (rows of `nb`), exact block sums `sums`
-    /// (laid out as `d`; 4-bit weights only), which the portable loop reads, and, for
-    /// the vector kernels, the same rows in the quad layout: `qz`, `ez` and (4-bit
-    /// weights only) `sz` (see [`super::Prepared`]).
+    /// (laid out as `d`; 4-bit weights only), and, for the vector kernels, the values
+    /// and scales in the quad layout: `qz`, `ez` (see [`super::Prepared`]).
     #[derive(Debug, Clone, Copy)]
     pub struct IntRows<'a> {
         pub q: &'a [i16],
@@ -989,7 +969,6 @@ mod simd {
         pub sums: &'a [f32],
         pub qz: &'a [i16],
         pub ez: &'a [f32],
-        pub sz: &'a [f32],
     }
 
     /// Weight rows (`qs`, `scales`, `mins`: `m` rows of `nb` blocks each) against input
@@ -1018,7 +997,6 @@ mod simd {
             sums,
             qz,
             ez,
-            sz,
         } = x;
         let nibble = kind == super::QKind::Nibble;
         let m = scales.len().checked_div(nb).unwrap_or(0);
@@ -1041,9 +1019,7 @@ mod simd {
         #[cfg(target_arch = "x86_64")]
         if kernel != IntKernel::Portable {
             assert!(
-                qz.len() == n * nb.div_ceil(4) * 128
-                    && ez.len() == n * nb.div_ceil(4) * 16
-                    && sz.len() == if nibble { ez.len() } else { 0 },
+                qz.len() == n * nb.div_ceil(4) * 128 && ez.len() == n * nb.div_ceil(4) * 16,
                 "inputs in the quad layout missing"
             );
         }
@@ -1076,7 +1052,7 @@ mod simd {
             }
             IntKernel::Portable => {}
         }
-        let _ = (qz, ez, sz);
+        let _ = (qz, ez);
         let qpb = if nibble { 16 } else { 32 };
         for r in 0..m {
             for j in rows.clone() {
@@ -1225,12 +1201,13 @@ mod simd {
         }
 
         /// Input rows for the quad kernels: row `k`'s quads start `k · quads · 128`
-        /// values into `qz`, `k · quads · 16` into `ez` and (4-bit weights only) `sz`.
+        /// values into `qz` and `k · quads · 16` into `ez`; its block sums (4-bit weights
+        /// only) `k · nb` into `sums`.
         #[derive(Clone, Copy)]
         struct QuadRows {
             qz: *const i16,
             ez: *const f32,
-            sz: *const f32,
+            sums: *const f32,
             nb: usize,
         }
 
@@ -1246,10 +1223,10 @@ mod simd {
                     QuadRows {
                         qz: x.qz.as_ptr().add(128 * quads * j),
                         ez: x.ez.as_ptr().add(16 * quads * j),
-                        sz: if nibble {
-                            x.sz.as_ptr().add(16 * quads * j)
+                        sums: if nibble {
+                            x.sums.as_ptr().add(nb * j)
                         } else {
-                            x.sz.as_ptr()
+                            x.sums.as_ptr()
                         },
                         nb,
                     }
@@ -1356,14 +1333,12 @@ mod simd {
                                 .wrapping_add(b * if NIBBLE { 16 } else { 32 } + 4096)
                                 .cast(),
                         );
+                        _mm_prefetch::<_MM_HINT_T0>(scales.as_ptr().wrapping_add(b + 256).cast());
+                        if NIBBLE {
+                            _mm_prefetch::<_MM_HINT_T0>(mins.as_ptr().wrapping_add(b + 256).cast());
+                        }
                         let two = b + 1 < nb;
                         let (w, d) = widen_half::<NIBBLE>(qs, scales, b, two);
-                        let mv = if NIBBLE {
-                            let m1 = if two { *mins.get_unchecked(b + 1) } else { 0.0 };
-                            _mm256_setr_m128(_mm_set1_ps(*mins.get_unchecked(b)), _mm_set1_ps(m1))
-                        } else {
-                            _mm256_setzero_ps()
-                        };
                         for k in 0..R {
                             let p = x.qz.add(128 * quads * k + 128 * q + 16 * h);
                             let mut s = _mm256_madd_epi16(w[0], _mm256_loadu_si256(p.cast()));
@@ -1377,9 +1352,18 @@ mod simd {
                                 _mm256_cvtepi32_ps(s),
                                 acc[h][k],
                             );
-                            if NIBBLE {
-                                let sq = _mm256_loadu_ps(x.sz.add(16 * quads * k + 16 * q + 8 * h));
-                                acc[h][k] = _mm256_fmadd_ps(mv, sq, acc[h][k]);
+                        }
+                    }
+                }
+                if NIBBLE {
+                    // The minimum terms, sixteen blocks at a time in lanes 0..16 (zeros
+                    // past the row's end), as `dot_int_quad` adds them.
+                    for c in 0..nb.div_ceil(16) {
+                        for h in 0..2 {
+                            let mv = load_tail(mins.as_ptr(), 16 * c + 8 * h, nb);
+                            for k in 0..R {
+                                let sk = load_tail(x.sums.add(nb * k), 16 * c + 8 * h, nb);
+                                acc[h][k] = _mm256_fmadd_ps(mv, sk, acc[h][k]);
                             }
                         }
                     }
@@ -1389,6 +1373,28 @@ mod simd {
                     out[k] = hsum(_mm256_add_ps(acc[0][k], acc[1][k]));
                 }
                 out
+            }
+        }
+
+        /// Eight floats from `p + at`, zeros for those at `nb` or past it.
+        ///
+        /// # Safety
+        /// Needs AVX2; `p` points at `nb` readable floats.
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn load_tail(p: *const f32, at: usize, nb: usize) -> __m256 {
+            // SAFETY: a full load stays below `nb`; a partial one reads lanes below `nb`
+            // alone (the mask's other lanes load nothing).
+            unsafe {
+                if at + 8 <= nb {
+                    _mm256_loadu_ps(p.add(at))
+                } else if at >= nb {
+                    _mm256_setzero_ps()
+                } else {
+                    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                    let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((nb - at) as i32), lanes);
+                    _mm256_maskload_ps(p.add(at), mask)
+                }
             }
         }
 
@@ -1502,7 +1508,9 @@ mod simd {
         /// `vpermq` puts each block's bytes where its four lanes are), then every input
         /// row takes one `vpmaddwd`, three `vpdpwssd` and one scaled FMA per weight row,
         /// four blocks to the vector. A last partial quad is read through masks (zeros,
-        /// scale 0). Every lane adds what the same lane of [`dot_int_half`] adds, in the
+        /// scale 0). For nibbles the minimum terms follow the quads, sixteen blocks to a
+        /// vector (one FMA per sixteen blocks, where folding them into the quads took one
+        /// per four). Every lane adds what the same lane of [`dot_int_half`] adds, in the
         /// same order, so the results are bitwise its results.
         ///
         /// # Safety
@@ -1536,17 +1544,9 @@ mod simd {
                     let blocks = (nb - 4 * q).min(4);
                     let mut w = [[_mm512_setzero_si512(); 4]; W];
                     let mut d = [_mm512_setzero_ps(); W];
-                    let mut mv = [_mm512_setzero_ps(); W];
                     for i in 0..W {
                         let at = i * nb + 4 * q;
-                        if NIBBLE {
-                            let mq = if blocks == 4 {
-                                _mm512_castps128_ps512(_mm_loadu_ps(mins.as_ptr().add(at)))
-                            } else {
-                                _mm512_maskz_loadu_ps((1u16 << blocks) - 1, mins.as_ptr().add(at))
-                            };
-                            mv[i] = _mm512_permutexvar_ps(spread, mq);
-                        }
+                        _mm_prefetch::<_MM_HINT_T0>(scales.as_ptr().wrapping_add(at + 256).cast());
                         let sc = if blocks == 4 {
                             _mm512_castps128_ps512(_mm_loadu_ps(scales.as_ptr().add(at)))
                         } else {
@@ -1556,6 +1556,11 @@ mod simd {
                         w[i] = if NIBBLE {
                             let p = qs.as_ptr().add(at * 16);
                             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4096).cast());
+                            // The minimums as far ahead (256 blocks): they are read
+                            // after the quads, too late for the hardware to fetch them.
+                            _mm_prefetch::<_MM_HINT_T0>(
+                                mins.as_ptr().wrapping_add(at + 256).cast(),
+                            );
                             let v = if blocks == 4 {
                                 _mm512_loadu_si512(p.cast())
                             } else {
@@ -1609,11 +1614,6 @@ mod simd {
                     for k in 0..R {
                         let p = x.qz.add(128 * quads * k + 128 * q);
                         let e = _mm512_loadu_ps(x.ez.add(16 * quads * k + 16 * q));
-                        let sq = if NIBBLE {
-                            _mm512_loadu_ps(x.sz.add(16 * quads * k + 16 * q))
-                        } else {
-                            _mm512_setzero_ps()
-                        };
                         let xs = [
                             _mm512_loadu_si512(p.cast()),
                             _mm512_loadu_si512(p.add(32).cast()),
@@ -1639,8 +1639,27 @@ mod simd {
                                 _mm512_cvtepi32_ps(s),
                                 acc[i][k],
                             );
-                            if NIBBLE {
-                                acc[i][k] = _mm512_fmadd_ps(mv[i], sq, acc[i][k]);
+                        }
+                    }
+                }
+                if NIBBLE {
+                    // The minimum terms `m_b · Σx_b`, sixteen blocks at a time in lanes
+                    // 0..16 (zeros past the row's end): one FMA per sixteen blocks
+                    // instead of one per quad.
+                    for c in 0..nb.div_ceil(16) {
+                        let mask = if nb - 16 * c >= 16 {
+                            u16::MAX
+                        } else {
+                            (1u16 << (nb - 16 * c)) - 1
+                        };
+                        let sk: [__m512; R] = std::array::from_fn(|k| {
+                            _mm512_maskz_loadu_ps(mask, x.sums.add(nb * k + 16 * c))
+                        });
+                        for i in 0..W {
+                            let mv =
+                                _mm512_maskz_loadu_ps(mask, mins.as_ptr().add(i * nb + 16 * c));
+                            for k in 0..R {
+                                acc[i][k] = _mm512_fmadd_ps(mv, sk[k], acc[i][k]);
                             }
                         }
                     }
@@ -1661,8 +1680,8 @@ mod simd {
         /// [`super::dot_int_rows`] with [`dot_int_quad`]: weight rows in slices of
         /// [`super::WEIGHT_SLICE`], each slice against every input row asked for (so a
         /// slice is read from memory once and stays in cache while the inputs pass), four
-        /// input rows at a time (then one) against two weight rows at a time for nibbles,
-        /// three for bytes (then what is left).
+        /// input rows at a time (then one) against three weight rows at a time (then
+        /// what is left).
         ///
         /// # Safety
         /// Needs AVX-512 F/BW/VNNI, AVX2 and FMA; the lengths as
@@ -1680,7 +1699,8 @@ mod simd {
         ) {
             let (m, n) = (scales.len() / nb, x.d.len() / nb);
             let qpb = if NIBBLE { 16 } else { 32 };
-            let wmax = if NIBBLE { 2 } else { 3 };
+            // Weight rows a kernel call takes (registers: four widened vectors each).
+            const WMAX: usize = 3;
             // SAFETY: input rows `j..j + take` (below `rows.end <= n`) and weight rows
             // `r..r + wr` (below `m`) are in bounds of every slice by the caller's checks.
             unsafe {
@@ -1692,7 +1712,7 @@ mod simd {
                         let take = if rows.end - j >= 4 { 4 } else { 1 };
                         let mut r = s0;
                         while r < s1 {
-                            let wr = (s1 - r).min(wmax);
+                            let wr = (s1 - r).min(WMAX);
                             let wq = qs.get_unchecked(qpb * nb * r..qpb * nb * (r + wr));
                             let ws = scales.get_unchecked(nb * r..nb * (r + wr));
                             let wm = if NIBBLE {
@@ -2201,8 +2221,9 @@ mod tests {
     #[test]
     fn sixteen_bit_activations_stay_within_their_rounding() {
         // Four to seven blocks a row: a whole quad of blocks for the vector kernels, then
-        // one with one, two or three more.
-        for cols in [128, 160, 192, 224] {
+        // one with one, two or three more; 17 and 18 blocks (the model's 576 columns): the
+        // minimum terms' sixteen-block runs, a whole one and then one or two blocks.
+        for cols in [128, 160, 192, 224, 544, 576] {
             sixteen_bit_activations_with(cols);
         }
     }
