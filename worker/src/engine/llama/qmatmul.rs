@@ -2096,6 +2096,14 @@ mod simd {
                 // SAFETY: block `b` of `qs` and floats `32b..32b + 32` of `out` are in
                 // bounds by the length contract.
                 unsafe {
+                    // The rows that follow, 256 blocks ahead (a caller dequantizes rows
+                    // in order): the hardware alone leaves these loads waiting.
+                    let qb = if nibble { 16 } else { 32 };
+                    _mm_prefetch::<_MM_HINT_T0>(qs.as_ptr().wrapping_add(qb * (b + 256)).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(scales.as_ptr().wrapping_add(b + 256).cast());
+                    if nibble {
+                        _mm_prefetch::<_MM_HINT_T0>(mins.as_ptr().wrapping_add(b + 256).cast());
+                    }
                     let w = expand(nibble, qs, b);
                     let d = _mm256_set1_ps(d);
                     let m = _mm256_set1_ps(if nibble { *mins.get_unchecked(b) } else { 0.0 });
