@@ -785,7 +785,8 @@ impl<B: Backend> Llama<B> {
             let mut tile = Vec::new();
             let mut yt = Vec::new();
             let mut yt2 = Vec::new();
-            let mut head = vec![0.0f32; d];
+            // Product outputs turned to one row per input row ([`transpose`]).
+            let mut tt = Vec::new();
             let mut scores = vec![0.0f32; longest * group];
             let mut phase = 0;
             for (layer, b) in w.blocks.iter().enumerate() {
@@ -805,14 +806,12 @@ impl<B: Backend> Llama<B> {
                     yt.resize(d * rows, 0.0);
                     b.qkv
                         .product_rows(&h, rows, &xsum, r0, r1, &mut tile, &mut yt);
-                    for j in 0..rows {
-                        for (i, v) in head.iter_mut().enumerate() {
-                            *v = yt[i * rows + j];
-                        }
+                    transpose(&yt, d, rows, &mut tt);
+                    for (j, head) in tt.chunks_exact_mut(d).enumerate() {
                         let (seq, pos) = (row_seq[j], row_pos[j]);
                         let (ks, vs) = &kv[seq * layers + layer];
                         if r0 < qd + kvd {
-                            rope.apply_host(&mut head, pos);
+                            rope.apply_host(head, pos);
                         }
                         let dst = if r0 < qd {
                             unsafe { qs.get_mut(j * qd + r0..j * qd + r1) }
@@ -823,7 +822,7 @@ impl<B: Backend> Llama<B> {
                             let at = pos * kvd + r0 - qd - kvd;
                             unsafe { vs.get_mut(at..at + d) }
                         };
-                        dst.copy_from_slice(&head);
+                        dst.copy_from_slice(head);
                     }
                 }
                 phase += 1;
@@ -862,7 +861,7 @@ impl<B: Backend> Llama<B> {
                     yt.resize((r1 - r0) * rows, 0.0);
                     b.out
                         .product_rows(a, rows, &xsum, r0, r1, &mut tile, &mut yt);
-                    add_rows(&xs, hidden, r0, r1, rows, &yt);
+                    add_rows(&xs, hidden, r0, r1, rows, &yt, &mut tt);
                 }
                 phase += 1;
                 barrier.wait();
@@ -885,11 +884,9 @@ impl<B: Backend> Llama<B> {
                         &mut yt2,
                     );
                     swiglu(&mut yt[..n], &yt2[..n]);
-                    for j in 0..rows {
-                        let o = unsafe { acts.get_mut(j * ffn + r0..j * ffn + r1) };
-                        for (i, o) in o.iter_mut().enumerate() {
-                            *o = yt[i * rows + j];
-                        }
+                    transpose(&yt[..n], r1 - r0, rows, &mut tt);
+                    for (j, t) in tt.chunks_exact(r1 - r0).enumerate() {
+                        unsafe { acts.get_mut(j * ffn + r0..j * ffn + r1) }.copy_from_slice(t);
                     }
                 }
                 phase += 1;
@@ -901,7 +898,7 @@ impl<B: Backend> Llama<B> {
                     yt.resize((r1 - r0) * rows, 0.0);
                     b.down
                         .product_rows(a, rows, &xsum, r0, r1, &mut tile, &mut yt);
-                    add_rows(&xs, hidden, r0, r1, rows, &yt);
+                    add_rows(&xs, hidden, r0, r1, rows, &yt, &mut tt);
                 }
                 phase += 1;
                 barrier.wait();
@@ -911,7 +908,7 @@ impl<B: Backend> Llama<B> {
                 for &r in &last_rows {
                     last.extend_from_slice(unsafe { xs.get(r * hidden..(r + 1) * hidden) });
                 }
-                let scratch = (&mut h, &mut xsum, &mut tile, &mut yt);
+                let scratch = (&mut h, &mut xsum, &mut tile, &mut yt, &mut tt);
                 output_part(
                     w, eps, &last, &last_int, &counters, phase, threads, &logs, scratch,
                 );
@@ -942,8 +939,8 @@ impl<B: Backend> Llama<B> {
         let threads = rayon::current_num_threads();
         let counters = Counters::new(1);
         rayon::broadcast(|_| {
-            let (mut h, mut prep, mut tile, mut yt) = Default::default();
-            let scratch = (&mut h, &mut prep, &mut tile, &mut yt);
+            let (mut h, mut prep, mut tile, mut yt, mut tt) = Default::default();
+            let scratch = (&mut h, &mut prep, &mut tile, &mut yt, &mut tt);
             let eps = self.norm.eps;
             output_part(
                 w, eps, last, last_int, &counters, 0, threads, &logs, scratch,
@@ -952,6 +949,16 @@ impl<B: Backend> Llama<B> {
         logits
     }
 }
+
+/// A thread's buffers for [`output_part`]: the normalised rows, their preparation, the
+/// dequantized tiles, the product and its transpose.
+type OutputScratch<'a> = (
+    &'a mut Vec<f32>,
+    &'a mut Prepared,
+    &'a mut Vec<f32>,
+    &'a mut Vec<f32>,
+    &'a mut Vec<f32>,
+);
 
 /// One thread's part of the output projection: the final norm of `last` (every
 /// thread normalises all of it into its own buffer), then chunks of vocabulary rows
@@ -966,7 +973,7 @@ fn output_part(
     phase: usize,
     threads: usize,
     logs: &Shared<'_>,
-    (h, prep, tile, yt): (&mut Vec<f32>, &mut Prepared, &mut Vec<f32>, &mut Vec<f32>),
+    (h, prep, tile, yt, tt): OutputScratch<'_>,
 ) {
     let nseq = last_int.len();
     let vocab = w.lm_head.rows();
@@ -976,12 +983,10 @@ fn output_part(
     while let Some((r0, r1)) = chunk(counters, phase, vocab, threads) {
         yt.resize((r1 - r0) * nseq, 0.0);
         w.lm_head.product_rows(h, nseq, prep, r0, r1, tile, yt);
-        for s in 0..nseq {
+        transpose(yt, r1 - r0, nseq, tt);
+        for (s, t) in tt.chunks_exact(r1 - r0).enumerate() {
             // SAFETY: vocabulary rows r0..r1 belong to the chunk this thread claimed.
-            let o = unsafe { logs.get_mut(s * vocab + r0..s * vocab + r1) };
-            for (i, o) in o.iter_mut().enumerate() {
-                *o = yt[i * nseq + s];
-            }
+            unsafe { logs.get_mut(s * vocab + r0..s * vocab + r1) }.copy_from_slice(t);
         }
     }
 }
@@ -1023,13 +1028,99 @@ fn chunk(
     Some((item * size, (item * size + size).min(total)))
 }
 
-/// `x[j][r0..r1] += yt[r − r0][j]` for every row `j` of `x` (`width` wide).
-fn add_rows(x: &Shared<'_>, width: usize, r0: usize, r1: usize, rows: usize, yt: &[f32]) {
-    for j in 0..rows {
+/// `x[j][r0..r1] += yt[r − r0][j]` for every row `j` of `x` (`width` wide), through
+/// `tt` (scratch).
+fn add_rows(
+    x: &Shared<'_>,
+    width: usize,
+    r0: usize,
+    r1: usize,
+    rows: usize,
+    yt: &[f32],
+    tt: &mut Vec<f32>,
+) {
+    transpose(yt, r1 - r0, rows, tt);
+    for (j, t) in tt.chunks_exact(r1 - r0).enumerate() {
         // SAFETY: columns r0..r1 belong to the chunk the caller claimed in this phase.
         let o = unsafe { x.get_mut(j * width + r0..j * width + r1) };
-        for (i, o) in o.iter_mut().enumerate() {
-            *o += yt[i * rows + j];
+        for (o, t) in o.iter_mut().zip(t) {
+            *o += t;
+        }
+    }
+}
+
+/// `dst: [n, r]` from `src: [r, n]` (resized to fit). The products leave one row per
+/// weight row; the rest of the step wants one row per input row. With AVX (checked at
+/// run time) eight by eight values at a time, through registers.
+pub(crate) fn transpose(src: &[f32], r: usize, n: usize, dst: &mut Vec<f32>) {
+    assert_eq!(src.len(), r * n, "transposed shapes disagree");
+    dst.resize(r * n, 0.0);
+    if n == 1 || r == 1 {
+        dst.copy_from_slice(src);
+        return;
+    }
+    let (mut i0, mut j0) = (0, 0);
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx") && r >= 8 && n >= 8 {
+        // SAFETY: AVX was detected just above; the blocks stay inside both buffers.
+        unsafe { transpose_avx(src, r, n, dst) };
+        (i0, j0) = (r / 8 * 8, n / 8 * 8);
+    }
+    // What the blocks of eight left: the last rows of `src` for every column, and the
+    // last columns for the rows the blocks took.
+    for i in 0..r {
+        let from = if i < i0 { j0 } else { 0 };
+        for j in from..n {
+            dst[j * r + i] = src[i * n + j];
+        }
+    }
+}
+
+/// [`transpose`] of the whole 8 × 8 blocks.
+///
+/// # Safety
+/// Needs AVX; `src` and `dst` at least `r · n` long.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn transpose_avx(src: &[f32], r: usize, n: usize, dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    // SAFETY: rows i..i + 8 < r and columns j..j + 8 < n of `src`, and the same
+    // transposed in `dst`, are inside both buffers.
+    unsafe {
+        for i in (0..r / 8 * 8).step_by(8) {
+            for j in (0..n / 8 * 8).step_by(8) {
+                let v: [__m256; 8] =
+                    std::array::from_fn(|k| _mm256_loadu_ps(src.as_ptr().add((i + k) * n + j)));
+                let t0 = _mm256_unpacklo_ps(v[0], v[1]);
+                let t1 = _mm256_unpackhi_ps(v[0], v[1]);
+                let t2 = _mm256_unpacklo_ps(v[2], v[3]);
+                let t3 = _mm256_unpackhi_ps(v[2], v[3]);
+                let t4 = _mm256_unpacklo_ps(v[4], v[5]);
+                let t5 = _mm256_unpackhi_ps(v[4], v[5]);
+                let t6 = _mm256_unpacklo_ps(v[6], v[7]);
+                let t7 = _mm256_unpackhi_ps(v[6], v[7]);
+                let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+                let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+                let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+                let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+                let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+                let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+                let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+                let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+                let out = [
+                    _mm256_permute2f128_ps::<0x20>(u0, u4),
+                    _mm256_permute2f128_ps::<0x20>(u1, u5),
+                    _mm256_permute2f128_ps::<0x20>(u2, u6),
+                    _mm256_permute2f128_ps::<0x20>(u3, u7),
+                    _mm256_permute2f128_ps::<0x31>(u0, u4),
+                    _mm256_permute2f128_ps::<0x31>(u1, u5),
+                    _mm256_permute2f128_ps::<0x31>(u2, u6),
+                    _mm256_permute2f128_ps::<0x31>(u3, u7),
+                ];
+                for (k, o) in out.iter().enumerate() {
+                    _mm256_storeu_ps(dst.as_mut_ptr().add((j + k) * r + i), *o);
+                }
+            }
         }
     }
 }
@@ -1299,6 +1390,21 @@ mod tests {
     /// prompt after a move to another worker.
     /// The sequences of a split step: one contiguous run a thread, sizes within one of
     /// each other; no split for one thread, too few rows or any prompt of two tokens.
+    #[test]
+    fn transposes_match_the_plain_loop() {
+        let mut dst = Vec::new();
+        for (r, n) in [(1, 5), (5, 1), (7, 3), (8, 8), (64, 16), (66, 13), (17, 9), (96, 7)] {
+            let src: Vec<f32> = (0..r * n).map(|v| v as f32 * 0.5 - 3.0).collect();
+            transpose(&src, r, n, &mut dst);
+            assert_eq!(dst.len(), r * n);
+            for i in 0..r {
+                for j in 0..n {
+                    assert_eq!(dst[j * r + i], src[i * n + j], "{r} x {n} at ({i}, {j})");
+                }
+            }
+        }
+    }
+
     #[test]
     fn steps_split_by_sequence_only_when_every_thread_gets_enough() {
         let spans = |lens: &[usize]| {
