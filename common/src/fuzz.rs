@@ -15,10 +15,14 @@ use crate::public::{decode_reply, encode_reply, DrainRequest, ReplayRequest};
 /// Runs `target` on every file in `fuzz/regressions/<name>/` (the inputs that fuzz
 /// target once crashed on; hidden files skipped), for the crates' regression tests.
 /// Panics if the folder cannot be read, as a missing folder would silently test nothing.
+/// The folder is found from the crate directory `cargo test` gives the test at run time
+/// (every crate sits beside `fuzz/`), else the one this crate was built from: a test
+/// binary reused from a build of another checkout reads this checkout's inputs.
 pub fn replay(name: &str, mut target: impl FnMut(&[u8])) {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fuzz/regressions")
-        .join(name);
+    let crate_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+    let dir = crate_dir.join("../fuzz/regressions").join(name);
     let entries =
         std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()));
     for entry in entries {

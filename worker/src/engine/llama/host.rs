@@ -1393,7 +1393,16 @@ mod tests {
     #[test]
     fn transposes_match_the_plain_loop() {
         let mut dst = Vec::new();
-        for (r, n) in [(1, 5), (5, 1), (7, 3), (8, 8), (64, 16), (66, 13), (17, 9), (96, 7)] {
+        for (r, n) in [
+            (1, 5),
+            (5, 1),
+            (7, 3),
+            (8, 8),
+            (64, 16),
+            (66, 13),
+            (17, 9),
+            (96, 7),
+        ] {
             let src: Vec<f32> = (0..r * n).map(|v| v as f32 * 0.5 - 3.0).collect();
             transpose(&src, r, n, &mut dst);
             assert_eq!(dst.len(), r * n);
