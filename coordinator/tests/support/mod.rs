@@ -37,36 +37,46 @@ pub struct NatsServer {
 }
 
 impl NatsServer {
-    /// Starts one on a free port, or `None` when `nats-server` is not installed.
+    /// Starts one on a free port, or `None` when `nats-server` is not installed. Waits
+    /// until it accepts connections (up to 10 s: tests start many at once on a loaded
+    /// machine), and starts again on another port if it exits first (another process
+    /// took the port between picking it and binding it).
     pub fn start() -> Option<Self> {
         init_logs();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .ok()?
-            .local_addr()
-            .ok()?
-            .port();
-        let child = Command::new("nats-server")
-            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let child = match child {
-            Ok(c) => c,
-            Err(_) => {
-                eprintln!("nats-server is not on PATH: skipping this test");
-                return None;
+        for _ in 0..5 {
+            let port = TcpListener::bind("127.0.0.1:0")
+                .ok()?
+                .local_addr()
+                .ok()?
+                .port();
+            let child = Command::new("nats-server")
+                .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn();
+            let mut child = match child {
+                Ok(c) => c,
+                Err(_) => {
+                    eprintln!("nats-server is not on PATH: skipping this test");
+                    return None;
+                }
+            };
+            for _ in 0..500 {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return Some(Self {
+                        child,
+                        url: format!("nats://127.0.0.1:{port}"),
+                    });
+                }
+                if matches!(child.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
             }
-        };
-        for _ in 0..100 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+            let _ = child.kill();
+            let _ = child.wait();
         }
-        Some(Self {
-            child,
-            url: format!("nats://127.0.0.1:{port}"),
-        })
+        panic!("nats-server did not start accepting connections in five tries");
     }
 }
 
