@@ -189,17 +189,41 @@ fn descending(v: f32) -> u32 {
     !ascending
 }
 
-/// Index of the largest logit; the lowest index among equals. NaNs are skipped.
+/// Index of the largest logit; the lowest index among equals. NaNs are skipped; 0 when
+/// no logit is above −∞.
+///
+/// Sixteen lanes each keep their own largest value and its first index (compares and
+/// selects the compiler turns into vector instructions), then the lanes and the last
+/// few logits are merged: what one scan keeping the first strictly larger value finds,
+/// at a fraction of the time. Greedy decoding runs this once a sequence a step on the
+/// engine thread, while the compute threads wait.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_v {
-            best = i;
-            best_v = v;
+    const LANES: usize = 16;
+    let mut best = [f32::NEG_INFINITY; LANES];
+    let mut at = [0u32; LANES];
+    let chunks = logits.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for (c, chunk) in chunks.enumerate() {
+        let base = (c * LANES) as u32;
+        for i in 0..LANES {
+            let take = chunk[i] > best[i];
+            best[i] = if take { chunk[i] } else { best[i] };
+            at[i] = if take { base + i as u32 } else { at[i] };
         }
     }
-    best as u32
+    let (mut top, mut index) = (f32::NEG_INFINITY, 0u32);
+    for (&v, &i) in best.iter().zip(&at) {
+        if v > top || (v == top && v > f32::NEG_INFINITY && i < index) {
+            (top, index) = (v, i);
+        }
+    }
+    let start = logits.len() - tail.len();
+    for (k, &v) in tail.iter().enumerate() {
+        if v > top {
+            (top, index) = (v, (start + k) as u32);
+        }
+    }
+    index
 }
 
 /// CTRL-style penalty: positive logits are divided by it, negative ones multiplied.
@@ -219,6 +243,48 @@ fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One scan, keeping the first strictly larger value.
+    fn argmax_by_scan(logits: &[f32]) -> u32 {
+        let (mut best, mut best_v) = (0usize, f32::NEG_INFINITY);
+        for (i, &v) in logits.iter().enumerate() {
+            if v > best_v {
+                (best, best_v) = (i, v);
+            }
+        }
+        best as u32
+    }
+
+    #[test]
+    fn argmax_is_the_first_largest_value() {
+        let mut state = 0x2545_f491_u32;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state
+        };
+        for len in [0, 1, 5, 15, 16, 17, 33, 100, 49_152] {
+            for round in 0..20 {
+                // Few distinct values, so that ties are common; some NaNs and −∞.
+                let logits: Vec<f32> = (0..len)
+                    .map(|_| match next() % 23 {
+                        0 => f32::NAN,
+                        1 => f32::NEG_INFINITY,
+                        r if round % 4 == 0 => -(r as f32) - 1.0,
+                        r => (r % 7) as f32 - 3.0,
+                    })
+                    .collect();
+                assert_eq!(argmax(&logits), argmax_by_scan(&logits), "{len}, {round}");
+            }
+        }
+        assert_eq!(argmax(&[f32::NAN, f32::NEG_INFINITY, f32::NAN]), 0);
+        let mut late = vec![0.0f32; 40];
+        late[39] = 1.0;
+        assert_eq!(argmax(&late), 39);
+        late[21] = 1.0;
+        assert_eq!(argmax(&late), 21);
+    }
 
     fn params(temperature: f32, seed: u64) -> SamplingParams {
         SamplingParams {
