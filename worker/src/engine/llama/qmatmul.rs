@@ -1664,13 +1664,42 @@ mod simd {
                         }
                     }
                 }
-                for i in 0..W {
-                    for k in 0..R {
-                        let lo = _mm512_castps512_ps256(acc[i][k]);
-                        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(
-                            acc[i][k],
-                        )));
-                        out[i][k] = hsum(_mm256_add_ps(lo, hi));
+                if R == 4 {
+                    // Four sums at once, transposed: the same additions as `hsum` of
+                    // each accumulator's halves, in the same order, in other lanes.
+                    for i in 0..W {
+                        let halves = |a: __m512, b: __m512| {
+                            _mm512_add_ps(
+                                _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
+                                _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
+                            )
+                        };
+                        // Lanes 0..8 of accumulator 0 (1) plus lanes 8..16, beside 1 (3).
+                        let t01 = halves(acc[i][0], acc[i][1]);
+                        let t23 = halves(acc[i][2], acc[i][3]);
+                        // Each one's 128-bit halves added: four lanes an accumulator.
+                        let u = _mm512_add_ps(
+                            _mm512_shuffle_f32x4::<0b10_00_10_00>(t01, t23),
+                            _mm512_shuffle_f32x4::<0b11_01_11_01>(t01, t23),
+                        );
+                        // (s0 + s2, s1 + s3), then their sum, in lane 0 of each quarter.
+                        let v = _mm512_add_ps(u, _mm512_permute_ps::<0b11_10_11_10>(u));
+                        let z = _mm512_add_ps(v, _mm512_permute_ps::<0b01_01_01_01>(v));
+                        let lanes = _mm512_permutexvar_ps(
+                            _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0),
+                            z,
+                        );
+                        _mm_storeu_ps(out[i].as_mut_ptr(), _mm512_castps512_ps128(lanes));
+                    }
+                } else {
+                    for i in 0..W {
+                        for k in 0..R {
+                            let lo = _mm512_castps512_ps256(acc[i][k]);
+                            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                                _mm512_castps_pd(acc[i][k]),
+                            ));
+                            out[i][k] = hsum(_mm256_add_ps(lo, hi));
+                        }
                     }
                 }
             }
