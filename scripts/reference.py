@@ -131,6 +131,7 @@ def field_value(reader, key):
 
 class Model:
     def __init__(self, path):
+        self.kv_f16 = False
         reader = gguf.GGUFReader(path)
         arch = field_value(reader, "general.architecture")
         if arch != "llama":
@@ -235,6 +236,11 @@ class Model:
             v = (h @ L["attn_v"].T).reshape(T, Hkv, D)
             q = self.rope(q, positions, rope_layout)
             k = self.rope(k, positions, rope_layout)
+            if self.kv_f16:
+                # Keys and values stored as float16, as a worker's host store keeps them
+                # (`worker.kv_dtype = "f16"`): rounded to nearest once, read back exactly.
+                k = k.astype(np.float16).astype(np.float64)
+                v = v.astype(np.float16).astype(np.float64)
             cache["k"][li, p0:S] = k
             cache["v"][li, p0:S] = v
             K = cache["k"][li, :S]  # (S, Hkv, D)
@@ -371,6 +377,10 @@ def main():
     ap.add_argument("--rope", choices=("norm", "neox"), default="norm",
                     help="RoPE pairing on the stored q/k rows (norm = adjacent pairs, correct here)")
     ap.add_argument("--dry-run", action="store_true", help="print the generations, write nothing")
+    ap.add_argument("--kv", choices=("f64", "f16"), default="f64",
+                    help="how the KV cache keeps keys and values: float64, or rounded to float16 "
+                         "(the fixture for workers with kv_dtype f16, "
+                         "worker/tests/fixtures/reference-kv16)")
     args = ap.parse_args()
 
     t_start = time.time()
@@ -381,6 +391,7 @@ def main():
         raise SystemExit(f"tokenizer sanity check failed: {check} != {expected}")
 
     model = Model(args.model)
+    model.kv_f16 = args.kv == "f16"
     t_loaded = time.time()
     print(f"tokenizer: {route}; model loaded in {t_loaded - t_start:.1f}s", file=sys.stderr)
 
@@ -431,6 +442,7 @@ def main():
     fixture = {
         "description": "Greedy decoding reference for the default model, produced by "
                        "scripts/reference.py (numpy, float64 arithmetic on dequantized weights).",
+        "kv_cache": {"f64": "float64", "f16": "keys and values rounded to float16 when stored"}[args.kv],
         "model": {
             "file": os.path.basename(args.model),
             "sha256": sha256(args.model),

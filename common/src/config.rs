@@ -250,6 +250,10 @@ pub struct WorkerConfig {
     /// for generated tokens; the default), `native` (the same, f32 inputs), `f16` or
     /// `f32`.
     pub weights: String,
+    /// How the host store keeps keys and values: `f16` (the default; half the memory and
+    /// half the bytes attention reads) or `f32`. Workers that may resume each other's
+    /// streams keep the same type, as they load the same weight format.
+    pub kv_dtype: String,
     /// Most sequences running at once.
     pub max_running: u32,
     /// Most sequences waiting to run.
@@ -287,6 +291,7 @@ impl Default for WorkerConfig {
             model_name: None,
             backend: "cpu".into(),
             weights: "native-i16".into(),
+            kv_dtype: "f16".into(),
             max_running: 16,
             max_queued: 64,
             kv_budget_mib: 1024,

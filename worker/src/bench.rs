@@ -24,6 +24,9 @@ pub struct BenchArgs {
     /// Weight format kept in memory: native-i16, native, f16 or f32.
     #[arg(long, default_value = "native-i16")]
     pub dtype: WeightDtype,
+    /// How the host KV store keeps keys and values: f16 or f32.
+    #[arg(long, default_value_t = crate::engine::llama::KvDtype::default())]
+    pub kv_dtype: crate::engine::llama::KvDtype,
     /// Prompt length of the prefill test.
     #[arg(long, default_value_t = 128)]
     pub prompt_tokens: usize,
@@ -147,12 +150,16 @@ pub fn run<B: Backend>(args: &BenchArgs, device: &B::Device) -> anyhow::Result<(
         return kernel_speeds(args.reps);
     }
     let threads = rayon::current_num_threads();
-    let mut tag = format!("dtype={} threads={threads}", args.dtype);
+    let mut tag = format!(
+        "dtype={} kv={} threads={threads}",
+        args.dtype, args.kv_dtype
+    );
     if args.temperature > 0.0 {
         tag.push_str(&format!(" temperature={}", args.temperature));
     }
     let t0 = Instant::now();
-    let engine = Engine::<B>::load(&args.model, args.dtype, device)?;
+    let mut engine = Engine::<B>::load(&args.model, args.dtype, device)?;
+    engine.set_kv_dtype(args.kv_dtype);
     println!("baton load {tag} seconds={:.2}", t0.elapsed().as_secs_f64());
     let model = engine.model();
     println!(
@@ -421,6 +428,9 @@ pub struct ServeBenchArgs {
     /// Weight format.
     #[arg(long, default_value = "native-i16")]
     pub dtype: WeightDtype,
+    /// How the host KV store keeps keys and values: f16 or f32.
+    #[arg(long, default_value_t = crate::engine::llama::KvDtype::default())]
+    pub kv_dtype: crate::engine::llama::KvDtype,
     /// Requests per second, sent at fixed times (open loop: arrivals do not wait for
     /// completions, so neither side's timing shapes its own load).
     #[arg(long, default_value_t = 4.0)]
@@ -544,11 +554,12 @@ pub fn run_serve(args: &ServeBenchArgs) -> anyhow::Result<()> {
         let sim = SimEngine::new(name.clone(), Duration::from_millis(args.sim_step_ms));
         std::thread::spawn(move || scheduler::run(sim, limits, cmd_rx, out_tx, load))
     } else {
-        let engine = Engine::<crate::backend::CpuBackend>::load(
+        let mut engine = Engine::<crate::backend::CpuBackend>::load(
             &args.model,
             args.dtype,
             &Default::default(),
         )?;
+        engine.set_kv_dtype(args.kv_dtype);
         engine.set_prefix_cache(
             usize::try_from(args.prefix_cache_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
         );

@@ -105,6 +105,9 @@ pub struct GenerateArgs {
     /// activations), f16 or f32.
     #[arg(long, default_value = "native-i16")]
     pub dtype: WeightDtype,
+    /// How the host KV store keeps keys and values: f16 or f32.
+    #[arg(long, default_value_t = crate::engine::llama::KvDtype::default())]
+    pub kv_dtype: crate::engine::llama::KvDtype,
     /// Backend: cpu or cuda.
     #[arg(long, env = baton_common::env::BACKEND, default_value = "cpu")]
     pub backend: BackendKind,
@@ -159,7 +162,8 @@ fn synth(args: &SynthArgs) -> anyhow::Result<()> {
 
 fn generate<B: Backend>(args: &GenerateArgs, device: &B::Device) -> anyhow::Result<()> {
     let t0 = Instant::now();
-    let engine = Engine::<B>::load(&args.model, args.dtype, device)?;
+    let mut engine = Engine::<B>::load(&args.model, args.dtype, device)?;
+    engine.set_kv_dtype(args.kv_dtype);
     let load = t0.elapsed();
     let prompt = if args.chat {
         let mut messages = Vec::new();

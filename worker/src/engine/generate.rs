@@ -26,7 +26,9 @@ use burn_tensor::backend::Backend;
 use super::{
     chat::{ChatError, ChatMessage, ChatTemplate},
     gguf::{GgufError, GgufFile},
-    llama::{load::load_llama, model::ForwardError, KvCache, Llama, LoadError, WeightDtype},
+    llama::{
+        load::load_llama, model::ForwardError, KvCache, KvDtype, Llama, LoadError, WeightDtype,
+    },
     prefix::{PrefixCache, PrefixStats, BLOCK_TOKENS},
     sampler::{SamplingError, SamplingParams},
     stops::StopMatcher,
@@ -277,6 +279,17 @@ impl<B: Backend> Engine<B> {
     fn prefix_cache(&self) -> std::sync::MutexGuard<'_, PrefixCache> {
         // The cache holds no invariant a panic elsewhere could break half-way.
         self.prefix.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes the sequences started from now on keep their keys and values on the host as
+    /// `dtype` (see [`KvDtype`]); the prefix cache's blocks, of the type before, are
+    /// dropped.
+    pub fn set_kv_dtype(&mut self, dtype: KvDtype) {
+        if dtype != self.model.kv_dtype() {
+            self.model.set_kv_dtype(dtype);
+            let budget = self.prefix_cache().budget();
+            *self.prefix_cache() = PrefixCache::new(budget);
+        }
     }
 
     /// The network.

@@ -26,6 +26,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::engine::llama::cache::KvBlock;
+
 pub use baton_common::chain::BLOCK_TOKENS;
 
 /// What the prefix cache did since the engine started, and what it holds now.
@@ -51,7 +53,7 @@ pub struct PrefixStats {
 /// One block's keys and values.
 struct Entry {
     /// Keys and values of the block's positions, every layer, in the cache's layout.
-    kv: Box<[f32]>,
+    kv: KvBlock,
     /// Last use, on the cache's clock; the key of this block in [`PrefixCache::lru`].
     tick: u64,
     /// The chain's value before the block's first token.
@@ -169,8 +171,8 @@ impl PrefixCache {
     }
 
     /// The values of a cached block.
-    pub fn get(&self, hash: u64) -> Option<&[f32]> {
-        self.blocks.get(&hash).map(|e| &*e.kv)
+    pub fn get(&self, hash: u64) -> Option<&KvBlock> {
+        self.blocks.get(&hash).map(|e| &e.kv)
     }
 
     /// Whether a block is cached; marks it used if so.
@@ -191,11 +193,11 @@ impl PrefixCache {
     /// Stores block `hash` (as the most recently used): the chain value before it, its
     /// tokens and their keys and values. Evicts the least recently used blocks until it
     /// fits; a block larger than the whole budget is not stored.
-    pub fn insert(&mut self, hash: u64, parent: u64, tokens: [u32; BLOCK_TOKENS], kv: Box<[f32]>) {
+    pub fn insert(&mut self, hash: u64, parent: u64, tokens: [u32; BLOCK_TOKENS], kv: KvBlock) {
         if self.touch(hash) {
             return;
         }
-        let size = std::mem::size_of_val(&*kv);
+        let size = kv.bytes();
         if size > self.budget {
             return;
         }
@@ -226,7 +228,7 @@ impl PrefixCache {
             return false;
         };
         if let Some(e) = self.blocks.remove(&hash) {
-            self.bytes -= std::mem::size_of_val(&*e.kv);
+            self.bytes -= e.kv.bytes();
             self.stats.evicted_blocks += 1;
             if let Some(siblings) = self.children.get_mut(&e.parent) {
                 siblings.retain(|&h| h != hash);
@@ -243,8 +245,8 @@ impl PrefixCache {
 mod tests {
     use super::*;
 
-    fn block(v: f32) -> Box<[f32]> {
-        vec![v; 4].into_boxed_slice() // 16 bytes
+    fn block(v: f32) -> KvBlock {
+        KvBlock::F32(vec![v; 4].into_boxed_slice()) // 16 bytes
     }
 
     /// Block `h` after `parent`, its tokens all `h` as u32.
@@ -261,7 +263,7 @@ mod tests {
         assert_eq!(c.lookup(&[1, 2, 3, 4]), 2);
         assert_eq!(c.lookup(&[3, 4]), 0);
         assert_eq!(c.lookup(&[]), 0);
-        assert_eq!(c.get(2).map(|v| v[0]), Some(2.0));
+        assert!(matches!(c.get(2), Some(KvBlock::F32(v)) if v[0] == 2.0));
         c.record(2 * BLOCK_TOKENS, 40);
         c.record(0, 40);
         c.record(0, 0);
@@ -322,7 +324,12 @@ mod tests {
         assert_eq!(c.stats().evicted_blocks, 2);
         assert_eq!(c.stats().bytes, 48);
         // Too big for the budget: not stored, nothing evicted.
-        c.insert(6, 5, [6; BLOCK_TOKENS], vec![0.0; 100].into_boxed_slice());
+        c.insert(
+            6,
+            5,
+            [6; BLOCK_TOKENS],
+            KvBlock::F32(vec![0.0; 100].into_boxed_slice()),
+        );
         assert_eq!(c.get(6), None);
         assert_eq!(c.stats().blocks, 3);
     }

@@ -66,6 +66,10 @@ pub struct ServeArgs {
     /// Weight format: native, native-i16, f16 or f32.
     #[arg(long, env = env::WEIGHTS)]
     pub weights: Option<WeightDtype>,
+    /// How the host KV store keeps keys and values: f16 or f32 (overrides
+    /// `worker.kv_dtype`).
+    #[arg(long)]
+    pub kv_dtype: Option<crate::engine::llama::KvDtype>,
     /// Most sequences running at once.
     #[arg(long)]
     pub max_running: Option<u32>,
@@ -179,6 +183,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(w) => w,
         None => cfg.weights.parse().map_err(anyhow::Error::msg)?,
     };
+    let kv_dtype = match args.kv_dtype {
+        Some(k) => k,
+        None => cfg.kv_dtype.parse().map_err(anyhow::Error::msg)?,
+    };
     let priority = match args.compute_priority {
         Some(p) => p,
         None => cfg.compute_priority.parse().map_err(anyhow::Error::msg)?,
@@ -210,8 +218,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         match backend {
             BackendKind::Cpu => spawn_engine(
                 move || {
-                    let engine =
+                    let mut engine =
                         Engine::<CpuBackend>::load(&model_path, weights, &Default::default())?;
+                    engine.set_kv_dtype(kv_dtype);
                     engine.set_prefix_cache(prefix_bytes);
                     engine.set_step_tokens(step_tokens);
                     Ok(real::RealEngine::new(engine, name))
@@ -227,11 +236,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 {
                     spawn_engine(
                         move || {
-                            let engine = Engine::<crate::backend::CudaBackend>::load(
+                            let mut engine = Engine::<crate::backend::CudaBackend>::load(
                                 &model_path,
                                 weights,
                                 &Default::default(),
                             )?;
+                            engine.set_kv_dtype(kv_dtype);
                             engine.set_prefix_cache(prefix_bytes);
                             engine.set_step_tokens(step_tokens);
                             Ok(real::RealEngine::new(engine, name))

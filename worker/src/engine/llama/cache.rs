@@ -6,9 +6,162 @@
 //! Two stores, one per forward path: burn tensors for weights kept as tensors, and plain
 //! host vectors for weights kept in block form (the host path of
 //! [`super::host`]), where a step appends its keys and values in place (the vectors grow
-//! by doubling, so a step copies nothing that is already cached).
+//! by doubling, so a step copies nothing that is already cached). The host store keeps
+//! its elements as [`KvDtype`] says: f16 by default (half the memory, and half the bytes
+//! attention reads at every step), or f32.
 
 use burn_tensor::{backend::Backend, Tensor};
+use half::f16;
+
+/// How the host store keeps keys and values (`worker.kv_dtype`).
+///
+/// f16 is what llama.cpp and the GPU servers keep by default: each key and value is
+/// rounded once, when stored, and widened exactly when read; every sum stays f32. On
+/// the default model the logits then move by up to ~1e-2 from an f32 store, and match
+/// a reference that rounds its cache the same way to ~1e-4 (`worker/tests/reference.rs`).
+/// Workers that may take over each other's streams must keep the same type, as they
+/// must load the same weight format: a resumed stream continues the same text only on
+/// the same arithmetic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvDtype {
+    /// IEEE half precision: half the bytes of f32.
+    #[default]
+    F16,
+    /// Single precision, as computed.
+    F32,
+}
+
+impl KvDtype {
+    /// Bytes of one element.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::F16 => 2,
+            KvDtype::F32 => 4,
+        }
+    }
+}
+
+impl std::fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KvDtype::F16 => "f16",
+            KvDtype::F32 => "f32",
+        })
+    }
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "f16" => Ok(KvDtype::F16),
+            "f32" => Ok(KvDtype::F32),
+            other => Err(format!("unknown KV dtype {other:?} (expected f16 or f32)")),
+        }
+    }
+}
+
+/// An element type of the host store.
+pub(crate) trait KvElem: Copy + Default + Send + Sync + std::fmt::Debug + 'static {
+    /// Whether elements are f16 (widened to f32 at every read).
+    const HALF: bool;
+    /// The value as f32 (exact).
+    fn to_f32(self) -> f32;
+    /// `src` rounded into `dst` (as long) to this type, to nearest, ties to even.
+    fn store(dst: &mut [Self], src: &[f32]);
+    /// The layers of `store` when it holds this type.
+    fn layers(store: &mut HostStore) -> Option<&mut Vec<HostKv<Self>>>;
+    /// A packed span of this type as a prefix-cache block, and back.
+    fn block(values: Box<[Self]>) -> KvBlock;
+    fn unblock(block: &KvBlock) -> Option<&[Self]>;
+}
+
+impl KvElem for f32 {
+    const HALF: bool = false;
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn store(dst: &mut [Self], src: &[f32]) {
+        dst.copy_from_slice(src);
+    }
+    fn layers(store: &mut HostStore) -> Option<&mut Vec<HostKv<Self>>> {
+        match store {
+            HostStore::F32(l) => Some(l),
+            HostStore::F16(_) => None,
+        }
+    }
+    fn block(values: Box<[Self]>) -> KvBlock {
+        KvBlock::F32(values)
+    }
+    fn unblock(block: &KvBlock) -> Option<&[Self]> {
+        match block {
+            KvBlock::F32(v) => Some(v),
+            KvBlock::F16(_) => None,
+        }
+    }
+}
+
+impl KvElem for f16 {
+    const HALF: bool = true;
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn store(dst: &mut [Self], src: &[f32]) {
+        // Vector conversions (F16C) where the CPU has them, the same rounding.
+        half::slice::HalfFloatSliceExt::convert_from_f32_slice(dst, src);
+    }
+    fn layers(store: &mut HostStore) -> Option<&mut Vec<HostKv<Self>>> {
+        match store {
+            HostStore::F16(l) => Some(l),
+            HostStore::F32(_) => None,
+        }
+    }
+    fn block(values: Box<[Self]>) -> KvBlock {
+        KvBlock::F16(values)
+    }
+    fn unblock(block: &KvBlock) -> Option<&[Self]> {
+        match block {
+            KvBlock::F16(v) => Some(v),
+            KvBlock::F32(_) => None,
+        }
+    }
+}
+
+/// Keys and values of consecutive positions of every layer, packed for the prefix
+/// cache: per layer, the keys then the values, position-major.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KvBlock {
+    F32(Box<[f32]>),
+    F16(Box<[f16]>),
+}
+
+impl KvBlock {
+    /// Bytes of the values.
+    pub fn bytes(&self) -> usize {
+        match self {
+            KvBlock::F32(v) => std::mem::size_of_val(&**v),
+            KvBlock::F16(v) => std::mem::size_of_val(&**v),
+        }
+    }
+}
+
+/// Every layer's host store, in one element type.
+#[derive(Debug, Clone)]
+pub(crate) enum HostStore {
+    F32(Vec<HostKv<f32>>),
+    F16(Vec<HostKv<f16>>),
+}
+
+/// Runs `$body` with `$l` bound to the store's layers, whatever their type.
+macro_rules! each_store {
+    ($store:expr, $l:ident => $body:expr) => {
+        match $store {
+            HostStore::F32($l) => $body,
+            HostStore::F16($l) => $body,
+        }
+    };
+}
 
 /// Keys and values of one layer: `[kv_heads, len, head_dim]` each.
 #[derive(Debug, Clone)]
@@ -20,26 +173,29 @@ struct LayerKv<B: Backend> {
 /// Keys and values of one layer on the host: position-major, `[len, kv_heads·head_dim]`
 /// each.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct HostKv {
-    pub(crate) k: Vec<f32>,
-    pub(crate) v: Vec<f32>,
+pub(crate) struct HostKv<E> {
+    pub(crate) k: Vec<E>,
+    pub(crate) v: Vec<E>,
 }
 
 /// Keys and values of every layer for the positions a sequence has seen.
 #[derive(Debug, Clone)]
 pub struct KvCache<B: Backend> {
     layers: Vec<Option<LayerKv<B>>>,
-    host: Vec<HostKv>,
+    host: HostStore,
     len: usize,
     decode_from: Option<usize>,
 }
 
 impl<B: Backend> KvCache<B> {
-    /// An empty cache for a model with `n_layers` layers.
-    pub fn new(n_layers: usize) -> Self {
+    /// An empty cache for a model with `n_layers` layers, its host store in `dtype`.
+    pub fn new(n_layers: usize, dtype: KvDtype) -> Self {
         Self {
             layers: vec![None; n_layers],
-            host: vec![HostKv::default(); n_layers],
+            host: match dtype {
+                KvDtype::F16 => HostStore::F16(vec![HostKv::default(); n_layers]),
+                KvDtype::F32 => HostStore::F32(vec![HostKv::default(); n_layers]),
+            },
             len: 0,
             decode_from: None,
         }
@@ -93,9 +249,18 @@ impl<B: Backend> KvCache<B> {
         out
     }
 
-    /// The host store of every layer (the host forward path appends to it).
-    pub(crate) fn host_layers(&mut self) -> &mut [HostKv] {
-        &mut self.host
+    /// The host store of every layer (the host forward path appends to it), when it
+    /// holds `E`.
+    pub(crate) fn host_layers<E: KvElem>(&mut self) -> Option<&mut [HostKv<E>]> {
+        E::layers(&mut self.host).map(|l| l.as_mut_slice())
+    }
+
+    /// The element type of the host store.
+    pub fn kv_dtype(&self) -> KvDtype {
+        match self.host {
+            HostStore::F32(_) => KvDtype::F32,
+            HostStore::F16(_) => KvDtype::F16,
+        }
     }
 
     /// Records that `n` positions were appended to every layer.
@@ -112,44 +277,66 @@ impl<B: Backend> KvCache<B> {
     /// Keys and values of positions `start..start + n` of every layer, packed for the
     /// prefix cache: per layer, the keys then the values, position-major. `None` when
     /// the positions are not cached or the store is the burn one.
-    pub(crate) fn host_span(&self, start: usize, n: usize) -> Option<Box<[f32]>> {
+    pub(crate) fn host_span(&self, start: usize, n: usize) -> Option<KvBlock> {
         if start + n > self.len || n == 0 || !self.host_backed() {
             return None;
         }
-        let width = self.host.first()?.k.len() / self.len;
-        let mut out = Vec::with_capacity(self.host.len() * 2 * n * width);
-        for kv in &self.host {
-            out.extend_from_slice(&kv.k[start * width..(start + n) * width]);
-            out.extend_from_slice(&kv.v[start * width..(start + n) * width]);
+        fn pack<E: KvElem>(
+            host: &[HostKv<E>],
+            len: usize,
+            start: usize,
+            n: usize,
+        ) -> Option<KvBlock> {
+            let width = host.first()?.k.len() / len;
+            let mut out = Vec::with_capacity(host.len() * 2 * n * width);
+            for kv in host {
+                out.extend_from_slice(&kv.k[start * width..(start + n) * width]);
+                out.extend_from_slice(&kv.v[start * width..(start + n) * width]);
+            }
+            Some(E::block(out.into_boxed_slice()))
         }
-        Some(out.into_boxed_slice())
+        each_store!(&self.host, l => pack(l, self.len, start, n))
     }
 
     /// Appends the first `take` of `n` positions packed by [`KvCache::host_span`] to the
     /// host store of every layer. Returns false, changing nothing, when the values do not
     /// fit this cache's shape, `take` is 0 or over `n`, or the cache is not on the host
     /// store.
-    pub(crate) fn push_host_span(&mut self, n: usize, take: usize, kv: &[f32]) -> bool {
-        let layers = self.host.len();
-        if take == 0
-            || take > n
-            || layers == 0
-            || !self.host_backed()
-            || !kv.len().is_multiple_of(layers * 2 * n)
-        {
+    /// A block of the other element type changes nothing either.
+    pub(crate) fn push_host_span(&mut self, n: usize, take: usize, block: &KvBlock) -> bool {
+        fn push<E: KvElem>(
+            host: &mut [HostKv<E>],
+            len: usize,
+            n: usize,
+            take: usize,
+            block: &KvBlock,
+        ) -> bool {
+            let layers = host.len();
+            let Some(kv) = E::unblock(block) else {
+                return false;
+            };
+            if take == 0 || take > n || layers == 0 || !kv.len().is_multiple_of(layers * 2 * n) {
+                return false;
+            }
+            let width = kv.len() / (layers * 2 * n);
+            if len > 0 && host[0].k.len() != len * width {
+                return false;
+            }
+            for (layer, chunk) in host.iter_mut().zip(kv.chunks_exact(2 * n * width)) {
+                let (k, v) = chunk.split_at(n * width);
+                layer.k.extend_from_slice(&k[..take * width]);
+                layer.v.extend_from_slice(&v[..take * width]);
+            }
+            true
+        }
+        if !self.host_backed() {
             return false;
         }
-        let width = kv.len() / (layers * 2 * n);
-        if self.len > 0 && self.host[0].k.len() != self.len * width {
-            return false;
+        let done = each_store!(&mut self.host, l => push(l, self.len, n, take, block));
+        if done {
+            self.len += take;
         }
-        for (layer, chunk) in self.host.iter_mut().zip(kv.chunks_exact(2 * n * width)) {
-            let (k, v) = chunk.split_at(n * width);
-            layer.k.extend_from_slice(&k[..take * width]);
-            layer.v.extend_from_slice(&v[..take * width]);
-        }
-        self.len += take;
-        true
+        done
     }
 
     /// Forgets everything after the first `len` positions.
@@ -167,19 +354,18 @@ impl<B: Backend> KvCache<B> {
                 }
             }
         }
-        for kv in &mut self.host {
-            let keep = if kv.k.is_empty() {
-                0
-            } else {
-                kv.k.len() / self.len * len
-            };
-            kv.k.truncate(keep);
-            kv.v.truncate(keep);
-        }
+        let old = self.len;
+        each_store!(&mut self.host, l => {
+            for kv in l.iter_mut() {
+                let keep = if kv.k.is_empty() { 0 } else { kv.k.len() / old * len };
+                kv.k.truncate(keep);
+                kv.v.truncate(keep);
+            }
+        });
         self.len = len;
     }
 
-    /// Bytes held, for KV budgets (f32 elements of the cached positions; the host
+    /// Bytes held, for KV budgets (the elements of the cached positions; the host
     /// store's spare capacity, at most as much again, is not counted).
     pub fn bytes(&self) -> usize {
         let tensors: usize = self
@@ -188,7 +374,8 @@ impl<B: Backend> KvCache<B> {
             .flatten()
             .map(|kv| kv.k.shape().num_elements() + kv.v.shape().num_elements())
             .sum();
-        let host: usize = self.host.iter().map(|kv| kv.k.len() + kv.v.len()).sum();
-        (tensors + host) * 4
+        let host: usize =
+            each_store!(&self.host, l => l.iter().map(|kv| kv.k.len() + kv.v.len()).sum());
+        tensors * 4 + host * self.kv_dtype().bytes()
     }
 }

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 
 use super::{
     attention::SeqSpan,
-    cache::KvCache,
+    cache::{KvCache, KvDtype, KvElem},
     linear::Linear,
     model::{Embedding, Llama},
     qmatmul::{Prepared, QMatrix},
@@ -84,10 +84,10 @@ pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 /// `k` and `v` hold position-major rows `stride` wide, the head at offset `off`.
 /// `scores` is scratch of at least `keys` values.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_head(
+pub(crate) fn attend_head<E: KvElem>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[E],
+    v: &[E],
     keys: usize,
     stride: usize,
     off: usize,
@@ -98,8 +98,15 @@ pub(crate) fn attend_head(
     let d = q.len();
     let scores = &mut scores[..keys];
     let mut max = f32::NEG_INFINITY;
+    let mut row = vec![0.0f32; d];
+    let widen = |src: &[E], row: &mut [f32]| {
+        for (r, &x) in row.iter_mut().zip(src) {
+            *r = x.to_f32();
+        }
+    };
     for (t, s) in scores.iter_mut().enumerate() {
-        *s = dot(q, &k[t * stride + off..t * stride + off + d]) * scale;
+        widen(&k[t * stride + off..t * stride + off + d], &mut row);
+        *s = dot(q, &row) * scale;
         max = max.max(*s);
     }
     let mut sum = 0.0f32;
@@ -109,7 +116,8 @@ pub(crate) fn attend_head(
     }
     out.fill(0.0);
     for (t, &p) in scores.iter().enumerate() {
-        axpy(out, p, &v[t * stride + off..t * stride + off + d]);
+        widen(&v[t * stride + off..t * stride + off + d], &mut row);
+        axpy(out, p, &row);
     }
     let inv = 1.0 / sum;
     for o in out.iter_mut() {
@@ -126,10 +134,10 @@ pub(crate) fn attend_head(
 /// runs [`attend_head`]. The two agree to rounding, not bitwise (as the integer product
 /// kernels and the portable loop).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_heads(
+pub(crate) fn attend_heads<E: KvElem>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[E],
+    v: &[E],
     keys: usize,
     stride: usize,
     off: usize,
@@ -153,6 +161,7 @@ pub(crate) fn attend_heads(
     if d.is_multiple_of(8)
         && std::is_x86_feature_detected!("avx2")
         && std::is_x86_feature_detected!("fma")
+        && std::is_x86_feature_detected!("f16c")
     {
         let wide = d.is_multiple_of(16) && std::is_x86_feature_detected!("avx512f");
         // At most `MAX_HEADS` heads a call (their sums stay on the stack).
@@ -237,6 +246,44 @@ unsafe fn hsum8(x: std::arch::x86_64::__m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
 }
 
+/// Eight keys or values from `p`, as f32 (f16 ones widened, exactly).
+///
+/// # Safety
+/// Needs AVX2 and F16C; eight elements readable at `p`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load8<E: KvElem>(p: *const E) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // SAFETY: eight elements at `p` by the caller's contract.
+    unsafe {
+        if E::HALF {
+            _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+        } else {
+            _mm256_loadu_ps(p.cast())
+        }
+    }
+}
+
+/// Sixteen keys or values from `p`, as f32 (f16 ones widened, exactly).
+///
+/// # Safety
+/// Needs AVX-512 F; sixteen elements readable at `p`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn load16<E: KvElem>(p: *const E) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    // SAFETY: sixteen elements at `p` by the caller's contract.
+    unsafe {
+        if E::HALF {
+            _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+        } else {
+            _mm512_loadu_ps(p.cast())
+        }
+    }
+}
+
 /// Query heads a call of [`attend_heads_avx2`] takes.
 #[cfg(target_arch = "x86_64")]
 const MAX_HEADS: usize = 16;
@@ -248,11 +295,11 @@ const MAX_HEADS: usize = 16;
 /// at most [`MAX_HEADS`] heads.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn attend_heads_avx2(
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attend_heads_avx2<E: KvElem>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[E],
+    v: &[E],
     keys: usize,
     stride: usize,
     off: usize,
@@ -280,7 +327,7 @@ unsafe fn attend_heads_avx2(
                     let qc = _mm256_loadu_ps(qp.add(8 * c));
                     for (i, a) in acc.iter_mut().enumerate().take(take) {
                         let kp = k.as_ptr().add((t + i) * stride + off + 8 * c);
-                        *a = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kp), *a);
+                        *a = _mm256_fmadd_ps(qc, load8(kp), *a);
                     }
                 }
                 for (i, a) in acc.iter().enumerate().take(take) {
@@ -299,7 +346,7 @@ unsafe fn attend_heads_avx2(
                 let hn = (n - h0).min(4);
                 let mut even = [_mm256_setzero_ps(); 4];
                 let mut odd = [_mm256_setzero_ps(); 4];
-                let value = |t: usize| _mm256_loadu_ps(v.as_ptr().add(t * stride + off + 8 * c));
+                let value = |t: usize| load8(v.as_ptr().add(t * stride + off + 8 * c));
                 let weight =
                     |h: usize, t: usize| _mm256_set1_ps(*scores.get_unchecked(h * keys + t));
                 let mut t = 0;
@@ -346,11 +393,11 @@ unsafe fn attend_heads_avx2(
 /// multiple of 16, at most [`MAX_HEADS`] heads.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn attend_heads_avx512(
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn attend_heads_avx512<E: KvElem>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[E],
+    v: &[E],
     keys: usize,
     stride: usize,
     off: usize,
@@ -377,8 +424,8 @@ unsafe fn attend_heads_avx512(
             while t + 4 <= keys {
                 let mut acc = [[_mm256_setzero_ps(); 4]; HEADS];
                 for c in 0..chunks {
-                    let kc = [0, 1, 2, 3]
-                        .map(|i| _mm256_loadu_ps(k.as_ptr().add((t + i) * stride + off + 8 * c)));
+                    let kc =
+                        [0, 1, 2, 3].map(|i| load8(k.as_ptr().add((t + i) * stride + off + 8 * c)));
                     for h in 0..hn {
                         let qc = _mm256_loadu_ps(q.as_ptr().add((h0 + h) * d + 8 * c));
                         for i in 0..4 {
@@ -420,7 +467,7 @@ unsafe fn attend_heads_avx512(
                     for c in 0..chunks {
                         let kp = k.as_ptr().add(t * stride + off + 8 * c);
                         let qc = _mm256_loadu_ps(q.as_ptr().add((h0 + h) * d + 8 * c));
-                        a = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kp), a);
+                        a = _mm256_fmadd_ps(qc, load8(kp), a);
                     }
                     *scores.get_unchecked_mut((h0 + h) * keys + t) = hsum8(a) * scale;
                 }
@@ -438,9 +485,33 @@ unsafe fn attend_heads_avx512(
             while h0 < n {
                 let hn = (n - h0).min(HEADS);
                 if wide {
-                    weigh_values::<2>(scores, v, keys, stride, off + c0, h0, hn, &inv, out, d, c0);
+                    weigh_values::<E, 2>(
+                        scores,
+                        v,
+                        keys,
+                        stride,
+                        off + c0,
+                        h0,
+                        hn,
+                        &inv,
+                        out,
+                        d,
+                        c0,
+                    );
                 } else {
-                    weigh_values::<1>(scores, v, keys, stride, off + c0, h0, hn, &inv, out, d, c0);
+                    weigh_values::<E, 1>(
+                        scores,
+                        v,
+                        keys,
+                        stride,
+                        off + c0,
+                        h0,
+                        hn,
+                        &inv,
+                        out,
+                        d,
+                        c0,
+                    );
                 }
                 h0 += hn;
             }
@@ -455,10 +526,10 @@ unsafe fn attend_heads_avx512(
     /// As [`attend_heads_avx512`]; `at` is the value rows' offset of column `c0`.
     #[allow(clippy::too_many_arguments)]
     #[inline]
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    unsafe fn weigh_values<const W: usize>(
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn weigh_values<E: KvElem, const W: usize>(
         scores: &[f32],
-        v: &[f32],
+        v: &[E],
         keys: usize,
         stride: usize,
         at: usize,
@@ -473,8 +544,7 @@ unsafe fn attend_heads_avx512(
         unsafe {
             let mut even = [[_mm512_setzero_ps(); W]; HEADS];
             let mut odd = [[_mm512_setzero_ps(); W]; HEADS];
-            let value =
-                |t: usize, w: usize| _mm512_loadu_ps(v.as_ptr().add(t * stride + at + 16 * w));
+            let value = |t: usize, w: usize| load16(v.as_ptr().add(t * stride + at + 16 * w));
             let weight = |h: usize, t: usize| _mm512_set1_ps(*scores.get_unchecked(h * keys + t));
             let mut t = 0;
             while t + 2 <= keys {
@@ -667,7 +737,7 @@ impl<B: Backend> Llama<B> {
     ) -> Vec<f32> {
         let threads = rayon::current_num_threads();
         let Some(groups) = split_by_sequence(spans, threads) else {
-            return self.forward_rows(w, ids, spans, caches, true, true).0;
+            return self.forward_rows_any(w, ids, spans, caches, true, true).0;
         };
         let mut parts = Vec::with_capacity(groups.len());
         let mut rest: &mut [&mut KvCache<B>] = caches;
@@ -687,7 +757,7 @@ impl<B: Backend> Llama<B> {
         }
         let lasts: Vec<(Vec<f32>, Vec<bool>)> = parts
             .into_par_iter()
-            .map(|(ids, spans, caches)| self.forward_rows(w, ids, &spans, caches, false, false))
+            .map(|(ids, spans, caches)| self.forward_rows_any(w, ids, &spans, caches, false, false))
             .collect();
         let (last, last_int): (Vec<Vec<f32>>, Vec<Vec<bool>>) = lasts.into_iter().unzip();
         self.output(w, &last.concat(), &last_int.concat())
@@ -704,7 +774,26 @@ impl<B: Backend> Llama<B> {
     /// product, added to the residual; the gate/up product with SwiGLU; the down
     /// product, added to the residual. Threads take chunks of output rows of each phase
     /// from a counter and meet at a barrier after it: five barriers a layer.
-    fn forward_rows(
+    fn forward_rows_any(
+        &self,
+        w: &HostWeights<'_>,
+        ids: &[i32],
+        spans: &[SeqSpan],
+        caches: &mut [&mut KvCache<B>],
+        pool: bool,
+        with_output: bool,
+    ) -> (Vec<f32>, Vec<bool>) {
+        match caches.first().map(|c| c.kv_dtype()).unwrap_or_default() {
+            KvDtype::F16 => {
+                self.forward_rows::<half::f16>(w, ids, spans, caches, pool, with_output)
+            }
+            KvDtype::F32 => self.forward_rows::<f32>(w, ids, spans, caches, pool, with_output),
+        }
+    }
+
+    /// [`Llama::forward_rows_any`] for caches whose host store holds `E` (all of them:
+    /// the model makes every cache with its own KV dtype).
+    fn forward_rows<E: KvElem>(
         &self,
         w: &HostWeights<'_>,
         ids: &[i32],
@@ -747,14 +836,17 @@ impl<B: Backend> Llama<B> {
         let longest = spans.iter().map(|s| s.pos + s.len).max().unwrap_or(0);
         // Every layer's cache grows to its new length now; the QKV phase writes into it.
         for (span, cache) in spans.iter().zip(caches.iter_mut()) {
-            for kv in cache.host_layers() {
-                kv.k.resize((span.pos + span.len) * kvd, 0.0);
-                kv.v.resize((span.pos + span.len) * kvd, 0.0);
+            for kv in cache
+                .host_layers::<E>()
+                .expect("every cache of a step in one KV dtype")
+            {
+                kv.k.resize((span.pos + span.len) * kvd, E::default());
+                kv.v.resize((span.pos + span.len) * kvd, E::default());
             }
         }
-        let kv: Vec<(Shared<'_>, Shared<'_>)> = caches
+        let kv: Vec<(Shared<'_, E>, Shared<'_, E>)> = caches
             .iter_mut()
-            .flat_map(|c| c.host_layers().iter_mut())
+            .flat_map(|c| c.host_layers::<E>().expect("checked above").iter_mut())
             .map(|kv| (Shared::new(&mut kv.k), Shared::new(&mut kv.v)))
             .collect();
 
@@ -813,16 +905,18 @@ impl<B: Backend> Llama<B> {
                         if r0 < qd + kvd {
                             rope.apply_host(head, pos);
                         }
-                        let dst = if r0 < qd {
-                            unsafe { qs.get_mut(j * qd + r0..j * qd + r1) }
-                        } else if r0 < qd + kvd {
-                            let at = pos * kvd + r0 - qd;
-                            unsafe { ks.get_mut(at..at + d) }
+                        if r0 < qd {
+                            unsafe { qs.get_mut(j * qd + r0..j * qd + r1) }.copy_from_slice(head);
                         } else {
-                            let at = pos * kvd + r0 - qd - kvd;
-                            unsafe { vs.get_mut(at..at + d) }
-                        };
-                        dst.copy_from_slice(head);
+                            let dst = if r0 < qd + kvd {
+                                let at = pos * kvd + r0 - qd;
+                                unsafe { ks.get_mut(at..at + d) }
+                            } else {
+                                let at = pos * kvd + r0 - qd - kvd;
+                                unsafe { vs.get_mut(at..at + d) }
+                            };
+                            E::store(dst, head);
+                        }
                     }
                 }
                 phase += 1;
@@ -1320,18 +1414,23 @@ mod tests {
     }
 
     /// The host path and the burn path agree on prefill, cached decode, batches of
-    /// sequences at different positions, and after a truncation.
+    /// sequences at different positions, and after a truncation: to rounding with an f32
+    /// cache, within what rounding keys and values to f16 moves with an f16 one.
     #[test]
     fn host_path_matches_burn_path() {
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0] {
-            let (_dir, host) = native(ty, 11);
+        for (ty, kv) in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0]
+            .into_iter()
+            .flat_map(|ty| [(ty, KvDtype::F32), (ty, KvDtype::F16)])
+        {
+            let (_dir, mut host) = native(ty, 11);
+            host.set_kv_dtype(kv);
             assert!(host.host_weights().is_some());
             let mut burn = host.clone();
             burn.force_burn = true;
             let prompts: [&[u32]; 3] =
                 [&[5, 70, 200, 3, 9, 41, 7], &[1, 2], &[300, 17, 17, 17, 99]];
             let mut results = Vec::new();
-            for model in [&host, &burn] {
+            for (m, model) in [&host, &burn].into_iter().enumerate() {
                 let mut caches: Vec<_> = (0..3).map(|_| model.new_cache()).collect();
                 let mut out = Vec::new();
                 // Prefill of all three at once, then decode steps of all three.
@@ -1370,15 +1469,22 @@ mod tests {
                     ],
                 ));
                 assert_eq!(caches[0].len(), 7);
-                // 7 positions × (keys + values) × 32 values × 4 bytes × 2 layers.
-                assert_eq!(caches[0].bytes(), 7 * 2 * 32 * 4 * 2);
+                // 7 positions × (keys + values) × 32 values × bytes × 2 layers (the
+                // burn path's tensors are f32).
+                let bytes = if m == 0 { kv.bytes() } else { 4 };
+                assert_eq!(caches[0].bytes(), 7 * 2 * 32 * bytes * 2);
                 results.push(out);
             }
             for (step, (a, b)) in results[0].iter().zip(&results[1]).enumerate() {
                 let diff = max_diff(a, b);
+                let tolerance = match kv {
+                    KvDtype::F32 => 1e-4,
+                    // 0.8–2.0e-3 on these models.
+                    KvDtype::F16 => 5e-3,
+                };
                 assert!(
-                    diff < 1e-4,
-                    "{ty:?} step {step}: host and burn differ by {diff}"
+                    diff < tolerance,
+                    "{ty:?} KV {kv} step {step}: host and burn differ by {diff}"
                 );
             }
         }

@@ -337,6 +337,7 @@ pub fn load_llama<B: Backend>(
         rope,
         device: device.clone(),
         force_burn: false,
+        kv_dtype: Default::default(),
     })
 }
 

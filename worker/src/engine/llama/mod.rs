@@ -28,7 +28,7 @@ pub mod rope;
 pub mod synthetic;
 pub(crate) mod team;
 
-pub use cache::KvCache;
+pub use cache::{KvCache, KvDtype};
 pub use config::LlamaConfig;
 pub use load::{LoadError, WeightDtype};
 pub use model::{Llama, SeqInput};

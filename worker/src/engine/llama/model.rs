@@ -6,7 +6,7 @@ use burn_tensor::{backend::Backend, Int, Tensor, TensorData};
 
 use super::{
     attention::{Attention, SeqSpan},
-    cache::KvCache,
+    cache::{KvCache, KvDtype},
     config::LlamaConfig,
     linear::{to_host, Linear},
     mlp::Mlp,
@@ -105,6 +105,8 @@ pub struct Llama<B: Backend> {
     pub(crate) device: B::Device,
     /// Run block-form weights through the burn path too (tests compare the two paths).
     pub(crate) force_burn: bool,
+    /// How new caches keep keys and values on the host.
+    pub(crate) kv_dtype: KvDtype,
 }
 
 impl<B: Backend> Llama<B> {
@@ -140,9 +142,20 @@ impl<B: Backend> Llama<B> {
         !self.force_burn && self.host_weights().is_some()
     }
 
+    /// How new caches keep keys and values on the host path.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
+    }
+
+    /// Makes new caches keep keys and values as `dtype` (caches made before keep theirs;
+    /// a step must not mix the two).
+    pub fn set_kv_dtype(&mut self, dtype: KvDtype) {
+        self.kv_dtype = dtype;
+    }
+
     /// A fresh cache for one sequence.
     pub fn new_cache(&self) -> KvCache<B> {
-        KvCache::new(self.config.n_layers)
+        KvCache::new(self.config.n_layers, self.kv_dtype)
     }
 
     /// Runs the new tokens of every sequence in one pass — linear layers over all rows

@@ -97,18 +97,18 @@ impl Counters {
 ///
 /// The region's phases decide who writes what: within a phase no two threads touch the
 /// same element unless all of them only read it, and a barrier separates the phases.
-pub(crate) struct Shared<'a> {
-    cells: &'a [UnsafeCell<f32>],
+pub(crate) struct Shared<'a, T = f32> {
+    cells: &'a [UnsafeCell<T>],
 }
 
 // SAFETY: access is coordinated by the region's phases and barriers as documented on
 // the type; the barrier's acquire/release orderings publish each phase's writes.
-unsafe impl Sync for Shared<'_> {}
+unsafe impl<T: Send> Sync for Shared<'_, T> {}
 
-impl<'a> Shared<'a> {
-    pub(crate) fn new(buf: &'a mut [f32]) -> Self {
+impl<'a, T> Shared<'a, T> {
+    pub(crate) fn new(buf: &'a mut [T]) -> Self {
         let len = buf.len();
-        let ptr = buf.as_mut_ptr() as *const UnsafeCell<f32>;
+        let ptr = buf.as_mut_ptr() as *const UnsafeCell<T>;
         // SAFETY: `UnsafeCell<f32>` has the layout of `f32`, and the exclusive borrow of
         // `buf` is held for `'a`, so nothing else reaches these elements meanwhile.
         let cells = unsafe { std::slice::from_raw_parts(ptr, len) };
@@ -119,10 +119,10 @@ impl<'a> Shared<'a> {
     ///
     /// # Safety
     /// No thread writes these elements during the current phase.
-    pub(crate) unsafe fn get(&self, range: std::ops::Range<usize>) -> &[f32] {
+    pub(crate) unsafe fn get(&self, range: std::ops::Range<usize>) -> &[T] {
         let cells = &self.cells[range];
         // SAFETY: in bounds (indexed above); no concurrent writer by the contract.
-        unsafe { std::slice::from_raw_parts(cells.as_ptr() as *const f32, cells.len()) }
+        unsafe { std::slice::from_raw_parts(cells.as_ptr() as *const T, cells.len()) }
     }
 
     /// Elements `range`, to write.
@@ -130,7 +130,7 @@ impl<'a> Shared<'a> {
     /// # Safety
     /// No other thread reads or writes these elements during the current phase.
     #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn get_mut(&self, range: std::ops::Range<usize>) -> &mut [f32] {
+    pub(crate) unsafe fn get_mut(&self, range: std::ops::Range<usize>) -> &mut [T] {
         let cells = &self.cells[range];
         // SAFETY: in bounds (indexed above); this thread is the only one touching them
         // by the contract.
