@@ -355,7 +355,24 @@ pub fn run<E: SeqEngine>(
         }
         if !running.is_empty() {
             let mut seqs: Vec<&mut E::Seq> = running.iter_mut().map(|s| &mut s.seq).collect();
-            match engine.step(&mut seqs) {
+            let began = std::time::Instant::now();
+            let stepped = engine.step(&mut seqs);
+            if let (Ok(events), true) = (&stepped, tracing::enabled!(tracing::Level::DEBUG)) {
+                // Sequences in the step, tokens it gave (fewer while prompts run in
+                // chunks) and its time: how a load's steps go, for whoever tunes it.
+                let tokens = events
+                    .iter()
+                    .flatten()
+                    .filter(|k| matches!(k, EventKind::Token(_)))
+                    .count();
+                tracing::debug!(
+                    sequences = seqs.len(),
+                    tokens,
+                    micros = began.elapsed().as_micros() as u64,
+                    "step"
+                );
+            }
+            match stepped {
                 Ok(events) => {
                     let mut done = Vec::new();
                     for (i, kinds) in events.into_iter().enumerate() {
