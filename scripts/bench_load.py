@@ -211,6 +211,21 @@ async def closed_loop(port, concurrency, warmup, duration, max_tokens):
     }
 
 
+def closed_loop_native(binary, port, concurrency, warmup, duration, max_tokens):
+    """`closed_loop` run by `baton-loadgen closed` (one blocking thread a client, kept-alive
+    connections): the same figures, at a fraction of the client's CPU per token, which on
+    a machine shared with the cluster comes out of what is measured."""
+    out = subprocess.run(
+        [binary, "closed", str(port), str(concurrency), str(warmup), str(duration),
+         str(max_tokens)],
+        capture_output=True, text=True, timeout=warmup + duration + 120, check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    for key in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"):
+        if r[key] is None:
+            r[key] = float("nan")
+    return r
+
+
 async def burst(port, n, max_tokens):
     """`n` requests at once; counts what each got."""
     statuses = []
@@ -301,6 +316,10 @@ def main():
                     help="compute threads per worker (0: cores / workers)")
     ap.add_argument("--compute-priority", default=None, choices=["idle", "normal"],
                     help="the workers' compute threads' class (default: cluster.toml's)")
+    ap.add_argument("--client", default="native", choices=["native", "python"],
+                    help="closed loops by baton-loadgen (native, the default) or by this "
+                         "script's asyncio client (python: ~70 us of CPU per token, taken "
+                         "from the cores the cluster runs on)")
     args = ap.parse_args()
     conc = [int(c) for c in args.concurrency.split(",")]
     try:
@@ -318,8 +337,14 @@ def main():
         points = []
         for c in conc:
             with Cluster(args, workers) as cluster:
-                p = asyncio.run(closed_loop(cluster.port, c, args.warmup, args.duration,
-                                            args.max_tokens))
+                if args.client == "native":
+                    p = closed_loop_native(os.path.join(args.bin, "baton-loadgen"),
+                                           cluster.port, c, args.warmup, args.duration,
+                                           args.max_tokens)
+                else:
+                    p = asyncio.run(closed_loop(cluster.port, c, args.warmup, args.duration,
+                                                args.max_tokens))
+                p["client"] = args.client
                 p["coordinator_peak_rss_mib"] = cluster.peak_rss_mib(cluster.coordinator)
             print(f"    c={c}: {p}", file=sys.stderr)
             points.append(p)

@@ -1,7 +1,9 @@
-//! `baton-loadgen`: open-loop load for a coordinator, measured from the client's side.
+//! `baton-loadgen`: open- or closed-loop load for a coordinator, measured from the
+//! client's side.
 //!
 //! ```text
 //! baton-loadgen PORT RATE REQUESTS MAX_TOKENS [LABEL] [--schedule FILE]
+//! baton-loadgen closed PORT CONCURRENCY WARMUP_S DURATION_S MAX_TOKENS
 //! ```
 //!
 //! Request *i* (a streamed chat completion, greedy, `ignore_eos`) is sent at *i*/RATE
@@ -17,6 +19,18 @@
 //! ttft_p99_ms=…` (the label defaults to `cluster`). `scripts/bench-serving` and
 //! `scripts/bench-checkpoint` use it for the cluster side: a plain blocking client, so
 //! that what is measured is the server's path and not the client's own overhead.
+//!
+//! `closed`: CONCURRENCY clients, each on a thread of its own, each sending its next
+//! request as soon as the last one ends (a 429 or another failure: after 50 ms), for
+//! WARMUP_S + DURATION_S seconds. What arrives inside the last DURATION_S counts: tokens
+//! (content chunks), time to first token (from the request's write, whenever that was),
+//! the gaps between two tokens of a stream, completions and refusals. Prints one JSON
+//! object (`concurrency`, `tok_s`, `ttft_p50_ms`, `ttft_p99_ms`, `itl_p50_ms`,
+//! `itl_p99_ms`, `rejected`, `errors`, `error_statuses`, `completed`) when the window
+//! ends, and exits without waiting for the requests then in flight.
+//! `scripts/bench-load` runs its closed loops with it: on a machine the cluster shares
+//! with its client, a client that spends less per token takes less of the cores it
+//! measures.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -78,7 +92,28 @@ struct Measured {
     tokens: u64,
 }
 
+/// How a request ended: its stream read to the end, or the status of a refusal.
+enum Reply {
+    Streamed(Measured),
+    Status(String),
+}
+
+/// One request, as the open loop counts it: any status but 200 is an error.
 fn one(pool: &Pool, i: usize, max_tokens: u32) -> Result<Measured, String> {
+    match request(pool, i, max_tokens, &mut |_, _| {})? {
+        Reply::Streamed(m) => Ok(m),
+        Reply::Status(status) => Err(format!("request {i}: HTTP {status}")),
+    }
+}
+
+/// Request `i`; `on_text` gets the arrival time of every chunk with text, and the time
+/// the request was written.
+fn request(
+    pool: &Pool,
+    i: usize,
+    max_tokens: u32,
+    on_text: &mut dyn FnMut(Instant, Instant),
+) -> Result<Reply, String> {
     let body = serde_json::json!({
         "model": "bench",
         "messages": [{"role": "user", "content": prompt(i)}],
@@ -121,7 +156,8 @@ fn one(pool: &Pool, i: usize, max_tokens: u32) -> Result<Measured, String> {
         }
     }
     if status != "200" {
-        return Err(format!("request {i}: HTTP {status}"));
+        // The connection is dropped with whatever body it still holds.
+        return Ok(Reply::Status(status));
     }
     let mut measured = Measured {
         ttft: None,
@@ -170,8 +206,12 @@ fn one(pool: &Pool, i: usize, max_tokens: u32) -> Result<Measured, String> {
                             || c["text"].as_str().is_some_and(|t| !t.is_empty())
                     })
                 });
-                if has_text && measured.ttft.is_none() {
-                    measured.ttft = Some(start.elapsed());
+                if has_text {
+                    let now = Instant::now();
+                    on_text(now, start);
+                    if measured.ttft.is_none() {
+                        measured.ttft = Some(now - start);
+                    }
                 }
             }
         }
@@ -182,7 +222,144 @@ fn one(pool: &Pool, i: usize, max_tokens: u32) -> Result<Measured, String> {
     if !close {
         pool.give(conn);
     }
-    Ok(measured)
+    Ok(Reply::Streamed(measured))
+}
+
+/// What the closed loop's clients saw inside the window.
+#[derive(Default)]
+struct Window {
+    tokens: u64,
+    ttft: Vec<f64>,
+    gaps: Vec<f64>,
+    rejected: u64,
+    errors: u64,
+    error_statuses: std::collections::BTreeMap<String, u64>,
+    completed: u64,
+}
+
+/// Nearest-rank percentile in milliseconds (NaN, printed as null, when empty).
+fn percentile(values: &mut [f64], p: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let i = ((p / 100.0) * (values.len() - 1) as f64).round() as usize;
+    Some(values[i.min(values.len() - 1)])
+}
+
+/// `closed PORT CONCURRENCY WARMUP_S DURATION_S MAX_TOKENS` (see the crate docs).
+fn closed(args: &[String]) -> ExitCode {
+    let usage = "usage: baton-loadgen closed PORT CONCURRENCY WARMUP_S DURATION_S MAX_TOKENS";
+    let parsed = (|| {
+        Some((
+            args.first()?.parse::<u16>().ok()?,
+            args.get(1)?.parse::<usize>().ok().filter(|c| *c > 0)?,
+            Duration::try_from_secs_f64(args.get(2)?.parse().ok()?).ok()?,
+            Duration::try_from_secs_f64(args.get(3)?.parse().ok()?)
+                .ok()
+                .filter(|d| !d.is_zero())?,
+            args.get(4)?.parse::<u32>().ok()?,
+        ))
+    })();
+    let Some((port, concurrency, warmup, duration, max_tokens)) = parsed else {
+        eprintln!("{usage}");
+        return ExitCode::from(2);
+    };
+    let pool = Arc::new(Pool {
+        port,
+        idle: Mutex::new(Vec::new()),
+    });
+    for _ in 0..concurrency {
+        match pool.open() {
+            Ok(conn) => pool.give(conn),
+            Err(e) => {
+                eprintln!("cannot connect to 127.0.0.1:{port}: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let t0 = Instant::now();
+    let (start, end) = (t0 + warmup, t0 + warmup + duration);
+    let window = Arc::new(Mutex::new(Window::default()));
+    let counter = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let inside = move |t: Instant| start <= t && t <= end;
+    for _ in 0..concurrency {
+        let (pool, window, counter) = (pool.clone(), window.clone(), counter.clone());
+        std::thread::spawn(move || {
+            while Instant::now() < end {
+                let i = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let mut last: Option<Instant> = None;
+                let mut on_text = |t: Instant, sent: Instant| {
+                    if inside(t) {
+                        let mut w = window.lock().unwrap_or_else(|e| e.into_inner());
+                        w.tokens += 1;
+                        match last {
+                            Some(l) if l >= start => w.gaps.push((t - l).as_secs_f64() * 1e3),
+                            Some(_) => {}
+                            None => w.ttft.push((t - sent).as_secs_f64() * 1e3),
+                        }
+                    }
+                    last = Some(t);
+                };
+                let reply = request(&pool, i, max_tokens, &mut on_text);
+                let now = Instant::now();
+                let mut w = window.lock().unwrap_or_else(|e| e.into_inner());
+                let failed = match reply {
+                    Ok(Reply::Streamed(_)) => {
+                        if inside(now) {
+                            w.completed += 1;
+                        }
+                        false
+                    }
+                    Ok(Reply::Status(status)) if status == "429" => {
+                        if inside(now) {
+                            w.rejected += 1;
+                        }
+                        true
+                    }
+                    Ok(Reply::Status(status)) => {
+                        w.errors += 1;
+                        *w.error_statuses.entry(status).or_default() += 1;
+                        true
+                    }
+                    Err(e) => {
+                        // Connection failures under one key, the first few also told.
+                        if w.errors < 5 {
+                            eprintln!("{e}");
+                        }
+                        w.errors += 1;
+                        *w.error_statuses.entry("transport".into()).or_default() += 1;
+                        true
+                    }
+                };
+                drop(w);
+                if failed {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        });
+    }
+    if let Some(wait) = end.checked_duration_since(Instant::now()) {
+        std::thread::sleep(wait);
+    }
+    let mut w = window.lock().unwrap_or_else(|e| e.into_inner());
+    let w = &mut *w;
+    let out = serde_json::json!({
+        "concurrency": concurrency,
+        "tok_s": w.tokens as f64 / duration.as_secs_f64(),
+        "ttft_p50_ms": percentile(&mut w.ttft, 50.0),
+        "ttft_p99_ms": percentile(&mut w.ttft, 99.0),
+        "itl_p50_ms": percentile(&mut w.gaps, 50.0),
+        "itl_p99_ms": percentile(&mut w.gaps, 99.0),
+        "rejected": w.rejected,
+        "errors": w.errors,
+        "error_statuses": w.error_statuses,
+        "completed": w.completed,
+    });
+    println!("{out}");
+    // The requests still in flight end with the process: their connections close, as a
+    // client that leaves closes them.
+    std::process::exit(0)
 }
 
 /// The schedule file's offsets, or `None` (with a message) when it cannot be used.
@@ -210,6 +387,9 @@ fn schedule(path: &str, requests: usize) -> Option<Vec<Duration>> {
 
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("closed") {
+        return closed(&args[1..]);
+    }
     let usage = "usage: baton-loadgen PORT RATE REQUESTS MAX_TOKENS [LABEL] [--schedule FILE]";
     let schedule_file = match args.iter().position(|a| a == "--schedule") {
         Some(i) if i + 1 < args.len() => {
