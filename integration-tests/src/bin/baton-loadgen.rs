@@ -54,6 +54,22 @@ struct Pool {
 }
 
 impl Pool {
+    /// A pool for `127.0.0.1:port` holding `n` open connections, or why it cannot
+    /// connect.
+    fn warmed(port: u16, n: usize) -> Result<Arc<Pool>, String> {
+        let pool = Arc::new(Pool {
+            port,
+            idle: Mutex::new(Vec::new()),
+        });
+        for _ in 0..n {
+            let conn = pool
+                .open()
+                .map_err(|e| format!("cannot connect to 127.0.0.1:{port}: {e}"))?;
+            pool.give(conn);
+        }
+        Ok(pool)
+    }
+
     fn open(&self) -> std::io::Result<Conn> {
         let stream = TcpStream::connect(("127.0.0.1", self.port))?;
         stream.set_nodelay(true)?;
@@ -265,19 +281,13 @@ fn closed(args: &[String]) -> ExitCode {
         eprintln!("{usage}");
         return ExitCode::from(2);
     };
-    let pool = Arc::new(Pool {
-        port,
-        idle: Mutex::new(Vec::new()),
-    });
-    for _ in 0..concurrency {
-        match pool.open() {
-            Ok(conn) => pool.give(conn),
-            Err(e) => {
-                eprintln!("cannot connect to 127.0.0.1:{port}: {e}");
-                return ExitCode::FAILURE;
-            }
+    let pool = match Pool::warmed(port, concurrency) {
+        Ok(pool) => pool,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
         }
-    }
+    };
     let t0 = Instant::now();
     let (start, end) = (t0 + warmup, t0 + warmup + duration);
     let window = Arc::new(Mutex::new(Window::default()));
@@ -425,19 +435,13 @@ fn main() -> ExitCode {
             .map(|i| Duration::from_secs_f64(i as f64 / rate))
             .collect(),
     };
-    let pool = Arc::new(Pool {
-        port,
-        idle: Mutex::new(Vec::new()),
-    });
-    for _ in 0..WARM_CONNECTIONS {
-        match pool.open() {
-            Ok(conn) => pool.give(conn),
-            Err(e) => {
-                eprintln!("cannot connect to 127.0.0.1:{port}: {e}");
-                return ExitCode::FAILURE;
-            }
+    let pool = match Pool::warmed(port, WARM_CONNECTIONS) {
+        Ok(pool) => pool,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
         }
-    }
+    };
     let t0 = Instant::now();
     let mut threads = Vec::with_capacity(total);
     for (i, offset) in offsets.into_iter().enumerate().take(total) {
