@@ -1235,13 +1235,15 @@ mod tests {
 
     /// The AVX-512 attention gives the AVX2 one's bits: heads in and across its groups
     /// of three, every key count around its blocks of four, head sizes that take the
-    /// 32-value and 16-value passes, strided and offset key rows.
+    /// 32-value and 16-value passes, strided and offset key rows; with f32 keys and
+    /// values and with f16 ones.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_avx512_attention_gives_the_avx2_bits() {
         if !(std::is_x86_feature_detected!("avx512f")
             && std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma"))
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c"))
         {
             eprintln!("skipping: no AVX-512 F here");
             return;
@@ -1285,6 +1287,31 @@ mod tests {
                         bits(&o5),
                         bits(&o2),
                         "outputs: d {d}, {n} heads, {keys} keys"
+                    );
+                    let half = |x: &[f32]| {
+                        x.iter()
+                            .map(|&f| half::f16::from_f32(f))
+                            .collect::<Vec<_>>()
+                    };
+                    let (k16, v16) = (half(&k), half(&v));
+                    // SAFETY: as above.
+                    unsafe {
+                        attend_heads_avx2(
+                            &q, &k16, &v16, keys, stride, off, d, scale, &mut s2, &mut o2,
+                        );
+                        attend_heads_avx512(
+                            &q, &k16, &v16, keys, stride, off, d, scale, &mut s5, &mut o5,
+                        );
+                    }
+                    assert_eq!(
+                        bits(&s5),
+                        bits(&s2),
+                        "f16 weights: d {d}, {n} heads, {keys} keys"
+                    );
+                    assert_eq!(
+                        bits(&o5),
+                        bits(&o2),
+                        "f16 outputs: d {d}, {n} heads, {keys} keys"
                     );
                     checked += 1;
                 }
