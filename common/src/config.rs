@@ -251,8 +251,8 @@ pub struct WorkerConfig {
     /// `f32`.
     pub weights: String,
     /// How the host store keeps keys and values: `f16` (the default; half the memory and
-    /// half the bytes attention reads) or `f32`. Workers that may resume each other's
-    /// streams keep the same type, as they load the same weight format.
+    /// half the bytes attention reads) or `f32`. Part of the model's fingerprint, as the
+    /// weight format is: workers resume each other's streams only with the same one.
     pub kv_dtype: String,
     /// Most sequences running at once.
     pub max_running: u32,

@@ -133,7 +133,8 @@ pub struct ModelInfo {
     pub name: String,
     /// Longest sequence (prompt and output) in tokens.
     pub context_length: u32,
-    /// Hash of weights and tokenizer: equal fingerprints, equal model.
+    /// Hash of weights, tokenizer and the arithmetic they run with (weight format, KV
+    /// cache type): equal fingerprints, equal model, computed the same way.
     pub fingerprint: u64,
 }
 

@@ -10,7 +10,7 @@ use baton_worker::{
         llama::{
             load::load_llama,
             synthetic::{write_synthetic_llama, SyntheticSpec},
-            Llama, SeqInput, WeightDtype,
+            KvDtype, Llama, SeqInput, WeightDtype,
         },
         Engine, EngineError, FinishReason, GenerateParams, Prompt, TokenEvent,
     },
@@ -190,6 +190,37 @@ fn untied_and_quantized_models_load_and_run() {
         assert_eq!(out[0].len(), 320);
         assert!(out[0].iter().all(|v| v.is_finite()), "{ty:?}");
     }
+}
+
+/// The fingerprint, root of every stream's hash chain, names the arithmetic too: the
+/// same file and settings give the same one, another weight format or (on the host path)
+/// another KV cache type another one, so that a worker never takes over a stream it
+/// would continue differently.
+#[test]
+fn fingerprints_name_the_weights_and_their_arithmetic() {
+    let dir = TempDir::new().expect("tempdir");
+    let path = tiny(&dir, &SyntheticSpec::tiny(5));
+    let load = |dtype: WeightDtype, kv: KvDtype| {
+        let mut engine = Engine::<B>::load(&path, dtype, &Default::default()).expect("load");
+        engine.set_kv_dtype(kv);
+        engine.fingerprint()
+    };
+    let base = load(WeightDtype::NativeI16, KvDtype::F16);
+    assert_eq!(base, load(WeightDtype::NativeI16, KvDtype::F16));
+    assert_ne!(base, load(WeightDtype::NativeI16, KvDtype::F32));
+    assert_ne!(base, load(WeightDtype::Native, KvDtype::F16));
+    assert_ne!(base, load(WeightDtype::F32, KvDtype::F16));
+    // The burn path keeps f32 tensors whatever the setting.
+    assert_eq!(
+        load(WeightDtype::F32, KvDtype::F16),
+        load(WeightDtype::F32, KvDtype::F32)
+    );
+    // Setting the type back gives the first fingerprint again.
+    let mut engine =
+        Engine::<B>::load(&path, WeightDtype::NativeI16, &Default::default()).expect("load");
+    engine.set_kv_dtype(KvDtype::F32);
+    engine.set_kv_dtype(KvDtype::F16);
+    assert_eq!(engine.fingerprint(), base);
 }
 
 #[test]

@@ -191,8 +191,11 @@ pub struct Engine<B: Backend> {
     /// Tokens that end a completion: the model's EOS and the end-of-turn tokens its
     /// vocabulary defines.
     end_tokens: Vec<u32>,
-    /// Hash of the weight file and tokenizer; two workers agree on a stream's state only
-    /// when their fingerprints are equal.
+    /// Hash of the weight file and tokenizer.
+    weights_fingerprint: u64,
+    /// How the weights are kept in memory.
+    weights: WeightDtype,
+    /// [`Engine::fingerprint`].
     fingerprint: u64,
     /// Keys and values of prompt blocks kept across sequences (disabled until
     /// [`Engine::set_prefix_cache`] gives it a budget). Behind a lock because
@@ -200,6 +203,19 @@ pub struct Engine<B: Backend> {
     prefix: Mutex<PrefixCache>,
     /// Most tokens one step runs (0: no limit); see [`Engine::set_step_tokens`].
     step_tokens: AtomicUsize,
+}
+
+/// [`Engine::fingerprint`] from the hash of the weight file and tokenizer.
+fn numerics_fingerprint<B: Backend>(weights: u64, dtype: WeightDtype, model: &Llama<B>) -> u64 {
+    let kv = if model.host_path() {
+        model.kv_dtype().to_string()
+    } else {
+        "tensors".into()
+    };
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    hasher.update(&weights.to_le_bytes());
+    hasher.update(format!("weights={dtype} kv={kv}").as_bytes());
+    hasher.digest()
 }
 
 impl<B: Backend> Engine<B> {
@@ -239,12 +255,16 @@ impl<B: Backend> Engine<B> {
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
         hasher.update(gguf.bytes());
         hasher.update(&tokenizer.fingerprint_bytes());
+        let weights_fingerprint = hasher.digest();
+        let fingerprint = numerics_fingerprint(weights_fingerprint, dtype, &model);
         Ok(Self {
             model,
             tokenizer: Arc::new(tokenizer),
             chat,
             end_tokens,
-            fingerprint: hasher.digest(),
+            weights_fingerprint,
+            weights: dtype,
+            fingerprint,
             prefix: Mutex::new(PrefixCache::new(0)),
             step_tokens: AtomicUsize::new(0),
         })
@@ -287,6 +307,8 @@ impl<B: Backend> Engine<B> {
     pub fn set_kv_dtype(&mut self, dtype: KvDtype) {
         if dtype != self.model.kv_dtype() {
             self.model.set_kv_dtype(dtype);
+            self.fingerprint =
+                numerics_fingerprint(self.weights_fingerprint, self.weights, &self.model);
             let budget = self.prefix_cache().budget();
             *self.prefix_cache() = PrefixCache::new(budget);
         }
@@ -302,7 +324,10 @@ impl<B: Backend> Engine<B> {
         &self.tokenizer
     }
 
-    /// The model fingerprint (weights and tokenizer).
+    /// The model fingerprint: the weight file and tokenizer, and the arithmetic they run
+    /// with (the weights' format in memory; on the host path, the KV cache's type). The
+    /// root of every stream's hash chain: two workers agree on a stream's state, and one
+    /// takes over the other's stream, only when their fingerprints are equal.
     pub fn fingerprint(&self) -> u64 {
         self.fingerprint
     }

@@ -17,11 +17,11 @@ use half::f16;
 ///
 /// f16 is what llama.cpp and the GPU servers keep by default: each key and value is
 /// rounded once, when stored, and widened exactly when read; every sum stays f32. On
-/// the default model the logits then move by up to ~1e-2 from an f32 store, and match
-/// a reference that rounds its cache the same way to ~1e-4 (`worker/tests/reference.rs`).
-/// Workers that may take over each other's streams must keep the same type, as they
-/// must load the same weight format: a resumed stream continues the same text only on
-/// the same arithmetic.
+/// the default model the logits then move by up to ~1.3e-2 from an f32 store, with the
+/// same greedy tokens on the reference cases (`worker/tests/reference.rs`). The type is
+/// part of the engine's fingerprint, the root of every stream's hash chain: a worker
+/// keeping the other type refuses to resume a stream, as one with another weight format
+/// does, since it would not continue the same text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KvDtype {
     /// IEEE half precision: half the bytes of f32.
