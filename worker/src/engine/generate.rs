@@ -309,8 +309,8 @@ impl<B: Backend> Engine<B> {
             self.model.set_kv_dtype(dtype);
             self.fingerprint =
                 numerics_fingerprint(self.weights_fingerprint, self.weights, &self.model);
-            let budget = self.prefix_cache().budget();
-            *self.prefix_cache() = PrefixCache::new(budget);
+            let mut prefix = self.prefix_cache();
+            *prefix = PrefixCache::new(prefix.budget());
         }
     }
 

@@ -42,29 +42,30 @@ fn quant<B: Backend>(l: &Linear<B>) -> Option<&QMatrix> {
     }
 }
 
-/// Sum of `a[i]·b[i]`, in eight lanes (vectorised by the compiler).
+/// Sum of `a[i]·b[i]`, in eight lanes (vectorised by the compiler); `b` may be keys
+/// kept as f16, widened as they are read.
 #[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+fn dot<E: KvElem>(a: &[f32], b: &[E]) -> f32 {
     let mut lanes = [0.0f32; 8];
     let mut ca = a.chunks_exact(8);
     let mut cb = b.chunks_exact(8);
     for (x, y) in (&mut ca).zip(&mut cb) {
         for i in 0..8 {
-            lanes[i] += x[i] * y[i];
+            lanes[i] += x[i] * y[i].to_f32();
         }
     }
     let mut tail = 0.0f32;
     for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
-        tail += x * y;
+        tail += x * y.to_f32();
     }
     lanes.iter().sum::<f32>() + tail
 }
 
-/// `y ← y + a·x`.
+/// `y ← y + a·x`, `x` widened as it is read.
 #[inline]
-fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+fn axpy<E: KvElem>(y: &mut [f32], a: f32, x: &[E]) {
     for (y, x) in y.iter_mut().zip(x) {
-        *y += a * x;
+        *y += a * x.to_f32();
     }
 }
 
@@ -98,15 +99,8 @@ pub(crate) fn attend_head<E: KvElem>(
     let d = q.len();
     let scores = &mut scores[..keys];
     let mut max = f32::NEG_INFINITY;
-    let mut row = vec![0.0f32; d];
-    let widen = |src: &[E], row: &mut [f32]| {
-        for (r, &x) in row.iter_mut().zip(src) {
-            *r = x.to_f32();
-        }
-    };
     for (t, s) in scores.iter_mut().enumerate() {
-        widen(&k[t * stride + off..t * stride + off + d], &mut row);
-        *s = dot(q, &row) * scale;
+        *s = dot(q, &k[t * stride + off..t * stride + off + d]) * scale;
         max = max.max(*s);
     }
     let mut sum = 0.0f32;
@@ -116,8 +110,7 @@ pub(crate) fn attend_head<E: KvElem>(
     }
     out.fill(0.0);
     for (t, &p) in scores.iter().enumerate() {
-        widen(&v[t * stride + off..t * stride + off + d], &mut row);
-        axpy(out, p, &row);
+        axpy(out, p, &v[t * stride + off..t * stride + off + d]);
     }
     let inv = 1.0 / sum;
     for o in out.iter_mut() {
