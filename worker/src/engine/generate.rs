@@ -522,6 +522,12 @@ impl<B: Backend> Engine<B> {
                 }
             }
         }
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            // The forward pass's rows: one per generating sequence, the rest prompts'.
+            let rows: usize = runs.iter().map(|r| r.1).sum();
+            let prompts = runs.iter().filter(|r| r.1 > 1).count();
+            tracing::debug!(rows, generating, prompts, "forward");
+        }
         let mut logits = {
             let mut inputs: Vec<SeqInput<'_, B>> = Vec::with_capacity(runs.len());
             let mut rest: Vec<Option<&mut Sequence<B>>> =

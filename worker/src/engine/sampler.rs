@@ -198,6 +198,30 @@ fn descending(v: f32) -> u32 {
 /// at a fraction of the time. Greedy decoding runs this once a sequence a step on the
 /// engine thread, while the compute threads wait.
 pub fn argmax(logits: &[f32]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512 F (checked just above).
+        return unsafe { argmax_avx512(logits) };
+    }
+    argmax_lanes(logits)
+}
+
+/// [`argmax`] compiled for AVX-512: the same lanes and comparisons in one register
+/// (about 3 µs for the default model's 49,152 logits, against about 20 with the
+/// baseline's 128-bit vectors: a step of 16 sequences draws 16 of them in turn).
+///
+/// # Safety
+/// Needs AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn argmax_avx512(logits: &[f32]) -> u32 {
+    argmax_lanes(logits)
+}
+
+/// [`argmax`] on sixteen independent lanes, each keeping its first largest value; the
+/// same result for any vector width the compiler picks.
+#[inline(always)]
+fn argmax_lanes(logits: &[f32]) -> u32 {
     const LANES: usize = 16;
     let mut best = [f32::NEG_INFINITY; LANES];
     let mut at = [0u32; LANES];
@@ -275,7 +299,11 @@ mod tests {
                         r => (r % 7) as f32 - 3.0,
                     })
                     .collect();
-                assert_eq!(argmax(&logits), argmax_by_scan(&logits), "{len}, {round}");
+                let want = argmax_by_scan(&logits);
+                // The dispatched version (AVX-512 where the CPU has it) and the
+                // baseline build of the same lanes.
+                assert_eq!(argmax(&logits), want, "{len}, {round}");
+                assert_eq!(argmax_lanes(&logits), want, "{len}, {round}");
             }
         }
         assert_eq!(argmax(&[f32::NAN, f32::NEG_INFINITY, f32::NAN]), 0);

@@ -6,7 +6,6 @@
 //! host store of each sequence's [`KvCache`]. Only the logits become a tensor.
 
 use burn_tensor::backend::Backend;
-use rayon::prelude::*;
 
 use super::{
     attention::SeqSpan,
@@ -14,7 +13,7 @@ use super::{
     linear::Linear,
     model::{Embedding, Llama},
     qmatmul::{Prepared, QMatrix},
-    team::{Counters, Shared, SpinBarrier},
+    team::{Counters, Latch, Shared, SpinBarrier},
 };
 
 /// One block's weights, all in block form.
@@ -721,6 +720,12 @@ impl<B: Backend> Llama<B> {
     /// less than the threads waiting for each other five times a layer). Any other step
     /// runs as one parallel region over the pool ([`Llama::forward_rows`]). A row's
     /// arithmetic is the same either way, so its results are too.
+    ///
+    /// In a split step a thread that is through its layers goes straight on to the
+    /// output projection of its own sequences, in chunks of vocabulary rows, then takes
+    /// the chunks left of the other threads' sequences once theirs are through: the
+    /// threads rarely end their layers together (the machine slows one or the other),
+    /// and the projection, a fifth of a step's multiply-adds, fills the wait.
     pub(crate) fn forward_host(
         &self,
         w: &HostWeights<'_>,
@@ -732,11 +737,16 @@ impl<B: Backend> Llama<B> {
         let Some(groups) = split_by_sequence(spans, threads) else {
             return self.forward_rows_any(w, ids, spans, caches, true, true).0;
         };
+        let vocab = w.lm_head.rows();
+        let mut logits = vec![0.0f32; spans.len() * vocab];
         let mut parts = Vec::with_capacity(groups.len());
         let mut rest: &mut [&mut KvCache<B>] = caches;
+        let mut rest_logits: &mut [f32] = &mut logits;
         for g in groups {
             let (mine, tail) = std::mem::take(&mut rest).split_at_mut(g.len());
             rest = tail;
+            let (logs, tail) = std::mem::take(&mut rest_logits).split_at_mut(g.len() * vocab);
+            rest_logits = tail;
             let first = spans[g.start].row;
             let last = &spans[g.end - 1];
             let own: Vec<SeqSpan> = spans[g.clone()]
@@ -746,14 +756,48 @@ impl<B: Backend> Llama<B> {
                     ..*s
                 })
                 .collect();
-            parts.push((&ids[first..last.row + last.len], own, mine));
+            parts.push(SplitPart {
+                ids: &ids[first..last.row + last.len],
+                spans: own,
+                caches: std::sync::Mutex::new(Some(mine)),
+                logits: Shared::new(logs),
+                last: Latch::default(),
+            });
         }
-        let lasts: Vec<(Vec<f32>, Vec<bool>)> = parts
-            .into_par_iter()
-            .map(|(ids, spans, caches)| self.forward_rows_any(w, ids, &spans, caches, false, false))
-            .collect();
-        let (last, last_int): (Vec<Vec<f32>>, Vec<Vec<bool>>) = lasts.into_iter().unzip();
-        self.output(w, &last.concat(), &last_int.concat())
+        let counters = Counters::new(parts.len());
+        let eps = self.norm.eps;
+        rayon::broadcast(|ctx| {
+            let t = ctx.index();
+            if let Some(part) = parts.get(t) {
+                let _guard = part.last.guard();
+                let caches = part.caches.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(caches) = caches {
+                    let done =
+                        self.forward_rows_any(w, part.ids, &part.spans, caches, false, false);
+                    part.last.set(done);
+                }
+            }
+            let (mut h, mut prep, mut tile, mut yt, mut tt) = Default::default();
+            for k in 0..parts.len() {
+                let g = (t + k) % parts.len();
+                let part = &parts[g];
+                let (last, last_int) = part.last.wait();
+                let scratch = (&mut h, &mut prep, &mut tile, &mut yt, &mut tt);
+                output_part(
+                    w,
+                    eps,
+                    last,
+                    last_int,
+                    &counters,
+                    g,
+                    threads,
+                    &part.logits,
+                    scratch,
+                );
+            }
+        });
+        drop(parts);
+        logits
     }
 
     /// The forward pass of `ids` as one region: on every thread of the rayon pool
@@ -1016,25 +1060,18 @@ impl<B: Backend> Llama<B> {
         }
         (last, last_int)
     }
+}
 
-    /// The output projection of `last` (the last row of every sequence, `[nseq,
-    /// hidden]`, before the final norm; `last_int` marks the generated ones) on every
-    /// thread of the rayon pool: logits `[nseq, vocab]`.
-    fn output(&self, w: &HostWeights<'_>, last: &[f32], last_int: &[bool]) -> Vec<f32> {
-        let mut logits = vec![0.0f32; last_int.len() * w.lm_head.rows()];
-        let logs = Shared::new(&mut logits);
-        let threads = rayon::current_num_threads();
-        let counters = Counters::new(1);
-        rayon::broadcast(|_| {
-            let (mut h, mut prep, mut tile, mut yt, mut tt) = Default::default();
-            let scratch = (&mut h, &mut prep, &mut tile, &mut yt, &mut tt);
-            let eps = self.norm.eps;
-            output_part(
-                w, eps, last, last_int, &counters, 0, threads, &logs, scratch,
-            );
-        });
-        logits
-    }
+/// One thread's share of a step split by sequence ([`Llama::forward_host`]): its
+/// tokens and spans (rows counted from its first), its sequences' caches (taken by the
+/// thread that runs it), its rows of the logits, and the last hidden row of each of its
+/// sequences with which rows are generated tokens, once its layers are through.
+struct SplitPart<'a, 'c, B: Backend> {
+    ids: &'a [i32],
+    spans: Vec<SeqSpan>,
+    caches: std::sync::Mutex<Option<&'a mut [&'c mut KvCache<B>]>>,
+    logits: Shared<'a>,
+    last: Latch<(Vec<f32>, Vec<bool>)>,
 }
 
 /// A thread's buffers for [`output_part`]: the normalised rows, their preparation, the

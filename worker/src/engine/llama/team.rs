@@ -77,6 +77,69 @@ impl Drop for PanicGuard<'_> {
     }
 }
 
+/// A value one thread of a region sets once and the others wait for, spinning, then
+/// yielding (as [`SpinBarrier`] waits).
+///
+/// If the setting thread panics before it sets the value, its [`LatchGuard`] poisons
+/// the latch and the waiting threads panic instead of waiting forever.
+pub(crate) struct Latch<T> {
+    value: std::sync::OnceLock<T>,
+    poisoned: AtomicBool,
+}
+
+impl<T> Default for Latch<T> {
+    fn default() -> Self {
+        Self {
+            value: std::sync::OnceLock::new(),
+            poisoned: AtomicBool::new(false),
+        }
+    }
+}
+
+impl<T> Latch<T> {
+    /// Sets the value (a second set is ignored).
+    pub(crate) fn set(&self, value: T) {
+        let _ = self.value.set(value);
+    }
+
+    /// The value, once it is set.
+    pub(crate) fn wait(&self) -> &T {
+        let mut spins = 0u32;
+        loop {
+            if let Some(v) = self.value.get() {
+                return v;
+            }
+            assert!(
+                !self.poisoned.load(Ordering::Relaxed),
+                "the thread that owed this value panicked"
+            );
+            if spins < SPINS_BEFORE_YIELD {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// A guard for the thread that sets the value: it poisons the latch if the thread
+    /// unwinds first.
+    pub(crate) fn guard(&self) -> LatchGuard<'_, T> {
+        LatchGuard(self)
+    }
+}
+
+/// Poisons its latch when dropped during a panic.
+pub(crate) struct LatchGuard<'a, T>(&'a Latch<T>);
+
+impl<T> Drop for LatchGuard<'_, T> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.poisoned.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Work counters, one per phase of a region: threads take items with [`Counters::next`]
 /// until the phase's items are gone.
 pub(crate) struct Counters(Vec<AtomicUsize>);
@@ -167,5 +230,34 @@ mod tests {
             }
         });
         assert!(buf.iter().all(|&v| v == 64.0));
+    }
+
+    #[test]
+    fn a_latch_hands_its_value_to_every_thread() {
+        let latch = Latch::default();
+        let seen = AtomicUsize::new(0);
+        rayon::broadcast(|ctx| {
+            if ctx.index() == 0 {
+                let _guard = latch.guard();
+                latch.set(41usize);
+            }
+            seen.fetch_add(*latch.wait(), Ordering::Relaxed);
+        });
+        assert_eq!(seen.into_inner(), 41 * rayon::current_num_threads());
+    }
+
+    #[test]
+    fn a_latch_whose_owner_panics_fails_its_waiters() {
+        let latch = Latch::<u32>::default();
+        let owner = std::thread::scope(|s| {
+            s.spawn(|| {
+                let _guard = latch.guard();
+                panic!("the owner fails before it sets the value");
+            })
+            .join()
+        });
+        assert!(owner.is_err());
+        let waiter = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| *latch.wait()));
+        assert!(waiter.is_err(), "a waiter must not wait forever");
     }
 }
