@@ -7,6 +7,8 @@
 
 use burn_tensor::backend::Backend;
 
+use crate::engine::sampler::{first_max, merge_first_max};
+
 use super::{
     attention::SeqSpan,
     cache::{KvCache, KvDtype, KvElem},
@@ -732,21 +734,30 @@ impl<B: Backend> Llama<B> {
         ids: &[i32],
         spans: &[SeqSpan],
         caches: &mut [&mut KvCache<B>],
-    ) -> Vec<f32> {
+    ) -> HostLogits {
         let threads = rayon::current_num_threads();
         let Some(groups) = split_by_sequence(spans, threads) else {
-            return self.forward_rows_any(w, ids, spans, caches, true, true).0;
+            let out = self.forward_rows_any(w, ids, spans, caches, true, true);
+            return HostLogits {
+                logits: out.values,
+                argmax: out.argmax,
+            };
         };
         let vocab = w.lm_head.rows();
+        let chunks = vocab.div_ceil(chunk_size(vocab, threads));
         let mut logits = vec![0.0f32; spans.len() * vocab];
+        let mut maxima = vec![None; spans.len() * chunks];
         let mut parts = Vec::with_capacity(groups.len());
         let mut rest: &mut [&mut KvCache<B>] = caches;
         let mut rest_logits: &mut [f32] = &mut logits;
+        let mut rest_maxima: &mut [ChunkMax] = &mut maxima;
         for g in groups {
             let (mine, tail) = std::mem::take(&mut rest).split_at_mut(g.len());
             rest = tail;
             let (logs, tail) = std::mem::take(&mut rest_logits).split_at_mut(g.len() * vocab);
             rest_logits = tail;
+            let (maxs, tail) = std::mem::take(&mut rest_maxima).split_at_mut(g.len() * chunks);
+            rest_maxima = tail;
             let first = spans[g.start].row;
             let last = &spans[g.end - 1];
             let own: Vec<SeqSpan> = spans[g.clone()]
@@ -761,6 +772,7 @@ impl<B: Backend> Llama<B> {
                 spans: own,
                 caches: std::sync::Mutex::new(Some(mine)),
                 logits: Shared::new(logs),
+                maxima: Shared::new(maxs),
                 last: Latch::default(),
             });
         }
@@ -774,7 +786,7 @@ impl<B: Backend> Llama<B> {
                 if let Some(caches) = caches {
                     let done =
                         self.forward_rows_any(w, part.ids, &part.spans, caches, false, false);
-                    part.last.set(done);
+                    part.last.set((done.values, done.last_int));
                 }
             }
             let (mut h, mut prep, mut tile, mut yt, mut tt) = Default::default();
@@ -791,13 +803,16 @@ impl<B: Backend> Llama<B> {
                     &counters,
                     g,
                     threads,
-                    &part.logits,
+                    (&part.logits, &part.maxima),
                     scratch,
                 );
             }
         });
         drop(parts);
-        logits
+        HostLogits {
+            logits,
+            argmax: merge_maxima(&maxima, chunks),
+        }
     }
 
     /// The forward pass of `ids` as one region: on every thread of the rayon pool
@@ -819,7 +834,7 @@ impl<B: Backend> Llama<B> {
         caches: &mut [&mut KvCache<B>],
         pool: bool,
         with_output: bool,
-    ) -> (Vec<f32>, Vec<bool>) {
+    ) -> RowsOut {
         match caches.first().map(|c| c.kv_dtype()).unwrap_or_default() {
             KvDtype::F16 => {
                 self.forward_rows::<half::f16>(w, ids, spans, caches, pool, with_output)
@@ -838,7 +853,7 @@ impl<B: Backend> Llama<B> {
         caches: &mut [&mut KvCache<B>],
         pool: bool,
         with_output: bool,
-    ) -> (Vec<f32>, Vec<bool>) {
+    ) -> RowsOut {
         let c = &self.config;
         let (hidden, heads, kvh, d, ffn) = (c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn);
         let (qd, kvd) = (heads * d, kvh * d);
@@ -891,6 +906,13 @@ impl<B: Backend> Llama<B> {
         let mut att = vec![0.0f32; rows * qd];
         let mut act = vec![0.0f32; rows * ffn];
         let mut logits = vec![0.0f32; if with_output { nseq * vocab } else { 0 }];
+        let threads = if pool {
+            rayon::current_num_threads()
+        } else {
+            1
+        };
+        let chunks = vocab.div_ceil(chunk_size(vocab, threads));
+        let mut maxima: Vec<ChunkMax> = vec![None; if with_output { nseq * chunks } else { 0 }];
         let (xs, qs, atts, acts, logs) = (
             Shared::new(&mut x),
             Shared::new(&mut q),
@@ -898,11 +920,7 @@ impl<B: Backend> Llama<B> {
             Shared::new(&mut act),
             Shared::new(&mut logits),
         );
-        let threads = if pool {
-            rayon::current_num_threads()
-        } else {
-            1
-        };
+        let maxs = Shared::new(&mut maxima);
         let barrier = SpinBarrier::new(threads);
         let counters = Counters::new(layers * 5 + 1);
         let rope = &self.rope;
@@ -1041,7 +1059,15 @@ impl<B: Backend> Llama<B> {
                 }
                 let scratch = (&mut h, &mut xsum, &mut tile, &mut yt, &mut tt);
                 output_part(
-                    w, eps, &last, &last_int, &counters, phase, threads, &logs, scratch,
+                    w,
+                    eps,
+                    &last,
+                    &last_int,
+                    &counters,
+                    phase,
+                    threads,
+                    (&logs, &maxs),
+                    scratch,
                 );
             }
         };
@@ -1052,25 +1078,35 @@ impl<B: Backend> Llama<B> {
         }
         drop(kv);
         if with_output {
-            return (logits, last_int);
+            return RowsOut {
+                values: logits,
+                argmax: merge_maxima(&maxima, chunks),
+                last_int,
+            };
         }
         let mut last = Vec::with_capacity(nseq * hidden);
         for &r in &last_rows {
             last.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
         }
-        (last, last_int)
+        RowsOut {
+            values: last,
+            last_int,
+            argmax: Vec::new(),
+        }
     }
 }
 
 /// One thread's share of a step split by sequence ([`Llama::forward_host`]): its
 /// tokens and spans (rows counted from its first), its sequences' caches (taken by the
 /// thread that runs it), its rows of the logits, and the last hidden row of each of its
-/// sequences with which rows are generated tokens, once its layers are through.
+/// sequences with which rows are generated tokens, once its layers are through; its
+/// rows of the chunk maxima.
 struct SplitPart<'a, 'c, B: Backend> {
     ids: &'a [i32],
     spans: Vec<SeqSpan>,
     caches: std::sync::Mutex<Option<&'a mut [&'c mut KvCache<B>]>>,
     logits: Shared<'a>,
+    maxima: Shared<'a, ChunkMax>,
     last: Latch<(Vec<f32>, Vec<bool>)>,
 }
 
@@ -1086,7 +1122,9 @@ type OutputScratch<'a> = (
 
 /// One thread's part of the output projection: the final norm of `last` (every
 /// thread normalises all of it into its own buffer), then chunks of vocabulary rows
-/// claimed from `phase`'s counter, written into `logs` `[nseq, vocab]`.
+/// claimed from `phase`'s counter, written into `logs` `[nseq, vocab]`, each chunk's
+/// largest logit of each row into `maxs` `[nseq, chunks]` while the chunk is in cache
+/// (greedy decoding then needs no pass over the logits: [`merge_maxima`]).
 #[allow(clippy::too_many_arguments)]
 fn output_part(
     w: &HostWeights<'_>,
@@ -1096,9 +1134,11 @@ fn output_part(
     counters: &Counters,
     phase: usize,
     threads: usize,
-    logs: &Shared<'_>,
+    (logs, maxs): (&Shared<'_>, &Shared<'_, ChunkMax>),
     (h, prep, tile, yt, tt): OutputScratch<'_>,
 ) {
+    let size = chunk_size(w.lm_head.rows(), threads);
+    let chunks = w.lm_head.rows().div_ceil(size);
     let nseq = last_int.len();
     let vocab = w.lm_head.rows();
     h.resize(last.len(), 0.0);
@@ -1109,10 +1149,50 @@ fn output_part(
         w.lm_head.product_rows(h, nseq, prep, r0, r1, tile, yt);
         transpose(yt, r1 - r0, nseq, tt);
         for (s, t) in tt.chunks_exact(r1 - r0).enumerate() {
-            // SAFETY: vocabulary rows r0..r1 belong to the chunk this thread claimed.
+            // SAFETY: vocabulary rows r0..r1, chunk r0 / size, belong to the chunk this
+            // thread claimed.
             unsafe { logs.get_mut(s * vocab + r0..s * vocab + r1) }.copy_from_slice(t);
+            let at = s * chunks + r0 / size;
+            let found = first_max(t).map(|(v, i)| (v, i + r0 as u32));
+            let slot = unsafe { maxs.get_mut(at..at + 1) };
+            slot[0] = found;
         }
     }
+}
+
+/// Rows of a [`chunk`] of `total`.
+fn chunk_size(total: usize, threads: usize) -> usize {
+    total.div_ceil(threads.max(1) * 8).next_multiple_of(6)
+}
+
+/// The largest logit of one chunk of vocabulary rows of one sequence and its index
+/// ([`first_max`]); `None` when none is above −∞.
+type ChunkMax = Option<(f32, u32)>;
+
+/// Each sequence's greedy token from its chunks' maxima `[nseq, chunks]`: what
+/// [`crate::engine::sampler::argmax`] of its whole row of logits gives.
+fn merge_maxima(maxima: &[ChunkMax], chunks: usize) -> Vec<u32> {
+    maxima
+        .chunks_exact(chunks)
+        .map(|row| merge_first_max(row.iter().copied()))
+        .collect()
+}
+
+/// What [`Llama::forward_rows_any`] gives: the logits (with the output projection) or
+/// the last row of every sequence before the final norm (without), which of those
+/// rows are generated tokens, and (with the output projection) each sequence's
+/// greedy token.
+struct RowsOut {
+    values: Vec<f32>,
+    last_int: Vec<bool>,
+    argmax: Vec<u32>,
+}
+
+/// The logits of a host forward pass, `[sequences × vocab]` row-major, and the index
+/// of each row's largest logit (the lowest among equals): what greedy decoding takes.
+pub(crate) struct HostLogits {
+    pub(crate) logits: Vec<f32>,
+    pub(crate) argmax: Vec<u32>,
 }
 
 /// Generated tokens a thread takes, at least, when a step is split by sequence (see
@@ -1147,7 +1227,7 @@ fn chunk(
     total: usize,
     threads: usize,
 ) -> Option<(usize, usize)> {
-    let size = total.div_ceil(threads.max(1) * 8).next_multiple_of(6);
+    let size = chunk_size(total, threads);
     let item = counters.next(phase, total.div_ceil(size))?;
     Some((item * size, (item * size + size).min(total)))
 }
@@ -1685,6 +1765,73 @@ mod tests {
                         );
                     }
                 }
+            });
+        }
+    }
+
+    /// The argmax the forward pass finds chunk by chunk as it writes the logits is the
+    /// sampler's argmax of each whole row: in a step split by sequence (two and three
+    /// threads), in a step with prompts (one region), and for a single sequence.
+    #[test]
+    fn the_forward_pass_argmax_is_the_samplers() {
+        use crate::engine::sampler::argmax;
+        let (_dir, model) = load(GgmlType::Q4_1, 9, WeightDtype::NativeI16);
+        let vocab = model.config().vocab;
+        let check = |seqs: &mut [SeqInput<'_, B>], what: &str| {
+            let (logits, greedy) = model.forward_greedy(seqs).expect("forward");
+            let greedy = greedy.expect("the host path finds the argmax");
+            assert_eq!(greedy.len(), seqs.len(), "{what}");
+            for (r, row) in logits.chunks_exact(vocab).enumerate() {
+                assert_eq!(greedy[r], argmax(row), "{what}, row {r}");
+            }
+        };
+        for threads in [1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("pool");
+            pool.install(|| {
+                let n = 3 * SPLIT_ROWS + 2;
+                let prompts: Vec<Vec<u32>> = (0..n as u32)
+                    .map(|i| (0..2 + i % 4).map(|k| 3 + 13 * i + k).collect())
+                    .collect();
+                let mut caches: Vec<_> = prompts.iter().map(|_| model.new_cache()).collect();
+                // Prompts of several lengths together: one region.
+                let mut seqs: Vec<SeqInput<'_, B>> = prompts
+                    .iter()
+                    .zip(caches.iter_mut())
+                    .map(|(p, c)| {
+                        c.set_decode_from(p.len());
+                        SeqInput {
+                            tokens: p,
+                            cache: c,
+                        }
+                    })
+                    .collect();
+                check(&mut seqs, &format!("{threads} threads, prompts"));
+                // Then generated tokens only: split by sequence from two threads on.
+                for s in 0..2u32 {
+                    let tokens: Vec<[u32; 1]> = (0..n as u32)
+                        .map(|i| [(17 * i + 5 * s) % 200 + 1])
+                        .collect();
+                    let mut seqs: Vec<SeqInput<'_, B>> = tokens
+                        .iter()
+                        .zip(caches.iter_mut())
+                        .map(|(t, c)| SeqInput {
+                            tokens: t,
+                            cache: c,
+                        })
+                        .collect();
+                    check(&mut seqs, &format!("{threads} threads, step {s}"));
+                }
+                let mut one = model.new_cache();
+                check(
+                    &mut [SeqInput {
+                        tokens: &[7, 8, 9],
+                        cache: &mut one,
+                    }],
+                    &format!("{threads} threads, one sequence"),
+                );
             });
         }
     }

@@ -8,6 +8,7 @@ use super::{
     attention::{Attention, SeqSpan},
     cache::{KvCache, KvDtype},
     config::LlamaConfig,
+    host::HostLogits,
     linear::{to_host, Linear},
     mlp::Mlp,
     qmatmul::QMatrix,
@@ -163,7 +164,7 @@ impl<B: Backend> Llama<B> {
     /// of each sequence's last new token, `[sequences, vocab]`.
     pub fn forward(&self, seqs: &mut [SeqInput<'_, B>]) -> Result<Tensor<B, 2>, ForwardError> {
         Ok(match self.forward_any(seqs)? {
-            Logits::Host(flat) => {
+            Logits::Host(HostLogits { logits: flat, .. }) => {
                 let n = flat.len() / self.config.vocab;
                 Tensor::from_data(TensorData::new(flat, [n, self.config.vocab]), &self.device)
             }
@@ -174,9 +175,20 @@ impl<B: Backend> Llama<B> {
     /// [`Llama::forward`], with the logits on the host: `[sequences × vocab]`, row-major.
     /// The host path hands over its own buffer; nothing is copied.
     pub fn forward_to_host(&self, seqs: &mut [SeqInput<'_, B>]) -> Result<Vec<f32>, ForwardError> {
+        Ok(self.forward_greedy(seqs)?.0)
+    }
+
+    /// [`Llama::forward_to_host`], with the index of each row's largest logit (the
+    /// lowest among equals, what [`crate::engine::sampler::argmax`] gives) where the
+    /// forward pass found it as it wrote the logits (the host path), so that greedy
+    /// decoding need not read them again.
+    pub fn forward_greedy(
+        &self,
+        seqs: &mut [SeqInput<'_, B>],
+    ) -> Result<(Vec<f32>, Option<Vec<u32>>), ForwardError> {
         Ok(match self.forward_any(seqs)? {
-            Logits::Host(flat) => flat,
-            Logits::Device(t) => to_host(t),
+            Logits::Host(HostLogits { logits, argmax }) => (logits, Some(argmax)),
+            Logits::Device(t) => (to_host(t), None),
         })
     }
 
@@ -279,8 +291,8 @@ impl<B: Backend> Llama<B> {
 
 /// Logits where a forward pass left them.
 enum Logits<B: Backend> {
-    /// `[sequences × vocab]`, row-major, from the host path.
-    Host(Vec<f32>),
+    /// `[sequences × vocab]`, row-major, from the host path, with each row's argmax.
+    Host(HostLogits),
     /// `[sequences, vocab]` from the burn path.
     Device(Tensor<B, 2>),
 }
