@@ -988,6 +988,20 @@ impl<B: Backend> Llama<B> {
                     let keys = row_pos[j] + 1;
                     let (ks, vs) = &kv[row_seq[j] * layers + layer];
                     let at = j * qd + hh * d;
+                    // The keys and values of this thread's likely next item (the threads
+                    // take items in turn) on their way into L2 while this one runs: each
+                    // item reads a short run of rows, which the hardware prefetcher picks
+                    // up only once it has started (a step of 16 sequences at 50–130
+                    // positions ran ~10 % faster for it).
+                    let next = item + threads;
+                    if next < rows * items_per_row {
+                        let (nj, ni) = (next / items_per_row, next % items_per_row);
+                        let (nk, nv) = &kv[row_seq[nj] * layers + layer];
+                        let nkeys = row_pos[nj] + 1;
+                        let noff = ni * per_item / group * d;
+                        prefetch_rows(unsafe { nk.get(0..nkeys * kvd) }, kvd, noff, d);
+                        prefetch_rows(unsafe { nv.get(0..nkeys * kvd) }, kvd, noff, d);
+                    }
                     attend_heads(
                         unsafe { qs.get(at..at + per_item * d) },
                         unsafe { ks.get(0..keys * kvd) },
@@ -1158,6 +1172,33 @@ fn output_part(
             slot[0] = found;
         }
     }
+}
+
+/// Asks for `width` elements at `off` of every `stride`-long row of `data` to be
+/// brought into L2 (x86-64; nothing elsewhere).
+fn prefetch_rows<E>(data: &[E], stride: usize, off: usize, width: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        let size = std::mem::size_of::<E>();
+        let base = data.as_ptr().cast::<i8>();
+        let mut row = off * size;
+        let bytes = width * size;
+        while bytes > 0 && row + bytes <= std::mem::size_of_val(data) {
+            let mut b = 0;
+            while b < bytes {
+                // SAFETY: a prefetch never faults; the address is inside `data` anyway.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(base.wrapping_add(row + b)) };
+                b += 64;
+            }
+            // The last byte's line too (a row need not start on a line).
+            // SAFETY: as above.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(base.wrapping_add(row + bytes - 1)) };
+            row += stride * size;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, stride, off, width);
 }
 
 /// Rows of a [`chunk`] of `total`.
