@@ -384,6 +384,7 @@ impl<B: Backend> Engine<B> {
         }
         let mut cache = self.model.new_cache();
         cache.set_decode_from(prompt_ids.len());
+        cache.expect_positions((prompt_ids.len() + params.max_tokens).min(context));
         Ok(Sequence {
             cache,
             pending: prompt_ids.clone(),

@@ -178,6 +178,21 @@ pub(crate) struct HostKv<E> {
     pub(crate) v: Vec<E>,
 }
 
+impl<E: Clone + Default> HostKv<E> {
+    /// Grows both to `len` elements. When that needs a larger allocation, it takes room
+    /// for `expected` elements at once (at least `len`): a vector that doubled as it
+    /// went would copy everything so far each time, and sequences that started together
+    /// would all copy in the same step.
+    pub(crate) fn grow(&mut self, len: usize, expected: usize) {
+        for x in [&mut self.k, &mut self.v] {
+            if x.capacity() < len {
+                x.reserve_exact(expected.max(len) - x.len());
+            }
+            x.resize(len, E::default());
+        }
+    }
+}
+
 /// Keys and values of every layer for the positions a sequence has seen.
 #[derive(Debug, Clone)]
 pub struct KvCache<B: Backend> {
@@ -185,6 +200,8 @@ pub struct KvCache<B: Backend> {
     host: HostStore,
     len: usize,
     decode_from: Option<usize>,
+    /// Positions the sequence is expected to reach ([`KvCache::expect_positions`]).
+    expected: usize,
 }
 
 impl<B: Backend> KvCache<B> {
@@ -198,7 +215,26 @@ impl<B: Backend> KvCache<B> {
             },
             len: 0,
             decode_from: None,
+            expected: 0,
         }
+    }
+
+    /// The positions this sequence will reach at most (its prompt and its token limit,
+    /// within the context): the host store takes room for them the first time it grows,
+    /// instead of doubling (and copying) as it fills. Only what is written is touched.
+    pub fn expect_positions(&mut self, positions: usize) {
+        self.expected = positions;
+    }
+
+    /// See [`KvCache::expect_positions`].
+    pub(crate) fn expected_positions(&self) -> usize {
+        self.expected
+    }
+
+    /// Where layer 0's host keys live and how many elements they have room for.
+    #[cfg(test)]
+    pub(crate) fn host_allocation(&self) -> (usize, usize) {
+        each_store!(&self.host, l => l.first().map_or((0, 0), |kv| (kv.k.as_ptr() as usize, kv.k.capacity())))
     }
 
     /// Marks positions `from..` as generated tokens: with integer-input weights
@@ -307,6 +343,7 @@ impl<B: Backend> KvCache<B> {
         fn push<E: KvElem>(
             host: &mut [HostKv<E>],
             len: usize,
+            expected: usize,
             n: usize,
             take: usize,
             block: &KvBlock,
@@ -324,15 +361,17 @@ impl<B: Backend> KvCache<B> {
             }
             for (layer, chunk) in host.iter_mut().zip(kv.chunks_exact(2 * n * width)) {
                 let (k, v) = chunk.split_at(n * width);
-                layer.k.extend_from_slice(&k[..take * width]);
-                layer.v.extend_from_slice(&v[..take * width]);
+                layer.grow((len + take) * width, expected * width);
+                layer.k[len * width..].copy_from_slice(&k[..take * width]);
+                layer.v[len * width..].copy_from_slice(&v[..take * width]);
             }
             true
         }
         if !self.host_backed() {
             return false;
         }
-        let done = each_store!(&mut self.host, l => push(l, self.len, n, take, block));
+        let done =
+            each_store!(&mut self.host, l => push(l, self.len, self.expected, n, take, block));
         if done {
             self.len += take;
         }

@@ -888,12 +888,12 @@ impl<B: Backend> Llama<B> {
         let longest = spans.iter().map(|s| s.pos + s.len).max().unwrap_or(0);
         // Every layer's cache grows to its new length now; the QKV phase writes into it.
         for (span, cache) in spans.iter().zip(caches.iter_mut()) {
+            let expected = cache.expected_positions() * kvd;
             for kv in cache
                 .host_layers::<E>()
                 .expect("every cache of a step in one KV dtype")
             {
-                kv.k.resize((span.pos + span.len) * kvd, E::default());
-                kv.v.resize((span.pos + span.len) * kvd, E::default());
+                kv.grow((span.pos + span.len) * kvd, expected);
             }
         }
         let kv: Vec<(Shared<'_, E>, Shared<'_, E>)> = caches
@@ -1875,6 +1875,51 @@ mod tests {
                 );
             });
         }
+    }
+
+    /// A cache told how far its sequence will go takes room for it at the first step and
+    /// never moves while it fills (no doubling, no copies mid-stream); one told nothing
+    /// still grows.
+    #[test]
+    fn an_expected_length_is_allocated_once() {
+        let (_dir, model) = load(GgmlType::Q4_1, 3, WeightDtype::NativeI16);
+        let width = model.config().n_kv_heads * model.config().head_dim;
+        let mut told = model.new_cache();
+        told.expect_positions(40);
+        let mut untold = model.new_cache();
+        let prompt: &[u32] = &[5, 6, 7, 8, 9];
+        for c in [&mut told, &mut untold] {
+            c.set_decode_from(prompt.len());
+            run(
+                &model,
+                &mut [SeqInput {
+                    tokens: prompt,
+                    cache: c,
+                }],
+            );
+        }
+        let first = told.host_allocation();
+        assert_eq!(first.1, 40 * width);
+        let mut moved = false;
+        for t in 0..35u32 {
+            run(
+                &model,
+                &mut [SeqInput {
+                    tokens: &[t + 1],
+                    cache: &mut told,
+                }],
+            );
+            run(
+                &model,
+                &mut [SeqInput {
+                    tokens: &[t + 1],
+                    cache: &mut untold,
+                }],
+            );
+            assert_eq!(told.host_allocation(), first, "step {t}");
+            moved |= untold.host_allocation().1 > prompt.len() * width;
+        }
+        assert!(moved, "a cache told nothing grows as it goes");
     }
 
     #[test]
