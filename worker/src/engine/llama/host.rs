@@ -1487,6 +1487,18 @@ mod tests {
         (dir, model)
     }
 
+    /// One generated token for each cache.
+    fn one_each<'a>(tokens: &'a [[u32; 1]], caches: &'a mut [KvCache<B>]) -> Vec<SeqInput<'a, B>> {
+        tokens
+            .iter()
+            .zip(caches.iter_mut())
+            .map(|(t, c)| SeqInput {
+                tokens: t,
+                cache: c,
+            })
+            .collect()
+    }
+
     fn run(model: &Llama<B>, seqs: &mut [SeqInput<'_, B>]) -> Vec<Vec<f32>> {
         Llama::<B>::logits_to_host(model.forward(seqs).expect("forward"))
     }
@@ -1789,14 +1801,7 @@ mod tests {
                 #[allow(clippy::needless_range_loop)] // `s` also makes the tokens
                 for s in 0..3 {
                     let tokens: Vec<[u32; 1]> = (0..n).map(|i| step(i, s)).collect();
-                    let mut seqs: Vec<SeqInput<'_, B>> = tokens
-                        .iter()
-                        .zip(caches.iter_mut())
-                        .map(|(t, c)| SeqInput {
-                            tokens: t,
-                            cache: c,
-                        })
-                        .collect();
+                    let mut seqs = one_each(&tokens, &mut caches);
                     let together = run(&model, &mut seqs);
                     for (i, logits) in together.iter().enumerate() {
                         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -1855,14 +1860,7 @@ mod tests {
                     let tokens: Vec<[u32; 1]> = (0..n as u32)
                         .map(|i| [(17 * i + 5 * s) % 200 + 1])
                         .collect();
-                    let mut seqs: Vec<SeqInput<'_, B>> = tokens
-                        .iter()
-                        .zip(caches.iter_mut())
-                        .map(|(t, c)| SeqInput {
-                            tokens: t,
-                            cache: c,
-                        })
-                        .collect();
+                    let mut seqs = one_each(&tokens, &mut caches);
                     check(&mut seqs, &format!("{threads} threads, step {s}"));
                 }
                 let mut one = model.new_cache();

@@ -14,6 +14,21 @@ use std::{
 /// Spins before a waiting thread starts yielding its core.
 const SPINS_BEFORE_YIELD: u32 = 1 << 14;
 
+/// Waits until `done` holds: spins, then yields its core; panics with `why` once
+/// `poisoned` is set (a thread it waits for panicked) instead of waiting forever.
+fn spin_until(done: impl Fn() -> bool, poisoned: &AtomicBool, why: &str) {
+    let mut spins = 0u32;
+    while !done() {
+        assert!(!poisoned.load(Ordering::Relaxed), "{why}");
+        if spins < SPINS_BEFORE_YIELD {
+            spins += 1;
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
 /// A reusable barrier for a fixed number of threads that spins, then yields.
 ///
 /// If a thread panics inside the region, its [`PanicGuard`] poisons the barrier and
@@ -45,19 +60,11 @@ impl SpinBarrier {
                 .store(gen.wrapping_add(1), Ordering::Release);
             return;
         }
-        let mut spins = 0u32;
-        while self.generation.load(Ordering::Acquire) == gen {
-            assert!(
-                !self.poisoned.load(Ordering::Relaxed),
-                "another thread of the forward pass panicked"
-            );
-            if spins < SPINS_BEFORE_YIELD {
-                spins += 1;
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
+        spin_until(
+            || self.generation.load(Ordering::Acquire) != gen,
+            &self.poisoned,
+            "another thread of the forward pass panicked",
+        );
     }
 
     /// A guard that poisons the barrier if its thread unwinds.
@@ -104,22 +111,12 @@ impl<T> Latch<T> {
 
     /// The value, once it is set.
     pub(crate) fn wait(&self) -> &T {
-        let mut spins = 0u32;
-        loop {
-            if let Some(v) = self.value.get() {
-                return v;
-            }
-            assert!(
-                !self.poisoned.load(Ordering::Relaxed),
-                "the thread that owed this value panicked"
-            );
-            if spins < SPINS_BEFORE_YIELD {
-                spins += 1;
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
+        spin_until(
+            || self.value.get().is_some(),
+            &self.poisoned,
+            "the thread that owed this value panicked",
+        );
+        self.value.get().expect("set, by the wait above")
     }
 
     /// A guard for the thread that sets the value: it poisons the latch if the thread
