@@ -384,7 +384,12 @@ impl<B: Backend> Engine<B> {
         }
         let mut cache = self.model.new_cache();
         cache.set_decode_from(prompt_ids.len());
-        cache.expect_positions((prompt_ids.len() + params.max_tokens).min(context));
+        cache.expect_positions(
+            prompt_ids
+                .len()
+                .saturating_add(params.max_tokens)
+                .min(context),
+        );
         Ok(Sequence {
             cache,
             pending: prompt_ids.clone(),
