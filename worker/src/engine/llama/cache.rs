@@ -5,8 +5,9 @@
 //!
 //! Two stores, one per forward path: burn tensors for weights kept as tensors, and plain
 //! host vectors for weights kept in block form (the host path of
-//! [`super::host`]), where a step appends its keys and values in place (the vectors grow
-//! by doubling, so a step copies nothing that is already cached). The host store keeps
+//! [`super::host`]), where a step appends its keys and values in place (the vectors take
+//! room for the positions their sequence is expected to reach when they first grow, so a
+//! step copies nothing that is already cached). The host store keeps
 //! its elements as [`KvDtype`] says: f16 by default (half the memory, and half the bytes
 //! attention reads at every step), or f32.
 
@@ -405,7 +406,8 @@ impl<B: Backend> KvCache<B> {
     }
 
     /// Bytes held, for KV budgets (the elements of the cached positions; the host
-    /// store's spare capacity, at most as much again, is not counted).
+    /// store's room for the positions still expected is not counted: it is not touched
+    /// until they are written).
     pub fn bytes(&self) -> usize {
         let tensors: usize = self
             .layers

@@ -172,16 +172,11 @@ impl<B: Backend> Llama<B> {
         })
     }
 
-    /// [`Llama::forward`], with the logits on the host: `[sequences × vocab]`, row-major.
-    /// The host path hands over its own buffer; nothing is copied.
-    pub fn forward_to_host(&self, seqs: &mut [SeqInput<'_, B>]) -> Result<Vec<f32>, ForwardError> {
-        Ok(self.forward_greedy(seqs)?.0)
-    }
-
-    /// [`Llama::forward_to_host`], with the index of each row's largest logit (the
-    /// lowest among equals, what [`crate::engine::sampler::argmax`] gives) where the
-    /// forward pass found it as it wrote the logits (the host path), so that greedy
-    /// decoding need not read them again.
+    /// [`Llama::forward`], with the logits on the host: `[sequences × vocab]`, row-major
+    /// (the host path hands over its own buffer; nothing is copied), and the index of
+    /// each row's largest logit (the lowest among equals, what
+    /// [`crate::engine::sampler::argmax`] gives) where the forward pass found it as it
+    /// wrote the logits (the host path), so that greedy decoding need not read them again.
     pub fn forward_greedy(
         &self,
         seqs: &mut [SeqInput<'_, B>],
