@@ -40,7 +40,7 @@ from gguf import GGUFValueType as V
 
 ROWS = 4
 SEED = 20240607
-K_BLOCKS = 4  # super-blocks of 256 values in each K-quant fixture
+K_BLOCKS = 4  # blocks in each random-block fixture (K-quant super-blocks of 256 values)
 
 
 def write_gguf(path: Path, fixture_type: str, tensors: list[tuple[str, np.ndarray, T | None]]) -> None:
@@ -63,12 +63,20 @@ def f16_bytes(values: np.ndarray) -> np.ndarray:
 
 
 def random_k_blocks(rng: np.random.Generator, qtype: T) -> np.ndarray:
-    """Valid K-quant super-blocks from random bytes, with sane f16 scales."""
+    """Valid blocks (K-quant super-blocks, Q5_0 / Q5_1 blocks) from random bytes, with sane
+    f16 scales."""
     _, type_size = gguf.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(K_BLOCKS, type_size), dtype=np.uint8)
     d = f16_bytes(rng.uniform(2e-4, 2e-2, size=K_BLOCKS))
     dmin = f16_bytes(rng.uniform(2e-4, 2e-2, size=K_BLOCKS))
-    if qtype in (T.Q4_K, T.Q5_K):
+    if qtype == T.Q5_0:
+        # Layout: d, qh[4], qs[16].
+        raw[:, 0:2] = d
+    elif qtype == T.Q5_1:
+        # Layout: d, m, qh[4], qs[16].
+        raw[:, 0:2] = d
+        raw[:, 2:4] = dmin
+    elif qtype in (T.Q4_K, T.Q5_K):
         # Layout: d, dmin, scales[12], (qh[32] for Q5_K), qs[128].
         raw[:, 0:2] = d
         raw[:, 2:4] = dmin
@@ -118,11 +126,13 @@ def main() -> None:
         ("q4_k", T.Q4_K, random_k_blocks(rng, T.Q4_K), None, "random blocks"),
         ("q5_k", T.Q5_K, random_k_blocks(rng, T.Q5_K), None, "random blocks"),
         ("q6_k", T.Q6_K, random_k_blocks(rng, T.Q6_K), None, "random blocks"),
+        ("q5_0", T.Q5_0, random_k_blocks(rng, T.Q5_0), None, "random blocks"),
+        ("q5_1", T.Q5_1, random_k_blocks(rng, T.Q5_1), None, "random blocks"),
     ]
 
     manifest = []
     for name, qtype, weight, src, origin in cases:
-        if qtype == T.Q4_K or qtype == T.Q5_K or qtype == T.Q6_K:
+        if qtype in (T.Q4_K, T.Q5_K, T.Q6_K, T.Q5_0, T.Q5_1):
             weight = weight.reshape(2, -1)  # two rows of two super-blocks each
         expected = gguf.quants.dequantize(weight, qtype)
         expected = np.ascontiguousarray(expected, dtype=np.float32)

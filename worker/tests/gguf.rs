@@ -42,7 +42,7 @@ fn kind<T>(r: Result<T, GgufError>) -> &'static str {
 fn fixtures_dequantize_exactly_like_the_reference() {
     let manifest = read_json(&fixtures().join("manifest.json"));
     let entries = manifest.as_array().expect("manifest is a list");
-    assert_eq!(entries.len(), 9);
+    assert_eq!(entries.len(), 11);
     for entry in entries {
         let file = entry["file"].as_str().expect("file");
         let gguf = GgufFile::open(&fixtures().join(file)).expect("fixture opens");

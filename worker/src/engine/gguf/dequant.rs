@@ -154,6 +154,8 @@ impl GgmlType {
                 | GgmlType::Q8_0
                 | GgmlType::Q4_0
                 | GgmlType::Q4_1
+                | GgmlType::Q5_0
+                | GgmlType::Q5_1
                 | GgmlType::Q4K
                 | GgmlType::Q5K
                 | GgmlType::Q6K
@@ -203,6 +205,8 @@ pub fn dequantize_into(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<()
         GgmlType::Q8_0 => drive(bytes, out, bs, bb, blocks(bb, bs, q8_0_block)),
         GgmlType::Q4_0 => drive(bytes, out, bs, bb, blocks(bb, bs, q4_0_block)),
         GgmlType::Q4_1 => drive(bytes, out, bs, bb, blocks(bb, bs, q4_1_block)),
+        GgmlType::Q5_0 => drive(bytes, out, bs, bb, blocks(bb, bs, q5_0_block)),
+        GgmlType::Q5_1 => drive(bytes, out, bs, bb, blocks(bb, bs, q5_1_block)),
         GgmlType::Q4K => drive(bytes, out, bs, bb, blocks(bb, bs, q4_k_block)),
         GgmlType::Q5K => drive(bytes, out, bs, bb, blocks(bb, bs, q5_k_block)),
         GgmlType::Q6K => drive(bytes, out, bs, bb, blocks(bb, bs, q6_k_block)),
@@ -315,6 +319,34 @@ fn q4_1_block(b: &[u8], y: &mut [f32]) {
         lo[j] = f32::from(q & 0x0F) * d + m;
         hi[j] = f32::from(q >> 4) * d + m;
     }
+}
+
+/// The 5-bit values of a `block_q5_0` / `block_q5_1`: low nibbles in `qs` as in Q4_0
+/// (values 0..16 low, 16..32 high), the fifth bits in the little-endian `qh`, bit `j`
+/// for value `j`.
+#[inline]
+fn q5_values(qh: u32, qs: &[u8], mut f: impl FnMut(usize, u8)) {
+    for (j, &q) in qs.iter().enumerate() {
+        let h0 = ((qh >> j) & 1) as u8;
+        let h1 = ((qh >> (j + 16)) & 1) as u8;
+        f(j, (q & 0x0F) | (h0 << 4));
+        f(j + 16, (q >> 4) | (h1 << 4));
+    }
+}
+
+/// `block_q5_0`: d: f16, qh: [u8; 4], qs: [u8; 16]. y = (q − 16)·d.
+fn q5_0_block(b: &[u8], y: &mut [f32]) {
+    let d = half_at(b, 0);
+    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+    q5_values(qh, &b[6..22], |j, q| y[j] = (q as i32 - 16) as f32 * d);
+}
+
+/// `block_q5_1`: d: f16, m: f16, qh: [u8; 4], qs: [u8; 16]. y = q·d + m.
+fn q5_1_block(b: &[u8], y: &mut [f32]) {
+    let d = half_at(b, 0);
+    let m = half_at(b, 2);
+    let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+    q5_values(qh, &b[8..24], |j, q| y[j] = f32::from(q) * d + m);
 }
 
 /// ggml's `get_scale_min_k4`: the 6-bit scale and minimum of sub-block `j` (0..8) packed
