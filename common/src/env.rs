@@ -56,3 +56,9 @@ pub const API_KEY: &str = "BATON_API_KEY";
 pub const LOG: &str = "RUST_LOG";
 /// Log format: `text` (default) or `json`.
 pub const LOG_FORMAT: &str = "BATON_LOG_FORMAT";
+/// Where the scripts keep what they download (wheels, llama.cpp's sources and its
+/// vocabulary tests); `/var/tmp/baton` when unset.
+pub const CACHE: &str = "BATON_CACHE";
+/// When set (as `scripts/test` does), tests that need downloaded files (real models,
+/// llama.cpp's vocabulary tests) fail when the files are absent instead of skipping.
+pub const REQUIRE_DOWNLOADS: &str = "BATON_REQUIRE_DOWNLOADS";

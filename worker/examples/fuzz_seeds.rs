@@ -21,7 +21,7 @@ use baton_common::public::{
 };
 use baton_worker::engine::gguf::{GgmlType, GgufFile, GgufWriter};
 use baton_worker::engine::llama::synthetic::{write_synthetic_llama, SyntheticSpec};
-use baton_worker::engine::llama::LlamaConfig;
+use baton_worker::engine::llama::{Arch, LlamaConfig};
 use baton_worker::engine::tokenizer::Tokenizer;
 
 fn main() -> anyhow::Result<()> {
@@ -50,6 +50,7 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
 /// synthetic tokenizer (288 tokens) and ChatML; and the metadata alone.
 fn gguf_seeds(dir: &Path) -> anyhow::Result<()> {
     let config = LlamaConfig {
+        arch: Arch::Llama,
         n_layers: 1,
         hidden: 32,
         ffn: 32,
@@ -60,6 +61,7 @@ fn gguf_seeds(dir: &Path) -> anyhow::Result<()> {
         context_length: 16,
         rope_theta: 10_000.0,
         rms_eps: 1e-5,
+        rope_scale: 1.0,
     };
     for (ty, untied) in [
         (GgmlType::Q8_0, false),

@@ -10,7 +10,7 @@
 use crate::backend::CpuBackend;
 use crate::engine::chat::{ChatMessage, ChatTemplate};
 use crate::engine::gguf::GgufFile;
-use crate::engine::llama::config::LlamaConfig;
+use crate::engine::llama::preflight::preflight;
 use crate::engine::llama::load::{load_llama, WeightDtype};
 use crate::engine::tokenizer::{StreamDecoder, Tokenizer};
 
@@ -39,9 +39,7 @@ pub fn gguf(data: &[u8]) {
         ];
         let _ = template.render(&messages, true);
     }
-    if let Ok(config) = LlamaConfig::from_gguf(&file) {
-        let _ = config.validate();
-    }
+    let _ = preflight(&file);
     for dtype in [WeightDtype::Native, WeightDtype::F32] {
         let _ = load_llama::<CpuBackend>(&file, dtype, &Default::default(), &mut |_, _| {});
     }

@@ -34,6 +34,15 @@ use crate::engine::gguf::{GgufError, GgufFile, MetaValue};
 const GPT2_PATTERN: &str =
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 
+/// llama.cpp's Llama 3 pattern (`LLAMA_VOCAB_PRE_TYPE_LLAMA3`): case-insensitive
+/// contractions written out, letters with one leading non-letter, digits in runs of at
+/// most three, and newlines kept with the punctuation or whitespace before them.
+const LLAMA3_PATTERN: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// llama.cpp's Qwen2 pattern (`LLAMA_VOCAB_PRE_TYPE_QWEN2`): Llama 3's with every digit
+/// alone.
+const QWEN2_PATTERN: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// Everything that can go wrong building a tokenizer or using it.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
@@ -44,7 +53,10 @@ pub enum TokenizerError {
     #[error("unsupported tokenizer model `{0}` (supported: gpt2)")]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer this code does not implement.
-    #[error("unsupported pre-tokenizer `{0}` (supported: smollm, gpt2, default)")]
+    #[error(
+        "unsupported pre-tokenizer tokenizer.ggml.pre = `{0}` (supported: smollm, gpt2, \
+         gpt-2, llama-bpe, llama3, llama-v3, qwen2, deepseek-r1-qwen, default)"
+    )]
     UnsupportedPre(String),
     /// The vocabulary, token types, merges or special ids are inconsistent.
     #[error("invalid tokenizer vocabulary: {0}")]
@@ -85,8 +97,13 @@ impl TokenizerError {
 pub enum PreTokenizer {
     /// `smollm`: every numeric character (`\p{N}`) alone, then the GPT-2 pattern.
     Smollm,
-    /// `gpt2`: the GPT-2 pattern.
+    /// `gpt2` (also `gpt-2`): the GPT-2 pattern.
     Gpt2,
+    /// `llama-bpe` (also `llama3`, `llama-v3`): Llama 3's pattern; a piece that is a
+    /// whole vocabulary entry is taken as it is, without merges.
+    Llama3,
+    /// `qwen2` (also `deepseek-r1-qwen`): Qwen2's pattern, Qwen2.5 and Qwen3 too.
+    Qwen2,
     /// `default` (also used when the key is absent): llama.cpp's fallback, punctuation runs,
     /// then the GPT-2 pattern, then digit runs, then groups of three ASCII digits.
     Default,
@@ -97,7 +114,9 @@ impl PreTokenizer {
     pub fn from_gguf_name(name: &str) -> Result<Self, TokenizerError> {
         match name {
             "smollm" => Ok(PreTokenizer::Smollm),
-            "gpt2" => Ok(PreTokenizer::Gpt2),
+            "gpt2" | "gpt-2" => Ok(PreTokenizer::Gpt2),
+            "llama-bpe" | "llama3" | "llama-v3" => Ok(PreTokenizer::Llama3),
+            "qwen2" | "deepseek-r1-qwen" => Ok(PreTokenizer::Qwen2),
             "default" => Ok(PreTokenizer::Default),
             other => Err(TokenizerError::UnsupportedPre(other.to_owned())),
         }
@@ -108,8 +127,16 @@ impl PreTokenizer {
         match self {
             PreTokenizer::Smollm => "smollm",
             PreTokenizer::Gpt2 => "gpt2",
+            PreTokenizer::Llama3 => "llama-bpe",
+            PreTokenizer::Qwen2 => "qwen2",
             PreTokenizer::Default => "default",
         }
+    }
+
+    /// Whether a piece that is itself in the vocabulary is taken whole (llama.cpp's
+    /// `ignore_merges`, which Llama 3's `tokenizer.json` also sets).
+    fn ignores_merges(self) -> bool {
+        matches!(self, PreTokenizer::Llama3)
     }
 
     /// The patterns llama.cpp applies one after the other; each splits the pieces the
@@ -118,6 +145,8 @@ impl PreTokenizer {
         match self {
             PreTokenizer::Smollm => &[r"\p{N}", GPT2_PATTERN],
             PreTokenizer::Gpt2 => &[GPT2_PATTERN],
+            PreTokenizer::Llama3 => &[LLAMA3_PATTERN],
+            PreTokenizer::Qwen2 => &[QWEN2_PATTERN],
             PreTokenizer::Default => &[
                 r"[\p{P}\$\+<=>\^~\|]+",
                 GPT2_PATTERN,
@@ -437,6 +466,7 @@ impl Tokenizer {
             .collect::<Result<Vec<_>, _>>()?;
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, pairs)
+            .ignore_merges(pre.ignores_merges())
             .build()
             .map_err(TokenizerError::Build)?;
 

@@ -1,8 +1,30 @@
 //! Grouped-query self-attention.
 
-use burn_tensor::{backend::Backend, module::attention, ops::AttentionModuleOptions, Tensor};
+use burn_tensor::{
+    backend::Backend, module::attention, ops::AttentionModuleOptions, Tensor, TensorData,
+};
 
-use super::{cache::KvCache, linear::Linear, rope::Rope};
+use super::{cache::KvCache, linear::Linear, model::RmsNorm, rope::Rope};
+
+/// A bias added to a product's outputs (Qwen2's Q/K/V biases).
+#[derive(Debug, Clone)]
+pub struct Bias<B: Backend> {
+    /// `[1, width]`, for the burn path.
+    pub(crate) tensor: Tensor<B, 2>,
+    /// The same values on the host.
+    pub(crate) host: Vec<f32>,
+}
+
+impl<B: Backend> Bias<B> {
+    /// A bias of `values`.
+    pub fn new(values: Vec<f32>, device: &B::Device) -> Self {
+        let width = values.len();
+        Self {
+            tensor: Tensor::from_data(TensorData::new(values.clone(), [1, width]), device),
+            host: values,
+        }
+    }
+}
 
 /// One layer's attention weights.
 #[derive(Debug, Clone)]
@@ -10,6 +32,12 @@ pub struct Attention<B: Backend> {
     /// Q, K and V projections fused in one `[q + k + v, hidden]` matrix: one product per
     /// layer instead of three.
     pub(crate) qkv: Linear<B>,
+    /// Added to the fused Q, K, V outputs (in their order), when the model has biases.
+    pub(crate) qkv_bias: Option<Bias<B>>,
+    /// RMSNorm of each query head before RoPE (Qwen3).
+    pub(crate) q_norm: Option<RmsNorm<B>>,
+    /// RMSNorm of each key head before RoPE (Qwen3).
+    pub(crate) k_norm: Option<RmsNorm<B>>,
     /// Output projection.
     pub(crate) out: Linear<B>,
     pub(crate) n_heads: usize,
@@ -39,7 +67,18 @@ impl<B: Backend> Attention<B> {
         rope: &Rope<B>,
     ) -> Tensor<B, 2> {
         let (h, kvh, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
-        let qkv = self.qkv.forward(x);
+        let mut qkv = self.qkv.forward(x);
+        if let Some(b) = &self.qkv_bias {
+            qkv = qkv + b.tensor.clone();
+        }
+        // A head's norm is a row norm of the heads laid out one a row.
+        let head_norm = |t: Tensor<B, 3>, norm: &Option<RmsNorm<B>>| match norm {
+            Some(n) => {
+                let [len, heads, _] = t.dims();
+                n.forward(t.reshape([len * heads, d])).reshape([len, heads, d])
+            }
+            None => t,
+        };
         let mut outs = Vec::with_capacity(spans.len());
         for (span, cache) in spans.iter().zip(caches.iter_mut()) {
             let rows = qkv.clone().narrow(0, span.row, span.len);
@@ -51,8 +90,8 @@ impl<B: Backend> Attention<B> {
             let v = rows
                 .narrow(1, (h + kvh) * d, kvh * d)
                 .reshape([span.len, kvh, d]);
-            let q = rope.apply(q, span.pos);
-            let k = rope.apply(k, span.pos);
+            let q = rope.apply(head_norm(q, &self.q_norm), span.pos);
+            let k = rope.apply(head_norm(k, &self.k_norm), span.pos);
             // [len, heads, d] → [heads, len, d]
             let (keys, values) = cache.append(layer, k.swap_dims(0, 1), v.swap_dims(0, 1));
             outs.push(self.attend(q, keys, values));

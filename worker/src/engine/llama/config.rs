@@ -1,10 +1,57 @@
-//! Llama hyper-parameters, read from a GGUF file's `llama.*` metadata.
+//! Hyper-parameters of a Llama-family network, read from a GGUF file's `<arch>.*` metadata.
 
 use crate::engine::gguf::{GgufError, GgufFile};
+
+/// The `general.architecture` values this worker runs. They share one forward pass and
+/// differ in what the file holds (biases, per-head norms) and in the RoPE layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Arch {
+    /// `llama`: Llama 1–3, Mistral, SmolLM2 and the many models converted as Llama.
+    Llama,
+    /// `qwen2`: Qwen2 and Qwen2.5, with Q/K/V biases.
+    Qwen2,
+    /// `qwen3`: Qwen3 dense, with a per-head RMSNorm on queries and keys.
+    Qwen3,
+}
+
+impl Arch {
+    /// Every supported architecture.
+    pub const ALL: [Arch; 3] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3];
+
+    /// The architecture named `name` in `general.architecture`.
+    pub fn from_gguf_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.gguf_name() == name)
+    }
+
+    /// The `general.architecture` value, also the prefix of the file's model keys.
+    pub fn gguf_name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+
+    /// Whether llama.cpp's converter permuted the rows of `attn_q` / `attn_k` so that
+    /// RoPE rotates adjacent pairs (llama.cpp's "normal" RoPE): only for `llama`. The
+    /// others keep the Hugging Face order and rotate halves ("neox" RoPE), which is the
+    /// order this forward pass uses.
+    pub fn rope_rows_permuted(self) -> bool {
+        matches!(self, Arch::Llama)
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.gguf_name())
+    }
+}
 
 /// The shape of a Llama-family network.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaConfig {
+    /// Which member of the family (`general.architecture`).
+    pub arch: Arch,
     /// Number of transformer blocks.
     pub n_layers: usize,
     /// Width of the residual stream.
@@ -25,13 +72,17 @@ pub struct LlamaConfig {
     pub rope_theta: f32,
     /// RMSNorm epsilon.
     pub rms_eps: f32,
+    /// Positions are multiplied by this before rotation: `1 / rope.scaling.factor` for
+    /// linear RoPE scaling, else 1.
+    pub rope_scale: f32,
 }
 
 impl LlamaConfig {
-    /// Reads the configuration of a `general.architecture = "llama"` GGUF file.
-    pub fn from_gguf(gguf: &GgufFile) -> Result<Self, GgufError> {
-        let arch = gguf.get_str("general.architecture")?.to_owned();
-        let key = |k: &str| format!("{arch}.{k}");
+    /// Reads the configuration of a GGUF file of architecture `arch`. Only the keys it
+    /// reads are checked here; [`super::preflight`] refuses the ones it does not know.
+    pub fn from_gguf(gguf: &GgufFile, arch: Arch) -> Result<Self, GgufError> {
+        let arch_name = arch.gguf_name();
+        let key = |k: &str| format!("{arch_name}.{k}");
         let get = |k: &str| -> Result<usize, GgufError> {
             let v = gguf.get_u64(&key(k))?;
             usize::try_from(v).map_err(|_| GgufError::WrongType {
@@ -53,8 +104,21 @@ impl LlamaConfig {
             Some(_) => gguf.get_f64(&key("rope.freq_base"))? as f32,
             None => 10_000.0,
         };
-        let head_dim = hidden.checked_div(n_heads).unwrap_or(0);
+        // Qwen3 and Mistral Nemo have heads that are not hidden / heads wide: the file
+        // says so in `attention.key_length`.
+        let head_dim = match gguf.get(&key("attention.key_length")) {
+            Some(_) => get("attention.key_length")?,
+            None => hidden.checked_div(n_heads).unwrap_or(0),
+        };
+        let rope_scale = match gguf.get(&key("rope.scaling.type")) {
+            Some(_) if gguf.get_str(&key("rope.scaling.type"))? == "linear" => {
+                (1.0 / gguf.get_f64(&key("rope.scaling.factor"))?) as f32
+            }
+            _ => 1.0,
+        };
         Ok(Self {
+            arch,
+            rope_scale,
             n_layers: get("block_count")?,
             hidden,
             ffn: get("feed_forward_length")?,
@@ -84,9 +148,10 @@ impl LlamaConfig {
                 return Err(format!("{name} is 0"));
             }
         }
-        if !self.hidden.is_multiple_of(self.n_heads) {
+        if self.head_dim == 0 {
             return Err(format!(
-                "embedding_length {} is not a multiple of head_count {}",
+                "the head size is 0 (embedding_length {} over head_count {}, or \
+                 attention.key_length)",
                 self.hidden, self.n_heads
             ));
         }
@@ -104,6 +169,12 @@ impl LlamaConfig {
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return Err(format!("rope base {} is not positive", self.rope_theta));
+        }
+        if !(self.rope_scale.is_finite() && self.rope_scale > 0.0) {
+            return Err(format!(
+                "rope.scaling.factor {} is not positive",
+                1.0 / self.rope_scale
+            ));
         }
         Ok(())
     }

@@ -22,6 +22,11 @@ use super::{
 pub(crate) struct HostBlock<'a> {
     attn_norm: &'a [f32],
     qkv: &'a QMatrix,
+    /// Added to the QKV outputs (in their order), when the model has biases.
+    qkv_bias: Option<&'a [f32]>,
+    /// Per-head RMSNorm weights of queries and keys, when the model has them.
+    q_norm: Option<&'a [f32]>,
+    k_norm: Option<&'a [f32]>,
     out: &'a QMatrix,
     ffn_norm: &'a [f32],
     gate_up: &'a QMatrix,
@@ -698,6 +703,9 @@ impl<B: Backend> Llama<B> {
                 Some(HostBlock {
                     attn_norm: &b.attn_norm.host,
                     qkv: quant(&b.attn.qkv)?,
+                    qkv_bias: b.attn.qkv_bias.as_ref().map(|b| b.host.as_slice()),
+                    q_norm: b.attn.q_norm.as_ref().map(|n| n.host.as_slice()),
+                    k_norm: b.attn.k_norm.as_ref().map(|n| n.host.as_slice()),
                     out: quant(&b.attn.out)?,
                     ffn_norm: &b.ffn_norm.host,
                     gate_up: quant(&b.mlp.gate_up)?,
@@ -935,6 +943,7 @@ impl<B: Backend> Llama<B> {
             // Product outputs turned to one row per input row ([`transpose`]).
             let mut tt = Vec::new();
             let mut scores = vec![0.0f32; longest * group];
+            let mut head_scratch = vec![0.0f32; d];
             let mut phase = 0;
             for (layer, b) in w.blocks.iter().enumerate() {
                 // SAFETY (all `Shared` accesses below): each phase writes only the
@@ -954,9 +963,25 @@ impl<B: Backend> Llama<B> {
                     b.qkv
                         .product_rows(&h, rows, &xsum, r0, r1, &mut tile, &mut yt);
                     transpose(&yt, d, rows, &mut tt);
+                    // Per head: the bias, the head's norm, then RoPE (queries and keys).
+                    let bias = b.qkv_bias.map(|bias| &bias[r0..r1]);
+                    let norm = match r0 {
+                        r if r < qd => b.q_norm,
+                        r if r < qd + kvd => b.k_norm,
+                        _ => None,
+                    };
                     for (j, head) in tt.chunks_exact_mut(d).enumerate() {
                         let (seq, pos) = (row_seq[j], row_pos[j]);
                         let (ks, vs) = &kv[seq * layers + layer];
+                        if let Some(bias) = bias {
+                            for (x, b) in head.iter_mut().zip(bias) {
+                                *x += b;
+                            }
+                        }
+                        if let Some(w) = norm {
+                            head_scratch.copy_from_slice(head);
+                            rms_norm(&head_scratch, w, eps, head);
+                        }
                         if r0 < qd + kvd {
                             rope.apply_host(head, pos);
                         }

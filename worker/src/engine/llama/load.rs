@@ -8,13 +8,13 @@
 
 pub use super::linear::WeightDtype;
 use super::{
-    attention::Attention,
-    config::LlamaConfig,
+    attention::{Attention, Bias},
     linear::{weight_tensor, Linear},
     mlp::Mlp,
     model::{Block, Embedding, Llama, RmsNorm},
+    preflight::{expected_tensors, preflight},
     qmatmul::QMatrix,
-    rope::Rope,
+    rope::{Rope, RopeSpec},
 };
 use crate::engine::gguf::{GgufError, GgufFile, TensorInfo};
 use burn_tensor::{backend::Backend, Tensor, TensorData};
@@ -27,8 +27,36 @@ pub enum LoadError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
     /// The file describes another architecture.
-    #[error("unsupported architecture {0:?}: this worker runs \"llama\" models")]
+    #[error(
+        "unsupported architecture general.architecture = {0:?} (supported: llama, qwen2, qwen3)"
+    )]
     UnsupportedArchitecture(String),
+    /// A metadata key whose arithmetic the forward pass does not implement.
+    #[error("unsupported model setting {key} = {value}: {why}")]
+    UnsupportedKey {
+        /// The metadata key.
+        key: String,
+        /// Its value, as the error shows it.
+        value: String,
+        /// What is missing.
+        why: String,
+    },
+    /// A tensor the forward pass would not use: running without it would be wrong.
+    #[error("tensor {name:?} is not part of the {arch} forward pass this worker runs")]
+    UnusedTensor {
+        /// Tensor name.
+        name: String,
+        /// The file's architecture.
+        arch: String,
+    },
+    /// A tensor stored in a type that cannot be read.
+    #[error("tensor {name:?} is stored as {ty}, which this worker cannot read")]
+    UnsupportedType {
+        /// Tensor name.
+        name: String,
+        /// The ggml type's name.
+        ty: String,
+    },
     /// The hyper-parameters contradict each other.
     #[error("invalid model configuration: {0}")]
     Config(String),
@@ -53,6 +81,9 @@ impl LoadError {
         match self {
             LoadError::Gguf(e) => e.kind(),
             LoadError::UnsupportedArchitecture(_) => "unsupported_architecture",
+            LoadError::UnsupportedKey { .. } => "unsupported_key",
+            LoadError::UnusedTensor { .. } => "unused_tensor",
+            LoadError::UnsupportedType { .. } => "unsupported_type",
             LoadError::Config(_) => "invalid_config",
             LoadError::MissingTensor(_) => "missing_tensor",
             LoadError::Shape { .. } => "tensor_shape",
@@ -224,7 +255,8 @@ pub fn unpermute_rope_rows(values: &[f32], heads: usize, head_dim: usize, cols: 
     out
 }
 
-/// Builds the model, keeping weights in `dtype` on `device`.
+/// Builds the model, keeping weights in `dtype` on `device`, after [`preflight`] has
+/// checked everything the forward pass asks of the file.
 ///
 /// `progress(done, total)` is called after each tensor.
 pub fn load_llama<B: Backend>(
@@ -233,23 +265,10 @@ pub fn load_llama<B: Backend>(
     device: &B::Device,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Llama<B>, LoadError> {
-    let arch = gguf.get_str("general.architecture")?;
-    if arch != "llama" {
-        return Err(LoadError::UnsupportedArchitecture(arch.to_owned()));
-    }
-    let config = LlamaConfig::from_gguf(gguf)?;
-    config.validate().map_err(LoadError::Config)?;
-    // Each block has 9 tensors: a block count the tensor table cannot back is refused
-    // before anything is sized by it (a damaged count would otherwise ask for terabytes).
-    let tensors = gguf.tensors().len();
-    if config.n_layers > tensors / 9 {
-        return Err(LoadError::Config(format!(
-            "block_count is {} but the file holds only {tensors} tensors (9 per block)",
-            config.n_layers
-        )));
-    }
-    let tied = gguf.tensor("output.weight").is_none();
-    let total = 2 + config.n_layers * 9 + usize::from(!tied);
+    let plan = preflight(gguf)?;
+    let config = plan.config.clone();
+    let tied = plan.tied;
+    let total = expected_tensors(&plan).len();
     let mut l = Loader::<B> {
         gguf,
         dtype,
@@ -266,6 +285,7 @@ pub fn load_llama<B: Backend>(
         config.vocab,
     );
     let qd = config.n_heads * d;
+    let permuted = config.arch.rope_rows_permuted();
 
     let (embed, lm_head) = match l.matrix("token_embd.weight", hd, vocab)? {
         Matrix::Dense(values) => {
@@ -294,16 +314,38 @@ pub fn load_llama<B: Backend>(
     let mut blocks = Vec::with_capacity(config.n_layers);
     for n in 0..config.n_layers {
         let name = |t: &str| format!("blk.{n}.{t}.weight");
+        let bias = |t: &str| format!("blk.{n}.{t}.bias");
         let attn_norm = l.norm(&name("attn_norm"), hd, config.rms_eps)?;
-        let q = unpermute(l.matrix(&name("attn_q"), hd, qd)?, config.n_heads, d, hd);
-        let k = unpermute(
-            l.matrix(&name("attn_k"), hd, kvd)?,
-            config.n_kv_heads,
-            d,
-            hd,
-        );
+        let mut q = l.matrix(&name("attn_q"), hd, qd)?;
+        let mut k = l.matrix(&name("attn_k"), hd, kvd)?;
+        if permuted {
+            q = unpermute(q, config.n_heads, d, hd);
+            k = unpermute(k, config.n_kv_heads, d, hd);
+        }
         let v = l.matrix(&name("attn_v"), hd, kvd)?;
         let qkv = l.linear(stack(vec![q, k, v], hd), qd + 2 * kvd, hd);
+        let qkv_bias = if plan.qkv_bias {
+            let (mut bq, mut bk) = (l.read(&bias("attn_q"), &[qd])?, l.read(&bias("attn_k"), &[kvd])?);
+            if permuted {
+                bq = unpermute_rope_rows(&bq, config.n_heads, d, 1);
+                bk = unpermute_rope_rows(&bk, config.n_kv_heads, d, 1);
+            }
+            let mut all = bq;
+            all.extend(bk);
+            all.extend(l.read(&bias("attn_v"), &[kvd])?);
+            Some(Bias::new(all, device))
+        } else {
+            None
+        };
+        let (q_norm, k_norm) = if plan.qk_norm {
+            // Norms of whole heads, before RoPE. The converter leaves them in the Hugging
+            // Face order, which is the order of the rows after `unpermute`.
+            let qn = l.norm(&name("attn_q_norm"), d, config.rms_eps)?;
+            let kn = l.norm(&name("attn_k_norm"), d, config.rms_eps)?;
+            (Some(qn), Some(kn))
+        } else {
+            (None, None)
+        };
         let out = l.matrix(&name("attn_output"), qd, hd)?;
         let out = l.linear(out, hd, qd);
         let ffn_norm = l.norm(&name("ffn_norm"), hd, config.rms_eps)?;
@@ -316,6 +358,9 @@ pub fn load_llama<B: Backend>(
             attn_norm,
             attn: Attention {
                 qkv,
+                qkv_bias,
+                q_norm,
+                k_norm,
                 out,
                 n_heads: config.n_heads,
                 n_kv_heads: config.n_kv_heads,
@@ -326,8 +371,22 @@ pub fn load_llama<B: Backend>(
         });
     }
     let norm = l.norm("output_norm.weight", hd, config.rms_eps)?;
+    let freqs = if plan.rope_freqs {
+        Some(l.read("rope_freqs.weight", &[d / 2])?)
+    } else {
+        None
+    };
     let positions = config.context_length.min(MAX_CONTEXT);
-    let rope = Rope::new(d, positions, config.rope_theta, device);
+    let rope = Rope::new(
+        RopeSpec {
+            head_dim: d,
+            base: config.rope_theta,
+            scale: config.rope_scale,
+            freq_factors: freqs.as_deref(),
+        },
+        positions,
+        device,
+    );
     Ok(Llama {
         config,
         embed,

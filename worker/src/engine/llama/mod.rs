@@ -1,7 +1,10 @@
-//! The Llama family forward pass, generic over the burn backend.
+//! The Llama family forward pass (`llama`, `qwen2`, `qwen3`), generic over the burn
+//! backend.
 //!
 //! # Layout
-//! - [`config`]: hyper-parameters read from the GGUF metadata.
+//! - [`config`]: the architecture and hyper-parameters read from the GGUF metadata.
+//! - [`preflight`]: what the file asks of the forward pass, checked before any weight
+//!   is read.
 //! - [`load`]: builds the model from a GGUF file (tensor naming, RoPE row order, tied
 //!   embeddings).
 //! - [`linear`]: a weight matrix in the dtype the worker keeps in memory.
@@ -23,12 +26,13 @@ pub mod linear;
 pub mod load;
 pub mod mlp;
 pub mod model;
+pub mod preflight;
 pub mod qmatmul;
 pub mod rope;
 pub mod synthetic;
 pub(crate) mod team;
 
 pub use cache::{KvCache, KvDtype};
-pub use config::LlamaConfig;
+pub use config::{Arch, LlamaConfig};
 pub use load::{LoadError, WeightDtype};
 pub use model::{Llama, SeqInput};

@@ -21,19 +21,53 @@ pub struct Rope<B: Backend> {
     head_dim: usize,
 }
 
+/// The frequencies of a model's rotations.
+#[derive(Debug, Clone, Copy)]
+pub struct RopeSpec<'a> {
+    /// Width of one head (every dimension rotates).
+    pub head_dim: usize,
+    /// Base frequency `θ`: frequency `i` is `θ^(-2i/head_dim)`.
+    pub base: f32,
+    /// Positions are multiplied by this (linear RoPE scaling: `1 / factor`).
+    pub scale: f32,
+    /// Divisors of each frequency (`rope_freqs.weight`, `head_dim / 2` values): how
+    /// Llama 3.1 and later files carry their "llama3" RoPE scaling.
+    pub freq_factors: Option<&'a [f32]>,
+}
+
+impl<'a> RopeSpec<'a> {
+    /// Plain RoPE: no scaling.
+    pub fn plain(head_dim: usize, base: f32) -> Self {
+        Self {
+            head_dim,
+            base,
+            scale: 1.0,
+            freq_factors: None,
+        }
+    }
+}
+
 impl<B: Backend> Rope<B> {
-    /// Tables for `positions` positions, `θᵢ = base^(-2i/head_dim)`.
-    pub fn new(head_dim: usize, positions: usize, base: f32, device: &B::Device) -> Self {
+    /// Tables for `positions` positions: angle `p · scale · θ^(-2i/head_dim) / fᵢ`
+    /// (llama.cpp's and transformers' definition).
+    pub fn new(spec: RopeSpec<'_>, positions: usize, device: &B::Device) -> Self {
+        let head_dim = spec.head_dim;
         let half = head_dim / 2;
         let mut cos = Vec::with_capacity(positions * head_dim);
         let mut sin = Vec::with_capacity(positions * head_dim);
         let inv_freq: Vec<f64> = (0..half)
-            .map(|i| (base as f64).powf(-(2.0 * i as f64) / head_dim as f64))
+            .map(|i| {
+                let f = (spec.base as f64).powf(-(2.0 * i as f64) / head_dim as f64);
+                match spec.freq_factors {
+                    Some(factors) => f / factors[i] as f64,
+                    None => f,
+                }
+            })
             .collect();
         for p in 0..positions {
             for _ in 0..2 {
                 for f in &inv_freq {
-                    let angle = p as f64 * f;
+                    let angle = p as f64 * spec.scale as f64 * f;
                     cos.push(angle.cos() as f32);
                     sin.push(angle.sin() as f32);
                 }

@@ -10,7 +10,7 @@ use std::path::Path;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::config::LlamaConfig;
+use super::config::{Arch, LlamaConfig};
 use crate::engine::gguf::{GgmlType, GgufError, GgufWriter, MetaValue};
 
 /// What to write.
@@ -32,6 +32,7 @@ impl SyntheticSpec {
     pub fn tiny(seed: u64) -> Self {
         Self {
             config: LlamaConfig {
+                arch: Arch::Llama,
                 n_layers: 2,
                 hidden: 64,
                 ffn: 128,
@@ -42,6 +43,7 @@ impl SyntheticSpec {
                 context_length: 64,
                 rope_theta: 10_000.0,
                 rms_eps: 1e-5,
+                rope_scale: 1.0,
             },
             weight_type: GgmlType::F32,
             seed,
@@ -53,6 +55,7 @@ impl SyntheticSpec {
     pub fn llama_1b(seed: u64) -> Self {
         Self {
             config: LlamaConfig {
+                arch: Arch::Llama,
                 n_layers: 16,
                 hidden: 2048,
                 ffn: 8192,
@@ -63,6 +66,7 @@ impl SyntheticSpec {
                 context_length: 8192,
                 rope_theta: 500_000.0,
                 rms_eps: 1e-5,
+                rope_scale: 1.0,
             },
             weight_type: GgmlType::Q4_1,
             seed,
@@ -147,6 +151,8 @@ pub fn write_synthetic_llama(path: &Path, spec: &SyntheticSpec) -> Result<(), Gg
     w.add_metadata("llama.attention.head_count_kv", u32v(c.n_kv_heads))?;
     w.add_metadata("llama.rope.freq_base", MetaValue::F32(c.rope_theta))?;
     w.add_metadata("llama.rope.dimension_count", u32v(c.head_dim))?;
+    w.add_metadata("llama.attention.key_length", u32v(c.head_dim))?;
+    w.add_metadata("llama.attention.value_length", u32v(c.head_dim))?;
     w.add_metadata(
         "llama.attention.layer_norm_rms_epsilon",
         MetaValue::F32(c.rms_eps),
