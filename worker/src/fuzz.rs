@@ -10,8 +10,8 @@
 use crate::backend::CpuBackend;
 use crate::engine::chat::{ChatMessage, ChatTemplate};
 use crate::engine::gguf::GgufFile;
-use crate::engine::llama::preflight::preflight;
 use crate::engine::llama::load::{load_llama, WeightDtype};
+use crate::engine::llama::preflight::preflight;
 use crate::engine::tokenizer::{StreamDecoder, Tokenizer};
 
 /// A text that touches every pre-tokenizer class: letters, digits, punctuation,

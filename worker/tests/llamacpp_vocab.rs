@@ -52,11 +52,7 @@ fn cases(dir: &std::path::Path, name: &str) -> Vec<(String, Vec<u32>)> {
         })
         .collect();
     assert_eq!(texts.len(), ids.len(), "{name}: as many texts as id lines");
-    texts
-        .into_iter()
-        .map(str::to_owned)
-        .zip(ids)
-        .collect()
+    texts.into_iter().map(str::to_owned).zip(ids).collect()
 }
 
 #[test]

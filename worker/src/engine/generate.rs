@@ -27,7 +27,8 @@ use super::{
     chat::{ChatError, ChatMessage, ChatTemplate},
     gguf::{GgufError, GgufFile},
     llama::{
-        load::load_llama, model::ForwardError, preflight::preflight, KvCache, KvDtype, Llama, LoadError, WeightDtype,
+        load::load_llama, model::ForwardError, preflight::preflight, KvCache, KvDtype, Llama,
+        LoadError, WeightDtype,
     },
     prefix::{PrefixCache, PrefixStats, BLOCK_TOKENS},
     sampler::{SamplingError, SamplingParams},

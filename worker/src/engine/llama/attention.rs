@@ -75,7 +75,8 @@ impl<B: Backend> Attention<B> {
         let head_norm = |t: Tensor<B, 3>, norm: &Option<RmsNorm<B>>| match norm {
             Some(n) => {
                 let [len, heads, _] = t.dims();
-                n.forward(t.reshape([len * heads, d])).reshape([len, heads, d])
+                n.forward(t.reshape([len * heads, d]))
+                    .reshape([len, heads, d])
             }
             None => t,
         };

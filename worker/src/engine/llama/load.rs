@@ -325,7 +325,10 @@ pub fn load_llama<B: Backend>(
         let v = l.matrix(&name("attn_v"), hd, kvd)?;
         let qkv = l.linear(stack(vec![q, k, v], hd), qd + 2 * kvd, hd);
         let qkv_bias = if plan.qkv_bias {
-            let (mut bq, mut bk) = (l.read(&bias("attn_q"), &[qd])?, l.read(&bias("attn_k"), &[kvd])?);
+            let (mut bq, mut bk) = (
+                l.read(&bias("attn_q"), &[qd])?,
+                l.read(&bias("attn_k"), &[kvd])?,
+            );
             if permuted {
                 bq = unpermute_rope_rows(&bq, config.n_heads, d, 1);
                 bk = unpermute_rope_rows(&bk, config.n_kv_heads, d, 1);

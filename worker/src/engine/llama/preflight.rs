@@ -229,7 +229,11 @@ pub fn preflight(gguf: &GgufFile) -> Result<Plan, LoadError> {
     if gguf.tensors().len() != expected.len() {
         let known: std::collections::HashSet<&str> =
             expected.iter().map(|(n, _)| n.as_str()).collect();
-        if let Some(extra) = gguf.tensors().iter().find(|t| !known.contains(t.name.as_str())) {
+        if let Some(extra) = gguf
+            .tensors()
+            .iter()
+            .find(|t| !known.contains(t.name.as_str()))
+        {
             return Err(LoadError::UnusedTensor {
                 name: extra.name.clone(),
                 arch: arch_name.to_owned(),
