@@ -437,7 +437,7 @@ fn invalid_parts_are_rejected() {
         "invalid_vocab"
     );
     assert_eq!(
-        PreTokenizer::from_gguf_name("llama3")
+        PreTokenizer::from_gguf_name("tekken")
             .expect_err("unknown")
             .kind(),
         "unsupported_pre"
