@@ -50,7 +50,7 @@ pub enum TokenizerError {
     #[error("tokenizer metadata: {0}")]
     Metadata(#[from] GgufError),
     /// `tokenizer.ggml.model` names a tokenizer other than byte-level BPE.
-    #[error("unsupported tokenizer model `{0}` (supported: gpt2)")]
+    #[error("unsupported tokenizer model tokenizer.ggml.model = `{0}` (supported: gpt2)")]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer this code does not implement.
     #[error(
