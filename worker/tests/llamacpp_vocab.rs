@@ -3,6 +3,7 @@
 //! that `scripts/setup` extracts from the llama-cpp-python source package into
 //! `$BATON_CACHE/llamacpp/vocab`. llama.cpp's `test-tokenizer-0` encodes each text without
 //! BOS/EOS and without parsing special tokens; none of these texts spells one.
+//! A SentencePiece vocabulary puts `▁` in front of the text (`add_space_prefix`).
 
 use std::path::PathBuf;
 
@@ -13,6 +14,10 @@ use baton_worker::engine::tokenizer::Tokenizer;
 /// The byte-level BPE vocabularies of the families the worker runs: GPT-2 (SmolLM2's
 /// family), Llama 3, Qwen2 (Qwen2.5, Qwen3).
 const BPE_VOCABS: &[&str] = &["gpt-2", "llama-bpe", "qwen2"];
+
+/// The SentencePiece vocabularies: Llama 2 / Mistral's, and Phi-3's (the same vocabulary
+/// with more control tokens).
+const SPM_VOCABS: &[&str] = &["llama-spm", "phi-3"];
 
 fn vocab_dir() -> Option<PathBuf> {
     let cache = std::env::var_os(env::CACHE)
@@ -57,8 +62,17 @@ fn cases(dir: &std::path::Path, name: &str) -> Vec<(String, Vec<u32>)> {
 
 #[test]
 fn bpe_vocabularies_give_llama_cpp_ids() {
+    check(BPE_VOCABS);
+}
+
+#[test]
+fn sentencepiece_vocabularies_give_llama_cpp_ids() {
+    check(SPM_VOCABS);
+}
+
+fn check(vocabs: &[&str]) {
     let Some(dir) = vocab_dir() else { return };
-    for name in BPE_VOCABS {
+    for name in vocabs {
         let gguf = GgufFile::open(&dir.join(format!("ggml-vocab-{name}.gguf"))).expect("opens");
         let tok = Tokenizer::from_gguf(&gguf).unwrap_or_else(|e| panic!("{name}: {e}"));
         let cases = cases(&dir, name);

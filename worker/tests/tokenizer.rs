@@ -277,6 +277,7 @@ fn tiny(pre: PreTokenizer, merges: &[&str], specials: &[&str]) -> Tokenizer {
         pad_id: None,
         add_bos: false,
         add_eos: false,
+        spm: None,
     })
     .expect("tiny tokenizer builds")
 }
@@ -370,6 +371,7 @@ fn bos_and_eos_are_added_only_when_asked() {
         pad_id: None,
         add_bos: true,
         add_eos: true,
+        spm: None,
     };
     let tok = Tokenizer::from_parts(parts.clone()).expect("builds");
     let a = tok.token_id("a").expect("byte");
@@ -399,6 +401,7 @@ fn invalid_parts_are_rejected() {
         pad_id: None,
         add_bos: false,
         add_eos: false,
+        spm: None,
     };
     let err = |p: TokenizerParts| Tokenizer::from_parts(p).expect_err("must fail").kind();
     assert_eq!(

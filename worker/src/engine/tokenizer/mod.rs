@@ -1,4 +1,6 @@
-//! The byte-level BPE tokenizer a GGUF file describes in its `tokenizer.ggml.*` metadata.
+//! The tokenizer a GGUF file describes in its `tokenizer.ggml.*` metadata: byte-level BPE
+//! (`model` = `gpt2`: GPT-2, SmolLM2, Llama 3, Qwen) or SentencePiece (`model` = `llama`:
+//! Llama 2, Mistral, Gemma; see [`spm`]).
 //!
 //! Encoding runs on the Hugging Face `tokenizers` crate: a BPE model over the GGUF vocabulary
 //! and merges, a pre-tokenizer chosen by `tokenizer.ggml.pre` (llama.cpp's patterns, each an
@@ -22,6 +24,9 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 
 use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::{
+    NormalizerWrapper, Prepend, Replace, Sequence as NormalizerSequence,
+};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
@@ -29,6 +34,9 @@ use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 use crate::engine::gguf::{GgufError, GgufFile, MetaValue};
+
+pub mod spm;
+pub use spm::SpmParts;
 
 /// llama.cpp's GPT-2 pre-tokenizer pattern (`llama-vocab.cpp`).
 const GPT2_PATTERN: &str =
@@ -50,7 +58,7 @@ pub enum TokenizerError {
     #[error("tokenizer metadata: {0}")]
     Metadata(#[from] GgufError),
     /// `tokenizer.ggml.model` names a tokenizer other than byte-level BPE.
-    #[error("unsupported tokenizer model tokenizer.ggml.model = `{0}` (supported: gpt2)")]
+    #[error("unsupported tokenizer model tokenizer.ggml.model = `{0}` (supported: gpt2, llama)")]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer this code does not implement.
     #[error(
@@ -230,6 +238,11 @@ pub struct TokenizerParts {
     pub add_bos: bool,
     /// `add_eos_token`: whether [`Tokenizer::encode`] with `add_special` appends EOS.
     pub add_eos: bool,
+    /// A SentencePiece vocabulary (`model` = `llama`): its scores and space prefix. `None`
+    /// for byte-level BPE. With it, `tokens` are spelled as SentencePiece spells them
+    /// (`▁the`, `<0x0A>`), `merges` are not read (the scores rank them) and `pre` is not
+    /// used.
+    pub spm: Option<SpmParts>,
 }
 
 /// GPT-2's table from bytes to the printable characters byte-level vocabularies are spelled
@@ -295,6 +308,9 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     /// The pre-tokenizer, kept for [`Tokenizer::fingerprint_bytes`].
     pre: PreTokenizer,
+    /// The scores and space prefix of a SentencePiece vocabulary; `None` for byte-level
+    /// BPE.
+    spm: Option<SpmParts>,
     /// Vocabulary as the GGUF spells it, index = id.
     tokens: Vec<String>,
     /// Token types as the GGUF gives them (all `Normal` when it gives none).
@@ -330,6 +346,99 @@ impl fmt::Debug for Tokenizer {
     }
 }
 
+/// The encoder of a byte-level BPE: the vocabulary respelled in the byte alphabet, the
+/// file's merges, the pre-tokenizer's splits, then bytes mapped to that alphabet.
+fn byte_level(
+    tokens: &[String],
+    merges: &[String],
+    pre: PreTokenizer,
+) -> Result<tokenizers::Tokenizer, TokenizerError> {
+    let mut vocab = Vocab::default();
+    for (id, token) in (0u32..).zip(tokens) {
+        vocab.insert(byte_level_spelling(token), id);
+    }
+    let pairs = merges
+        .iter()
+        .enumerate()
+        .map(|(rank, merge)| {
+            merge
+                .split_once(' ')
+                .map(|(a, b)| (a.to_owned(), b.to_owned()))
+                .ok_or_else(|| {
+                    TokenizerError::InvalidVocab(format!(
+                        "merge {rank} `{merge}` is not two tokens separated by a space"
+                    ))
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, pairs)
+        .ignore_merges(pre.ignores_merges())
+        .build()
+        .map_err(TokenizerError::Build)?;
+
+    let mut steps = Vec::new();
+    for pattern in pre.patterns() {
+        let split = Split::new(
+            SplitPattern::Regex((*pattern).to_owned()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(TokenizerError::Build)?;
+        steps.push(PreTokenizerWrapper::from(split));
+    }
+    // The splits above replace ByteLevel's own GPT-2 regex; it only maps bytes here.
+    steps.push(ByteLevel::new(false, false, false).into());
+
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    inner.with_pre_tokenizer(Some(Sequence::new(steps)));
+    Ok(inner)
+}
+
+/// The encoder of a SentencePiece vocabulary ([`spm`]): spaces written `▁` (and one in
+/// front when the vocabulary asks), no pre-tokenizer, merges ranked by score, bytes of
+/// characters no token spells as byte tokens.
+fn sentencepiece(
+    tokens: &[String],
+    types: &[TokenType],
+    spm: &SpmParts,
+    unk_id: Option<u32>,
+) -> Result<tokenizers::Tokenizer, TokenizerError> {
+    if spm.scores.len() != tokens.len() {
+        return Err(TokenizerError::InvalidVocab(format!(
+            "{} scores for {} tokens",
+            spm.scores.len(),
+            tokens.len()
+        )));
+    }
+    let spellings: Vec<String> = tokens.iter().map(|t| spm::spelling(t)).collect();
+    let merges = spm::merges(&spellings, types, &spm.scores);
+    let mut vocab = Vocab::default();
+    for (id, token) in (0u32..).zip(&spellings) {
+        vocab.insert(token.clone(), id);
+    }
+    let mut bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .byte_fallback(true)
+        .fuse_unk(true);
+    if let Some(unk) = unk_id {
+        bpe = bpe.unk_token(tokens[unk as usize].clone());
+    }
+    let bpe = bpe.build().map_err(TokenizerError::Build)?;
+    let mut steps: Vec<NormalizerWrapper> = Vec::new();
+    if spm.add_space_prefix {
+        steps.push(Prepend::new("▁".to_owned()).into());
+    }
+    steps.push(
+        Replace::new(" ", "▁")
+            .map_err(TokenizerError::Build)?
+            .into(),
+    );
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    inner.with_normalizer(Some(NormalizerSequence::new(steps)));
+    Ok(inner)
+}
+
 impl Tokenizer {
     /// Build the tokenizer a GGUF file describes (`tokenizer.ggml.model` must be `gpt2`).
     ///
@@ -337,11 +446,15 @@ impl Tokenizer {
     /// only, never to byte-level BPE.
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self, TokenizerError> {
         let model = gguf.get_str("tokenizer.ggml.model")?;
-        if model != "gpt2" {
-            return Err(TokenizerError::UnsupportedModel(model.to_owned()));
-        }
+        let sentencepiece = match model {
+            "gpt2" => false,
+            "llama" => true,
+            other => return Err(TokenizerError::UnsupportedModel(other.to_owned())),
+        };
         let pre = match gguf.get("tokenizer.ggml.pre") {
             None => PreTokenizer::Default,
+            // llama.cpp reads no pre-tokenizer for SentencePiece vocabularies.
+            Some(_) if sentencepiece => PreTokenizer::Default,
             Some(_) => PreTokenizer::from_gguf_name(gguf.get_str("tokenizer.ggml.pre")?)?,
         };
         let tokens: Vec<String> = gguf
@@ -353,11 +466,14 @@ impl Tokenizer {
             None => Vec::new(),
             Some(value) => token_types_from_meta(value)?,
         };
-        let merges = gguf
-            .get_str_array("tokenizer.ggml.merges")?
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
+        let merges = if sentencepiece {
+            Vec::new()
+        } else {
+            gguf.get_str_array("tokenizer.ggml.merges")?
+                .into_iter()
+                .map(str::to_owned)
+                .collect()
+        };
         let id = |key: &str| -> Result<Option<u32>, TokenizerError> {
             match gguf.get(key) {
                 None => Ok(None),
@@ -369,11 +485,43 @@ impl Tokenizer {
                 }
             }
         };
-        let flag = |key: &str| -> Result<bool, TokenizerError> {
+        // llama.cpp's defaults when a key is absent: SentencePiece vocabularies add BOS
+        // and a space prefix, byte-level ones neither.
+        let flag = |key: &str, default: bool| -> Result<bool, TokenizerError> {
             match gguf.get(key) {
-                None => Ok(false),
+                None => Ok(default),
                 Some(_) => Ok(gguf.get_bool(key)?),
             }
+        };
+        let spm = if sentencepiece {
+            let scores = match gguf.get("tokenizer.ggml.scores") {
+                Some(MetaValue::Array(items)) => items
+                    .iter()
+                    .map(|v| v.as_f64().map(|f| f as f32))
+                    .collect::<Option<Vec<f32>>>()
+                    .ok_or_else(|| {
+                        TokenizerError::InvalidVocab(
+                            "tokenizer.ggml.scores holds a non-number".into(),
+                        )
+                    })?,
+                Some(other) => {
+                    return Err(TokenizerError::InvalidVocab(format!(
+                        "tokenizer.ggml.scores is a {}, expected an array",
+                        other.type_name()
+                    )))
+                }
+                None => {
+                    return Err(TokenizerError::InvalidVocab(
+                        "a SentencePiece vocabulary needs tokenizer.ggml.scores".into(),
+                    ))
+                }
+            };
+            Some(SpmParts {
+                scores,
+                add_space_prefix: flag("tokenizer.ggml.add_space_prefix", true)?,
+            })
+        } else {
+            None
         };
         Self::from_parts(TokenizerParts {
             pre,
@@ -384,8 +532,9 @@ impl Tokenizer {
             eos_id: id("tokenizer.ggml.eos_token_id")?,
             unk_id: id("tokenizer.ggml.unknown_token_id")?,
             pad_id: id("tokenizer.ggml.padding_token_id")?,
-            add_bos: flag("tokenizer.ggml.add_bos_token")?,
-            add_eos: flag("tokenizer.ggml.add_eos_token")?,
+            add_bos: flag("tokenizer.ggml.add_bos_token", sentencepiece)?,
+            add_eos: flag("tokenizer.ggml.add_eos_token", false)?,
+            spm,
         })
     }
 
@@ -406,6 +555,7 @@ impl Tokenizer {
             pad_id,
             add_bos,
             add_eos,
+            spm,
         } = parts;
         let n = tokens.len();
         if n == 0 || u32::try_from(n).is_err() {
@@ -446,52 +596,17 @@ impl Tokenizer {
 
         // A vocabulary may repeat a spelling; like llama.cpp and transformers, the last id
         // wins for encoding, while every id still decodes.
-        let mut vocab = Vocab::default();
-        for (id, token) in (0u32..).zip(&tokens) {
-            vocab.insert(byte_level_spelling(token), id);
-        }
-        let pairs = merges
-            .iter()
-            .enumerate()
-            .map(|(rank, merge)| {
-                merge
-                    .split_once(' ')
-                    .map(|(a, b)| (a.to_owned(), b.to_owned()))
-                    .ok_or_else(|| {
-                        TokenizerError::InvalidVocab(format!(
-                            "merge {rank} `{merge}` is not two tokens separated by a space"
-                        ))
-                    })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, pairs)
-            .ignore_merges(pre.ignores_merges())
-            .build()
-            .map_err(TokenizerError::Build)?;
-
-        let mut steps = Vec::new();
-        for pattern in pre.patterns() {
-            let split = Split::new(
-                SplitPattern::Regex((*pattern).to_owned()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            )
-            .map_err(TokenizerError::Build)?;
-            steps.push(PreTokenizerWrapper::from(split));
-        }
-        // The splits above replace ByteLevel's own GPT-2 regex; it only maps bytes here.
-        steps.push(ByteLevel::new(false, false, false).into());
-
-        let mut inner = tokenizers::Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(Sequence::new(steps)));
+        let mut inner = match &spm {
+            None => byte_level(&tokens, &merges, pre)?,
+            Some(spm) => sentencepiece(&tokens, &token_types, spm, unk_id)?,
+        };
 
         // Control tokens become special added tokens, user-defined ones plain added tokens:
         // both are matched whole before pre-tokenization. As in transformers' converter, a
-        // control token not spelled in the byte alphabet is a mislabelled text token and is
-        // left to BPE, and so is a user-defined one (its stored spelling is not a vocabulary
-        // key after respelling).
-        let in_alphabet = |t: &str| t.chars().all(|c| char_to_byte(c).is_some());
+        // byte-level control token not spelled in the byte alphabet is a mislabelled text
+        // token and is left to BPE, and so is a user-defined one (its stored spelling is
+        // not a vocabulary key after respelling).
+        let in_alphabet = |t: &str| spm.is_some() || t.chars().all(|c| char_to_byte(c).is_some());
         let mut special = HashSet::new();
         let mut control = Vec::new();
         let mut user_defined = Vec::new();
@@ -516,13 +631,17 @@ impl Tokenizer {
         let mut bytes = Vec::new();
         let mut offsets = Vec::with_capacity(n + 1);
         offsets.push(0);
-        for token in &tokens {
-            bytes.extend_from_slice(&token_bytes(token));
+        for (token, &ty) in tokens.iter().zip(&token_types) {
+            match &spm {
+                None => bytes.extend_from_slice(&token_bytes(token)),
+                Some(_) => bytes.extend_from_slice(&spm::token_bytes(token, ty)),
+            }
             offsets.push(bytes.len());
         }
 
         Ok(Tokenizer {
             inner,
+            spm,
             pre,
             tokens,
             token_types,
@@ -635,10 +754,11 @@ impl Tokenizer {
     /// fingerprint a model: equal tokenizers give equal bytes, whatever the GGUF's key order.
     ///
     /// Layout (integers little-endian, strings as a `u32` byte length then UTF-8):
-    /// `b"baton-tokenizer/1\n"`; model `"gpt2"`; pre-tokenizer name; `u32` token count, then
+    /// `b"baton-tokenizer/1\n"`; model `"gpt2"` or `"llama"`; pre-tokenizer name; `u32` token count, then
     /// per token its type (`u8`) and spelling; `u32` merge count, then each merge; the bos,
     /// eos, unk and pad ids as `u32` (`u32::MAX` when absent); `add_bos` and `add_eos` as one
-    /// byte each.
+    /// byte each; for a SentencePiece vocabulary then each score's `f32` bits and
+    /// `add_space_prefix` as a byte.
     pub fn fingerprint_bytes(&self) -> Vec<u8> {
         fn put_str(out: &mut Vec<u8>, s: &str) {
             put_len(out, s.len());
@@ -650,7 +770,7 @@ impl Tokenizer {
         }
         let mut out = Vec::with_capacity(self.bytes.len() * 3);
         out.extend_from_slice(b"baton-tokenizer/1\n");
-        put_str(&mut out, "gpt2");
+        put_str(&mut out, if self.spm.is_some() { "llama" } else { "gpt2" });
         put_str(&mut out, self.pre.gguf_name());
         put_len(&mut out, self.tokens.len());
         for (token, ty) in self.tokens.iter().zip(&self.token_types) {
@@ -666,6 +786,12 @@ impl Tokenizer {
         }
         out.push(u8::from(self.add_bos));
         out.push(u8::from(self.add_eos));
+        if let Some(spm) = &self.spm {
+            for score in &spm.scores {
+                out.extend_from_slice(&score.to_bits().to_le_bytes());
+            }
+            out.push(u8::from(spm.add_space_prefix));
+        }
         out
     }
 }
