@@ -26,7 +26,10 @@ Families:
   than hidden / heads, untied output;
 - `mistral`: Mistral 7B-style (converted as `llama`), tied output;
 - `qwen2`: Qwen2.5-style, Q/K/V biases, tied output;
-- `qwen3`: Qwen3-style, per-head Q/K RMSNorm, explicit head size.
+- `qwen3`: Qwen3-style, per-head Q/K RMSNorm, explicit head size;
+- `gemma3`: Gemma 3-style, GeGLU, scaled embeddings, norms after attention and after the
+  feed-forward block, Q/K norms, one KV head, sliding-window layers (window 8, shorter
+  than the prompt) with their own RoPE base, and a global layer.
 
 The tokenizer in each file is byte-level BPE (the 256 byte symbols, three control
 tokens, merges of letter pairs) with the family's `tokenizer.ggml.pre`; the tests feed
@@ -151,7 +154,33 @@ def families():
             ),
             transformers.Qwen3ForCausalLM,
         ),
+        (
+            "gemma3",
+            "gemma3",
+            "gpt2",
+            transformers.Gemma3TextConfig(
+                **{**common, "num_hidden_layers": 7, "num_key_value_heads": 1},
+                head_dim=32,
+                query_pre_attn_scalar=32,
+                # Shorter than the prompt, so that the window cuts both the prompt's
+                # rows and the generated ones; layers 0-4 and 6 are local, 5 global.
+                sliding_window=8,
+                layer_types=["sliding_attention"] * 5 + ["full_attention", "sliding_attention"],
+                rope_parameters={
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                    "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                },
+                tie_word_embeddings=True,
+            ),
+            transformers.Gemma3ForCausalLM,
+        ),
     ]
+
+
+def rope_theta(cfg) -> float:
+    """The RoPE base of the global layers."""
+    p = cfg.rope_parameters
+    return p.get("full_attention", p)["rope_theta"]
 
 
 @torch.no_grad()
@@ -209,7 +238,9 @@ def write_gguf(path: Path, arch: str, pre: str, cfg, tensors: dict[str, np.ndarr
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     w.add_rope_dimension_count(head_dim)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_rope_freq_base(rope_theta(cfg))
+    if arch == "gemma3":
+        w.add_sliding_window(cfg.sliding_window)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(VOCAB)
     tokens, types, merges = vocabulary()
@@ -234,7 +265,12 @@ def write_gguf(path: Path, arch: str, pre: str, cfg, tensors: dict[str, np.ndarr
 
 def gguf_tensors(arch: str, model, cfg) -> dict[str, np.ndarray]:
     """The model's weights under llama.cpp's names, laid out as its converter writes them."""
-    model_arch = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3}[arch]
+    model_arch = {
+        "llama": gguf.MODEL_ARCH.LLAMA,
+        "qwen2": gguf.MODEL_ARCH.QWEN2,
+        "qwen3": gguf.MODEL_ARCH.QWEN3,
+        "gemma3": gguf.MODEL_ARCH.GEMMA3,
+    }[arch]
     names = gguf.get_tensor_name_map(model_arch, cfg.num_hidden_layers)
     out: dict[str, np.ndarray] = {}
     for hf_name, t in model.state_dict().items():
@@ -244,6 +280,9 @@ def gguf_tensors(arch: str, model, cfg) -> dict[str, np.ndarray]:
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise SystemExit(f"no GGUF name for {hf_name}")
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            # Gemma's RMSNorm scales by 1 + w; the converter stores 1 + w.
+            arr = arr + 1.0
         if arch == "llama":
             if hf_name.endswith(("q_proj.weight", "q_proj.bias")):
                 arr = permute(arr, cfg.num_attention_heads)

@@ -21,7 +21,7 @@ use baton_common::public::{
 };
 use baton_worker::engine::gguf::{GgmlType, GgufFile, GgufWriter};
 use baton_worker::engine::llama::synthetic::{write_synthetic_llama, SyntheticSpec};
-use baton_worker::engine::llama::{Arch, LlamaConfig};
+use baton_worker::engine::llama::{config::Activation, Arch, LlamaConfig};
 use baton_worker::engine::tokenizer::Tokenizer;
 
 fn main() -> anyhow::Result<()> {
@@ -62,6 +62,10 @@ fn gguf_seeds(dir: &Path) -> anyhow::Result<()> {
         rope_theta: 10_000.0,
         rms_eps: 1e-5,
         rope_scale: 1.0,
+        activation: Activation::Silu,
+        embed_scale: 1.0,
+        attn_scale: 0.25,
+        sliding: None,
     };
     for (ty, untied) in [
         (GgmlType::Q8_0, false),

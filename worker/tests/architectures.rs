@@ -1,6 +1,7 @@
 //! Every supported architecture against Hugging Face `transformers`: tiny random-weight
 //! models (`llama3` with llama3 RoPE scaling and a wide head, `mistral`, `qwen2` with
-//! Q/K/V biases, `qwen3` with per-head Q/K norms), written to GGUF as F32 and as Q8_0 by
+//! Q/K/V biases, `qwen3` with per-head Q/K norms, `gemma3` with GeGLU, post norms and
+//! sliding-window layers), written to GGUF as F32 and as Q8_0 by
 //! `scripts/arch_fixtures.py`, which also recorded what `transformers` computes for them:
 //! the logits at the last prompt position and 24 greedy tokens.
 //!
@@ -57,9 +58,10 @@ struct Reference {
 }
 
 /// How far the defaults' logits may move from the reference's (the 16-bit rounding of
-/// activations and of the cache): a greedy step closer to a tie than this may go either
-/// way, so the tokens are compared up to the first such step.
-const ROUNDED_MARGIN: f32 = 2e-2;
+/// activations and of the cache), as a fraction of the logits' root mean square (the
+/// rounding is relative, and deeper models carry it further): a greedy step closer to a
+/// tie than this may go either way.
+const ROUNDED: f32 = 1.5e-2;
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/arch")
@@ -132,7 +134,7 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 /// Runs `file` as `dtype` with a `kv` cache against `reference`: logits within `tol` and
 /// every greedy token equal, decoding from its own choices; or, without `tol`, decoding
 /// the reference's tokens, the same choice at every step that is not a close call (see
-/// [`ROUNDED_MARGIN`]).
+/// [`ROUNDED`]).
 fn check(
     m: &Model,
     file: &str,
@@ -160,10 +162,11 @@ fn check(
         None => {
             let (logits, greedy) = run(&model, &m.prompt_ids, n, Some(&reference.greedy_ids));
             let d = max_diff(&logits[0], &reference.last_logits);
-            assert!(d <= ROUNDED_MARGIN, "{what}: logits differ by {d}");
-            let clear: Vec<usize> = (0..n)
-                .filter(|&i| reference.margins[i] >= ROUNDED_MARGIN)
-                .collect();
+            let l = &reference.last_logits;
+            let rms = (l.iter().map(|x| x * x).sum::<f32>() / l.len() as f32).sqrt();
+            let margin = ROUNDED * rms;
+            assert!(d <= margin, "{what}: logits differ by {d} (> {margin})");
+            let clear: Vec<usize> = (0..n).filter(|&i| reference.margins[i] >= margin).collect();
             eprintln!(
                 "{what}: logits within {d:.2e}, {} of {n} steps clear of ties",
                 clear.len()
@@ -186,7 +189,7 @@ fn check(
 fn every_architecture_matches_transformers() {
     let fixture = fixture();
     let names: Vec<&str> = fixture.models.iter().map(|m| m.name.as_str()).collect();
-    assert_eq!(names, ["llama3", "mistral", "qwen2", "qwen3"]);
+    assert_eq!(names, ["llama3", "mistral", "qwen2", "qwen3", "gemma3"]);
     for m in &fixture.models {
         let r = &m.reference;
         // The burn engine on exact f32 weights, and on the Q8_0 file's values.
@@ -243,6 +246,7 @@ fn the_preflight_reads_each_family_from_its_metadata() {
             "mistral" => (16, false, false, false, true),
             "qwen2" => (16, true, false, false, true),
             "qwen3" => (32, false, true, false, true),
+            "gemma3" => (32, false, true, false, true),
             other => panic!("unexpected model {other}"),
         };
         assert_eq!(c.head_dim, head_dim, "{}: head size", m.name);

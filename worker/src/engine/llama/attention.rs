@@ -56,6 +56,17 @@ pub struct SeqSpan {
     pub pos: usize,
 }
 
+/// What a layer's attention uses beside its weights.
+pub struct AttendWith<'a, B: Backend> {
+    /// The layer's rotations.
+    pub rope: &'a Rope<B>,
+    /// Scores are `q·k` times this.
+    pub scale: f32,
+    /// A sliding-window layer's window: a query sees itself and the `window − 1`
+    /// positions before it.
+    pub window: Option<usize>,
+}
+
 impl<B: Backend> Attention<B> {
     /// `x: [rows, hidden]` for all sequences of the batch → `[rows, hidden]`.
     pub fn forward(
@@ -64,8 +75,9 @@ impl<B: Backend> Attention<B> {
         x: Tensor<B, 2>,
         spans: &[SeqSpan],
         caches: &mut [&mut KvCache<B>],
-        rope: &Rope<B>,
+        how: &AttendWith<'_, B>,
     ) -> Tensor<B, 2> {
+        let rope = how.rope;
         let (h, kvh, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
         let mut qkv = self.qkv.forward(x);
         if let Some(b) = &self.qkv_bias {
@@ -95,7 +107,7 @@ impl<B: Backend> Attention<B> {
             let k = rope.apply(head_norm(k, &self.k_norm), span.pos);
             // [len, heads, d] → [heads, len, d]
             let (keys, values) = cache.append(layer, k.swap_dims(0, 1), v.swap_dims(0, 1));
-            outs.push(self.attend(q, keys, values));
+            outs.push(self.attend(q, keys, values, span.pos, how));
         }
         let merged = if outs.len() == 1 {
             outs.pop().expect("one output")
@@ -105,16 +117,38 @@ impl<B: Backend> Attention<B> {
         self.out.forward(merged)
     }
 
-    /// `q: [len, heads, d]` against cached `[kv_heads, total, d]` → `[len, heads·d]`.
-    fn attend(&self, q: Tensor<B, 3>, keys: Tensor<B, 3>, values: Tensor<B, 3>) -> Tensor<B, 2> {
+    /// `q: [len, heads, d]` (positions `start..start + len`) against the cached
+    /// `[kv_heads, total, d]` (positions `0..total`, `total = start + len`) →
+    /// `[len, heads·d]`.
+    fn attend(
+        &self,
+        q: Tensor<B, 3>,
+        keys: Tensor<B, 3>,
+        values: Tensor<B, 3>,
+        start: usize,
+        how: &AttendWith<'_, B>,
+    ) -> Tensor<B, 2> {
         let (h, kvh, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
         let group = h / kvh;
         let [len, _, _] = q.dims();
         let total = keys.dims()[1];
+        let options = AttentionModuleOptions {
+            scale: Some(f64::from(how.scale)),
+            ..Default::default()
+        };
         if len == 1 {
             // One query: the `group` query heads sharing a KV head become `group` query
             // rows of that KV head, so keys are never repeated and no mask is needed
-            // (head h reads KV head h / group).
+            // (head h reads KV head h / group); a window only shortens the keys.
+            let first = how.window.map_or(0, |w| total.saturating_sub(w));
+            let (keys, values) = if first > 0 {
+                (
+                    keys.narrow(1, first, total - first),
+                    values.narrow(1, first, total - first),
+                )
+            } else {
+                (keys, values)
+            };
             let q = q.reshape([1, kvh, group, d]);
             let out = attention(
                 q,
@@ -122,23 +156,36 @@ impl<B: Backend> Attention<B> {
                 values.unsqueeze_dim::<4>(0),
                 None,
                 None,
-                AttentionModuleOptions::default(),
+                options,
             );
             return out.reshape([1, h * d]);
         }
-        // Several queries (prefill): repeat each KV head for its query heads and mask
-        // causally, aligned so that the last query sees every key.
+        // Several queries (a prompt, or a chunk of one after cached positions): repeat
+        // each KV head for its query heads, and mask what query `i` (position
+        // `start + i`) may not see: later positions, and those past its window. The mask
+        // is spelled out rather than left to `is_causal`, whose diagonal would have to
+        // line up with the last key when the queries are fewer than the keys.
         let expand = |t: Tensor<B, 3>| {
             t.unsqueeze_dim::<4>(1)
                 .expand([kvh, group, total, d])
                 .reshape([1, h, total, d])
         };
+        let mut hidden = Vec::with_capacity(len * total);
+        for i in 0..len {
+            let pos = start + i;
+            for key in 0..total {
+                let past = how.window.is_some_and(|w| pos >= key + w);
+                hidden.push(key > pos || past);
+            }
+        }
+        let mask = Tensor::<B, 2, burn_tensor::Bool>::from_data(
+            TensorData::new(hidden, [len, total]),
+            &q.device(),
+        )
+        .reshape([1, 1, len, total])
+        .expand([1, h, len, total]);
         let q = q.swap_dims(0, 1).unsqueeze_dim::<4>(0);
-        let options = AttentionModuleOptions {
-            is_causal: true,
-            ..Default::default()
-        };
-        let out = attention(q, expand(keys), expand(values), None, None, options);
+        let out = attention(q, expand(keys), expand(values), Some(mask), None, options);
         // [1, h, len, d] → [len, h·d]
         out.squeeze_dim::<3>(0)
             .swap_dims(0, 1)

@@ -12,11 +12,15 @@ pub enum Arch {
     Qwen2,
     /// `qwen3`: Qwen3 dense, with a per-head RMSNorm on queries and keys.
     Qwen3,
+    /// `gemma3`: Gemma 3 (text), with GeGLU, embeddings scaled by √hidden, norms after
+    /// attention and after the feed-forward block, Q/K norms, and sliding-window layers
+    /// with their own RoPE base.
+    Gemma3,
 }
 
 impl Arch {
     /// Every supported architecture.
-    pub const ALL: [Arch; 3] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3];
+    pub const ALL: [Arch; 4] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3];
 
     /// The architecture named `name` in `general.architecture`.
     pub fn from_gguf_name(name: &str) -> Option<Self> {
@@ -29,6 +33,7 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Gemma3 => "gemma3",
         }
     }
 
@@ -39,6 +44,26 @@ impl Arch {
     pub fn rope_rows_permuted(self) -> bool {
         matches!(self, Arch::Llama)
     }
+}
+
+/// The feed-forward block's gate activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu(gate) · up` (SwiGLU): Llama, Qwen.
+    Silu,
+    /// `gelu_tanh(gate) · up` (GeGLU with GELU's tanh approximation): Gemma.
+    GeluTanh,
+}
+
+/// Sliding-window attention on some layers (Gemma 3: five local layers, then a global one).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SlidingWindow {
+    /// A local layer's query sees itself and the `window − 1` positions before it.
+    pub window: usize,
+    /// Layers `l` with `l % pattern < pattern − 1` are local, the others global.
+    pub pattern: usize,
+    /// RoPE base of the local layers (the global ones use [`LlamaConfig::rope_theta`]).
+    pub rope_theta: f32,
 }
 
 impl std::fmt::Display for Arch {
@@ -73,8 +98,17 @@ pub struct LlamaConfig {
     /// RMSNorm epsilon.
     pub rms_eps: f32,
     /// Positions are multiplied by this before rotation: `1 / rope.scaling.factor` for
-    /// linear RoPE scaling, else 1.
+    /// linear RoPE scaling, else 1. Local (sliding-window) layers are never scaled.
     pub rope_scale: f32,
+    /// The feed-forward gate's activation.
+    pub activation: Activation,
+    /// The token embedding is multiplied by this (Gemma: √hidden), else 1.
+    pub embed_scale: f32,
+    /// Attention scores are `q·k` times this: `1/√head_dim`, except where a model says
+    /// otherwise.
+    pub attn_scale: f32,
+    /// The local layers, when the model has any.
+    pub sliding: Option<SlidingWindow>,
 }
 
 impl LlamaConfig {
@@ -116,10 +150,42 @@ impl LlamaConfig {
             }
             _ => 1.0,
         };
+        let gemma = arch == Arch::Gemma3;
+        let sliding = match gguf.get(&key("attention.sliding_window")) {
+            Some(_) if gemma && get("attention.sliding_window")? > 0 => Some(SlidingWindow {
+                window: get("attention.sliding_window")?,
+                pattern: match gguf.get(&key("attention.sliding_window_pattern")) {
+                    Some(_) => get("attention.sliding_window_pattern")?,
+                    // Gemma 3's: five local layers, then a global one.
+                    None => 6,
+                },
+                rope_theta: match gguf.get(&key("rope.freq_base_swa")) {
+                    Some(_) => gguf.get_f64(&key("rope.freq_base_swa"))? as f32,
+                    None => 10_000.0,
+                },
+            }),
+            _ => None,
+        };
+        let n_layers = get("block_count")?;
+        // Gemma 3 27B scales queries by hidden / heads instead of the head size (llama.cpp
+        // and gemma_pytorch tell it by its 62 layers; the file has no key for it).
+        let scale_dim = if gemma && n_layers == 62 {
+            hidden.checked_div(n_heads).unwrap_or(0)
+        } else {
+            head_dim
+        };
         Ok(Self {
             arch,
             rope_scale,
-            n_layers: get("block_count")?,
+            activation: if gemma {
+                Activation::GeluTanh
+            } else {
+                Activation::Silu
+            },
+            embed_scale: if gemma { (hidden as f32).sqrt() } else { 1.0 },
+            attn_scale: 1.0 / (scale_dim as f32).sqrt(),
+            sliding,
+            n_layers,
             hidden,
             ffn: get("feed_forward_length")?,
             n_heads,
@@ -170,6 +236,14 @@ impl LlamaConfig {
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return Err(format!("rope base {} is not positive", self.rope_theta));
         }
+        if let Some(s) = self.sliding {
+            if !(s.rope_theta.is_finite() && s.rope_theta > 0.0) {
+                return Err(format!(
+                    "rope.freq_base_swa {} is not positive",
+                    s.rope_theta
+                ));
+            }
+        }
         if !(self.rope_scale.is_finite() && self.rope_scale > 0.0) {
             return Err(format!(
                 "rope.scaling.factor {} is not positive",
@@ -177,6 +251,12 @@ impl LlamaConfig {
             ));
         }
         Ok(())
+    }
+
+    /// Whether layer `layer` attends over a sliding window.
+    pub fn is_local(&self, layer: usize) -> bool {
+        self.sliding
+            .is_some_and(|s| s.pattern == 0 || layer % s.pattern < s.pattern - 1)
     }
 
     /// Query heads that share one key/value head.

@@ -12,6 +12,7 @@ use crate::engine::sampler::{first_max, merge_first_max};
 use super::{
     attention::SeqSpan,
     cache::{KvCache, KvDtype, KvElem},
+    config::Activation,
     linear::Linear,
     model::{Embedding, Llama},
     qmatmul::{Prepared, QMatrix},
@@ -27,6 +28,9 @@ pub(crate) struct HostBlock<'a> {
     /// Per-head RMSNorm weights of queries and keys, when the model has them.
     q_norm: Option<&'a [f32]>,
     k_norm: Option<&'a [f32]>,
+    /// Norms of the attention's and the feed-forward block's outputs (Gemma 3).
+    post_attn_norm: Option<&'a [f32]>,
+    post_ffn_norm: Option<&'a [f32]>,
     out: &'a QMatrix,
     ffn_norm: &'a [f32],
     gate_up: &'a QMatrix,
@@ -584,6 +588,17 @@ unsafe fn attend_heads_avx512<E: KvElem>(
     }
 }
 
+/// `g ← gelu_tanh(g) · u`, elementwise (GeGLU).
+pub(crate) fn geglu(g: &mut [f32], u: &[f32]) {
+    assert_eq!(g.len(), u.len(), "GeGLU halves disagree");
+    // GELU's tanh approximation, as PyTorch's `gelu(approximate="tanh")`.
+    const K: f32 = 0.797_884_6; // √(2/π)
+    for (g, u) in g.iter_mut().zip(u) {
+        let x = *g;
+        *g = 0.5 * x * (1.0 + (K * (x + 0.044_715 * x * x * x)).tanh()) * u;
+    }
+}
+
 /// `g ← silu(g) · u = g / (1 + e^−g) · u`, elementwise. With AVX2 and FMA (checked at
 /// run time) `e^x` is [`exp_avx2`] on eight values at a time (within 2 ulp of the
 /// library's); elsewhere the library's.
@@ -706,6 +721,8 @@ impl<B: Backend> Llama<B> {
                     qkv_bias: b.attn.qkv_bias.as_ref().map(|b| b.host.as_slice()),
                     q_norm: b.attn.q_norm.as_ref().map(|n| n.host.as_slice()),
                     k_norm: b.attn.k_norm.as_ref().map(|n| n.host.as_slice()),
+                    post_attn_norm: b.post_attn_norm.as_ref().map(|n| n.host.as_slice()),
+                    post_ffn_norm: b.post_ffn_norm.as_ref().map(|n| n.host.as_slice()),
                     out: quant(&b.attn.out)?,
                     ffn_norm: &b.ffn_norm.host,
                     gate_up: quant(&b.mlp.gate_up)?,
@@ -867,9 +884,13 @@ impl<B: Backend> Llama<B> {
         let (qd, kvd) = (heads * d, kvh * d);
         let width = qd + 2 * kvd;
         let group = heads / kvh;
-        let scale = 1.0 / (d as f32).sqrt();
+        let scale = c.attn_scale;
         let eps = self.norm.eps;
         let layers = w.blocks.len();
+        let post_norms = w.blocks.iter().any(|b| b.post_attn_norm.is_some());
+        // Each layer's phases: QKV, attention, output, gate/up, down, and with post norms
+        // one more after the output and after the down product.
+        let layer_phases = if post_norms { 7 } else { 5 };
         let vocab = w.lm_head.rows();
         let rows = ids.len();
         let nseq = spans.len();
@@ -877,6 +898,11 @@ impl<B: Backend> Llama<B> {
         let mut x = Vec::with_capacity(rows * hidden);
         for &id in ids {
             x.extend(w.embed.row(id as usize));
+        }
+        if c.embed_scale != 1.0 {
+            for v in &mut x {
+                *v *= c.embed_scale;
+            }
         }
         // Sequence and position of every row.
         let mut row_seq = Vec::with_capacity(rows);
@@ -930,8 +956,10 @@ impl<B: Backend> Llama<B> {
         );
         let maxs = Shared::new(&mut maxima);
         let barrier = SpinBarrier::new(threads);
-        let counters = Counters::new(layers * 5 + 1);
-        let rope = &self.rope;
+        let counters = Counters::new(layers * layer_phases + 1);
+        // The outputs of the attention and of the down product before their norms.
+        let mut o = vec![0.0f32; if post_norms { rows * hidden } else { 0 }];
+        let os = Shared::new(&mut o);
 
         let region = || {
             let _guard = barrier.guard();
@@ -946,6 +974,7 @@ impl<B: Backend> Llama<B> {
             let mut head_scratch = vec![0.0f32; d];
             let mut phase = 0;
             for (layer, b) in w.blocks.iter().enumerate() {
+                let (rope, window) = self.layer_rope(layer);
                 // SAFETY (all `Shared` accesses below): each phase writes only the
                 // elements of the chunks or items this thread claimed from the phase's
                 // counter, which no other thread touches in that phase, and reads only
@@ -1011,6 +1040,8 @@ impl<B: Backend> Llama<B> {
                     let (j, i) = (item / items_per_row, item % items_per_row);
                     let hh = i * per_item;
                     let keys = row_pos[j] + 1;
+                    // A sliding-window layer reads only the window's keys.
+                    let first = window.map_or(0, |w| keys.saturating_sub(w));
                     let (ks, vs) = &kv[row_seq[j] * layers + layer];
                     let at = j * qd + hh * d;
                     // The keys and values of this thread's likely next item (the threads
@@ -1029,9 +1060,9 @@ impl<B: Backend> Llama<B> {
                     }
                     attend_heads(
                         unsafe { qs.get(at..at + per_item * d) },
-                        unsafe { ks.get(0..keys * kvd) },
-                        unsafe { vs.get(0..keys * kvd) },
-                        keys,
+                        unsafe { ks.get(first * kvd..keys * kvd) },
+                        unsafe { vs.get(first * kvd..keys * kvd) },
+                        keys - first,
                         kvd,
                         hh / group * d,
                         d,
@@ -1045,14 +1076,24 @@ impl<B: Backend> Llama<B> {
 
                 let a = unsafe { atts.get(0..rows * qd) };
                 b.out.prepare(a, &row_int, &mut xsum);
+                let (dst, add) = if post_norms {
+                    (&os, false)
+                } else {
+                    (&xs, true)
+                };
                 while let Some((r0, r1)) = chunk(&counters, phase, hidden, threads) {
                     yt.resize((r1 - r0) * rows, 0.0);
                     b.out
                         .product_rows(a, rows, &xsum, r0, r1, &mut tile, &mut yt);
-                    add_rows(&xs, hidden, r0, r1, rows, &yt, &mut tt);
+                    put_rows(dst, hidden, r0, r1, rows, &yt, &mut tt, add);
                 }
                 phase += 1;
                 barrier.wait();
+                if let Some(norm) = b.post_attn_norm {
+                    add_normed_rows(&counters, phase, (&os, &xs), norm, eps, &mut h);
+                    phase += 1;
+                    barrier.wait();
+                }
 
                 rms_norm(unsafe { xs.get(0..rows * hidden) }, b.ffn_norm, eps, &mut h);
                 b.gate_up.prepare(&h, &row_int, &mut xsum);
@@ -1071,7 +1112,10 @@ impl<B: Backend> Llama<B> {
                         &mut tile,
                         &mut yt2,
                     );
-                    swiglu(&mut yt[..n], &yt2[..n]);
+                    match c.activation {
+                        Activation::Silu => swiglu(&mut yt[..n], &yt2[..n]),
+                        Activation::GeluTanh => geglu(&mut yt[..n], &yt2[..n]),
+                    }
                     transpose(&yt[..n], r1 - r0, rows, &mut tt);
                     for (j, t) in tt.chunks_exact(r1 - r0).enumerate() {
                         unsafe { acts.get_mut(j * ffn + r0..j * ffn + r1) }.copy_from_slice(t);
@@ -1082,14 +1126,24 @@ impl<B: Backend> Llama<B> {
 
                 let a = unsafe { acts.get(0..rows * ffn) };
                 b.down.prepare(a, &row_int, &mut xsum);
+                let (dst, add) = if post_norms {
+                    (&os, false)
+                } else {
+                    (&xs, true)
+                };
                 while let Some((r0, r1)) = chunk(&counters, phase, hidden, threads) {
                     yt.resize((r1 - r0) * rows, 0.0);
                     b.down
                         .product_rows(a, rows, &xsum, r0, r1, &mut tile, &mut yt);
-                    add_rows(&xs, hidden, r0, r1, rows, &yt, &mut tt);
+                    put_rows(dst, hidden, r0, r1, rows, &yt, &mut tt, add);
                 }
                 phase += 1;
                 barrier.wait();
+                if let Some(norm) = b.post_ffn_norm {
+                    add_normed_rows(&counters, phase, (&os, &xs), norm, eps, &mut h);
+                    phase += 1;
+                    barrier.wait();
+                }
             }
             if with_output {
                 let mut last = Vec::with_capacity(nseq * hidden);
@@ -1298,9 +1352,10 @@ fn chunk(
     Some((item * size, (item * size + size).min(total)))
 }
 
-/// `x[j][r0..r1] += yt[r − r0][j]` for every row `j` of `x` (`width` wide), through
-/// `tt` (scratch).
-fn add_rows(
+/// `x[j][r0..r1] += yt[r − r0][j]` (or `=`, without `add`) for every row `j` of `x`
+/// (`width` wide), through `tt` (scratch).
+#[allow(clippy::too_many_arguments)]
+fn put_rows(
     x: &Shared<'_>,
     width: usize,
     r0: usize,
@@ -1308,13 +1363,42 @@ fn add_rows(
     rows: usize,
     yt: &[f32],
     tt: &mut Vec<f32>,
+    add: bool,
 ) {
     transpose(yt, r1 - r0, rows, tt);
     for (j, t) in tt.chunks_exact(r1 - r0).enumerate() {
         // SAFETY: columns r0..r1 belong to the chunk the caller claimed in this phase.
         let o = unsafe { x.get_mut(j * width + r0..j * width + r1) };
-        for (o, t) in o.iter_mut().zip(t) {
-            *o += t;
+        if add {
+            for (o, t) in o.iter_mut().zip(t) {
+                *o += t;
+            }
+        } else {
+            o.copy_from_slice(t);
+        }
+    }
+}
+
+/// `x[j] += rms_norm(o[j]) · w` for the rows `j` this thread claims in `phase`; `h` is
+/// scratch of at least one row.
+fn add_normed_rows(
+    counters: &Counters,
+    phase: usize,
+    (o, x): (&Shared<'_>, &Shared<'_>),
+    w: &[f32],
+    eps: f32,
+    h: &mut [f32],
+) {
+    let width = w.len();
+    let rows = o.len() / width;
+    let h = &mut h[..width];
+    while let Some(j) = counters.next(phase, rows) {
+        // SAFETY: row j is this thread's alone in this phase; `o` was written in the
+        // phase before, behind its barrier.
+        rms_norm(unsafe { o.get(j * width..(j + 1) * width) }, w, eps, h);
+        let xr = unsafe { x.get_mut(j * width..(j + 1) * width) };
+        for (x, v) in xr.iter_mut().zip(h.iter()) {
+            *x += v;
         }
     }
 }

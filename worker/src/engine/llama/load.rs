@@ -28,7 +28,7 @@ pub enum LoadError {
     Gguf(#[from] GgufError),
     /// The file describes another architecture.
     #[error(
-        "unsupported architecture general.architecture = {0:?} (supported: llama, qwen2, qwen3)"
+        "unsupported architecture general.architecture = {0:?} (supported: llama, qwen2, qwen3, gemma3)"
     )]
     UnsupportedArchitecture(String),
     /// A metadata key whose arithmetic the forward pass does not implement.
@@ -351,14 +351,26 @@ pub fn load_llama<B: Backend>(
         };
         let out = l.matrix(&name("attn_output"), qd, hd)?;
         let out = l.linear(out, hd, qd);
+        let post_attn_norm = if plan.post_norms {
+            Some(l.norm(&name("post_attention_norm"), hd, config.rms_eps)?)
+        } else {
+            None
+        };
         let ffn_norm = l.norm(&name("ffn_norm"), hd, config.rms_eps)?;
         let gate = l.matrix(&name("ffn_gate"), hd, ffn)?;
         let up = l.matrix(&name("ffn_up"), hd, ffn)?;
         let gate_up = l.linear(stack(vec![gate, up], hd), 2 * ffn, hd);
         let down = l.matrix(&name("ffn_down"), ffn, hd)?;
         let down = l.linear(down, hd, ffn);
+        let post_ffn_norm = if plan.post_norms {
+            Some(l.norm(&name("post_ffw_norm"), hd, config.rms_eps)?)
+        } else {
+            None
+        };
         blocks.push(Block {
             attn_norm,
+            post_attn_norm,
+            post_ffn_norm,
             attn: Attention {
                 qkv,
                 qkv_bias,
@@ -370,7 +382,12 @@ pub fn load_llama<B: Backend>(
                 head_dim: d,
             },
             ffn_norm,
-            mlp: Mlp { gate_up, down, ffn },
+            mlp: Mlp {
+                gate_up,
+                down,
+                ffn,
+                activation: config.activation,
+            },
         });
     }
     let norm = l.norm("output_norm.weight", hd, config.rms_eps)?;
@@ -390,7 +407,12 @@ pub fn load_llama<B: Backend>(
         positions,
         device,
     );
+    // Sliding-window layers rotate with their own base, never scaled.
+    let rope_local = config
+        .sliding
+        .map(|s| Rope::new(RopeSpec::plain(d, s.rope_theta), positions, device));
     Ok(Llama {
+        rope_local,
         config,
         embed,
         lm_head,

@@ -1,8 +1,9 @@
-//! The SwiGLU feed-forward block: `down(silu(gate(x)) ⊙ up(x))`.
+//! The gated feed-forward block: `down(act(gate(x)) ⊙ up(x))`, with SiLU (SwiGLU) or
+//! GELU's tanh approximation (GeGLU).
 
 use burn_tensor::{activation::silu, backend::Backend, Tensor};
 
-use super::linear::Linear;
+use super::{config::Activation, linear::Linear};
 
 /// One layer's feed-forward weights.
 #[derive(Debug, Clone)]
@@ -12,6 +13,8 @@ pub struct Mlp<B: Backend> {
     /// Down projection.
     pub(crate) down: Linear<B>,
     pub(crate) ffn: usize,
+    /// The gate's activation.
+    pub(crate) activation: Activation,
 }
 
 impl<B: Backend> Mlp<B> {
@@ -20,6 +23,17 @@ impl<B: Backend> Mlp<B> {
         let gu = self.gate_up.forward(x);
         let gate = gu.clone().narrow(1, 0, self.ffn);
         let up = gu.narrow(1, self.ffn, self.ffn);
-        self.down.forward(silu(gate) * up)
+        let gate = match self.activation {
+            Activation::Silu => silu(gate),
+            Activation::GeluTanh => gelu_tanh(gate),
+        };
+        self.down.forward(gate * up)
     }
+}
+
+/// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, PyTorch's `gelu(approximate="tanh")`.
+fn gelu_tanh<B: Backend>(x: Tensor<B, 2>) -> Tensor<B, 2> {
+    let inner = (x.clone() + x.clone().powi_scalar(3).mul_scalar(0.044_715))
+        .mul_scalar((2.0f64 / std::f64::consts::PI).sqrt());
+    x.mul_scalar(0.5) * (inner.tanh().add_scalar(1.0))
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use burn_tensor::{backend::Backend, Int, Tensor, TensorData};
 
 use super::{
-    attention::{Attention, SeqSpan},
+    attention::{AttendWith, Attention, SeqSpan},
     cache::{KvCache, KvDtype},
     config::LlamaConfig,
     host::HostLogits,
@@ -70,8 +70,12 @@ impl<B: Backend> RmsNorm<B> {
 pub struct Block<B: Backend> {
     pub(crate) attn_norm: RmsNorm<B>,
     pub(crate) attn: Attention<B>,
+    /// Norm of the attention's output before the residual add (Gemma 3).
+    pub(crate) post_attn_norm: Option<RmsNorm<B>>,
     pub(crate) ffn_norm: RmsNorm<B>,
     pub(crate) mlp: Mlp<B>,
+    /// Norm of the feed-forward block's output before the residual add (Gemma 3).
+    pub(crate) post_ffn_norm: Option<RmsNorm<B>>,
 }
 
 /// The token embedding table, `[vocab, hidden]`.
@@ -103,6 +107,8 @@ pub struct Llama<B: Backend> {
     pub(crate) blocks: Vec<Block<B>>,
     pub(crate) norm: RmsNorm<B>,
     pub(crate) rope: Rope<B>,
+    /// The rotations of sliding-window layers, when they have their own base.
+    pub(crate) rope_local: Option<Rope<B>>,
     pub(crate) device: B::Device,
     /// Run block-form weights through the burn path too (tests compare the two paths).
     pub(crate) force_burn: bool,
@@ -256,11 +262,25 @@ impl<B: Backend> Llama<B> {
                 )
             }
         };
+        if self.config.embed_scale != 1.0 {
+            x = x.mul_scalar(self.config.embed_scale);
+        }
+        let post = |norm: &Option<RmsNorm<B>>, t: Tensor<B, 2>| match norm {
+            Some(n) => n.forward(t),
+            None => t,
+        };
         for (layer, block) in self.blocks.iter().enumerate() {
             let h = block.attn_norm.forward(x.clone());
-            x = x + block.attn.forward(layer, h, spans, caches, &self.rope);
+            let (rope, window) = self.layer_rope(layer);
+            let how = AttendWith {
+                rope,
+                scale: self.config.attn_scale,
+                window,
+            };
+            let a = block.attn.forward(layer, h, spans, caches, &how);
+            x = x + post(&block.post_attn_norm, a);
             let h = block.ffn_norm.forward(x.clone());
-            x = x + block.mlp.forward(h);
+            x = x + post(&block.post_ffn_norm, block.mlp.forward(h));
         }
         let last = if spans.len() == 1 && spans[0].len == 1 {
             x
@@ -272,6 +292,14 @@ impl<B: Backend> Llama<B> {
             Tensor::cat(picked, 0)
         };
         self.lm_head.forward(self.norm.forward(last))
+    }
+
+    /// The rotations of layer `layer`, and its window when it is a sliding-window layer.
+    pub(crate) fn layer_rope(&self, layer: usize) -> (&Rope<B>, Option<usize>) {
+        match (self.config.sliding, &self.rope_local) {
+            (Some(s), Some(local)) if self.config.is_local(layer) => (local, Some(s.window)),
+            _ => (&self.rope, None),
+        }
     }
 
     /// Copies logits `[sequences, vocab]` to the host, one vector per sequence.

@@ -12,6 +12,9 @@
 //!   `attn_output.bias`, …), for the same reason;
 //! - a tensor of a type that cannot be read, or of the wrong shape;
 //! - a file split in parts (`split.count`).
+//!
+//! Which optional tensors a file has (biases, per-head norms, `rope_freqs`, an untied
+//! output) is read from block 0 and then required of every block.
 
 use super::config::{Arch, LlamaConfig};
 use super::load::LoadError;
@@ -26,6 +29,10 @@ pub struct Plan {
     pub qkv_bias: bool,
     /// `blk.N.attn_{q,k}_norm.weight` are present (Qwen3: RMSNorm of each head).
     pub qk_norm: bool,
+    /// `blk.N.post_attention_norm.weight` and `blk.N.post_ffw_norm.weight` (Gemma 3):
+    /// RMSNorms of the attention's and the feed-forward block's outputs before they are
+    /// added to the residual stream.
+    pub post_norms: bool,
     /// `rope_freqs.weight` is present: per-frequency divisors of the RoPE angles (Llama
     /// 3.1 and later write their "llama3" RoPE scaling this way).
     pub rope_freqs: bool,
@@ -55,6 +62,17 @@ const KNOWN_KEYS: &[&str] = &[
     // How the original checkpoint was laid out; the GGUF's own layout is fixed.
     "tensor_data_layout",
 ];
+
+/// Keys that only some architectures implement.
+fn known_for(arch: Arch, key: &str) -> bool {
+    match arch {
+        Arch::Gemma3 => matches!(
+            key,
+            "attention.sliding_window" | "attention.sliding_window_pattern" | "rope.freq_base_swa"
+        ),
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => false,
+    }
+}
 
 /// Keys that are harmless at these values (a dense model's expert counts).
 fn neutral(key: &str, value: &MetaValue) -> bool {
@@ -119,6 +137,10 @@ fn block_tensors(c: &LlamaConfig, plan: &Plan, n: usize) -> Vec<(String, Vec<usi
         out.push((name("attn_q_norm.weight"), vec![d]));
         out.push((name("attn_k_norm.weight"), vec![d]));
     }
+    if plan.post_norms {
+        out.push((name("post_attention_norm.weight"), vec![hd]));
+        out.push((name("post_ffw_norm.weight"), vec![hd]));
+    }
     out
 }
 
@@ -161,7 +183,7 @@ pub fn preflight(gguf: &GgufFile) -> Result<Plan, LoadError> {
         let Some(short) = key.strip_prefix(&prefix) else {
             continue;
         };
-        if !KNOWN_KEYS.contains(&short) && !neutral(short, value) {
+        if !KNOWN_KEYS.contains(&short) && !known_for(arch, short) && !neutral(short, value) {
             return Err(unsupported_key(
                 key.clone(),
                 value,
@@ -214,7 +236,9 @@ pub fn preflight(gguf: &GgufFile) -> Result<Plan, LoadError> {
     let has = |name: &str| gguf.tensor(name).is_some();
     let plan = Plan {
         qkv_bias: has("blk.0.attn_q.bias"),
-        qk_norm: has("blk.0.attn_q_norm.weight"),
+        // Gemma 3 is defined with both; for the others the file says.
+        qk_norm: arch == Arch::Gemma3 || has("blk.0.attn_q_norm.weight"),
+        post_norms: arch == Arch::Gemma3,
         rope_freqs: has("rope_freqs.weight"),
         tied: !has("output.weight"),
         config,

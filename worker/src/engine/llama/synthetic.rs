@@ -10,7 +10,7 @@ use std::path::Path;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::config::{Arch, LlamaConfig};
+use super::config::{Activation, Arch, LlamaConfig};
 use crate::engine::gguf::{GgmlType, GgufError, GgufWriter, MetaValue};
 
 /// What to write.
@@ -44,6 +44,10 @@ impl SyntheticSpec {
                 rope_theta: 10_000.0,
                 rms_eps: 1e-5,
                 rope_scale: 1.0,
+                activation: Activation::Silu,
+                embed_scale: 1.0,
+                attn_scale: 0.25,
+                sliding: None,
             },
             weight_type: GgmlType::F32,
             seed,
@@ -67,6 +71,10 @@ impl SyntheticSpec {
                 rope_theta: 500_000.0,
                 rms_eps: 1e-5,
                 rope_scale: 1.0,
+                activation: Activation::Silu,
+                embed_scale: 1.0,
+                attn_scale: 0.125,
+                sliding: None,
             },
             weight_type: GgmlType::Q4_1,
             seed,

@@ -175,6 +175,11 @@ impl<'a, T> Shared<'a, T> {
         Self { cells }
     }
 
+    /// How many elements the buffer holds.
+    pub(crate) fn len(&self) -> usize {
+        self.cells.len()
+    }
+
     /// Elements `range`, to read.
     ///
     /// # Safety
