@@ -7,8 +7,8 @@ Usage:
     scripts/arch-fixtures --real         (makes the venv, fetches the models, runs this)
     python3 scripts/real_reference.py NAME=PATH... [--out DIR]
 
-For each model: four prompts, each raw (the text as it is) and as a chat (one user
-message through the GGUF's chat template, `apply_chat_template(...,
+For each model: four prompts, each raw (the text as it is) and, when the file has a chat
+template, as a chat (one user message through it, `apply_chat_template(...,
 add_generation_prompt=True)`), tokenized by the tokenizer transformers builds from the
 GGUF; 32 greedy tokens (argmax of float32 logits, eager attention, no EOS stop).
 
@@ -83,10 +83,14 @@ def main() -> None:
         ).eval()
         cases = []
         for label, text in PROMPTS:
-            chat = tok.apply_chat_template(
-                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-            )
-            for kind, prompt in (("raw", text), ("chat", chat)):
+            kinds = [("raw", text)]
+            # A base model's file (Gemma-3-270M's) has no chat template: raw prompts only.
+            if tok.chat_template is not None:
+                chat = tok.apply_chat_template(
+                    [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+                )
+                kinds.append(("chat", chat))
+            for kind, prompt in kinds:
                 ids = tok(prompt, add_special_tokens=kind == "raw")["input_ids"]
                 out, margins, top = greedy(model, ids)
                 cases.append(

@@ -8,8 +8,8 @@
 //! - The host engine (the default: the file's blocks, 16-bit integer activations for
 //!   generated tokens, an f16 cache) rounds more. Decoding the reference's tokens, it must
 //!   choose as the reference does at every step that is not a close call; decoding its
-//!   own choices, it gives the reference's 32 tokens too (no close call flips on these
-//!   prompts; a change of rounding that flips one shows here first).
+//!   own choices, it gives the reference's 32 tokens on Qwen's prompts too (a change of
+//!   rounding that flips a close call there shows here first).
 //!
 //! Without the model file the test skips, unless `BATON_REQUIRE_DOWNLOADS` is set (as
 //! `scripts/test` sets it), when it fails.
@@ -116,19 +116,25 @@ fn decode(model: &Llama<B>, prompt: &[u32], n: usize, forced: Option<&[u32]>) ->
     out
 }
 
-fn check_model(name: &str) {
+/// `host_free_run_exact`: whether the host engine, decoding its own choices, is expected
+/// to give the reference's tokens too. It converts K-quant and Q5_0 blocks to Q8_0 for
+/// now, a second rounding under which a close call may go the other way and the texts
+/// part: on Qwen's prompts none does, on Gemma's some do.
+fn check_model(name: &str, host_free_run_exact: bool) {
     let Some((fixture, path)) = fixture(name) else {
         return;
     };
     let gguf = GgufFile::open(&path).expect("opens");
     let tok = Tokenizer::from_gguf(&gguf).expect("tokenizer");
-    let chat = ChatTemplate::from_gguf(&gguf)
-        .expect("template")
-        .expect("has a template");
+    // A base model's file may have no chat template (Gemma-3-270M's); its cases are raw.
+    let chat = ChatTemplate::from_gguf(&gguf).expect("template");
     for c in &fixture.cases {
         let ids = if c.kind == "chat" {
             let text = c.prompt.clone();
             let user = text_of_user(&fixture, c);
+            let chat = chat
+                .as_ref()
+                .expect("a chat case comes from a file with a template");
             let rendered = chat
                 .render(&[ChatMessage::new("user", user)], true)
                 .expect("renders");
@@ -181,7 +187,9 @@ fn check_model(name: &str) {
                     "{what}: ours {ours:?}, reference {:?}",
                     c.greedy_ids
                 );
-                assert_eq!(free, c.greedy_ids, "{what}: greedy tokens differ");
+                if host_free_run_exact {
+                    assert_eq!(free, c.greedy_ids, "{what}: greedy tokens differ");
+                }
             }
         }
     }
@@ -200,5 +208,10 @@ fn text_of_user<'a>(fixture: &'a Fixture, chat: &Case) -> &'a str {
 
 #[test]
 fn qwen2_5_coder_matches_transformers() {
-    check_model("qwen2.5-coder-0.5b");
+    check_model("qwen2.5-coder-0.5b", true);
+}
+
+#[test]
+fn gemma_3_matches_transformers() {
+    check_model("gemma-3-270m", false);
 }
