@@ -352,7 +352,7 @@ fn q5_1_block(b: &[u8], y: &mut [f32]) {
 /// ggml's `get_scale_min_k4`: the 6-bit scale and minimum of sub-block `j` (0..8) packed
 /// into the 12 bytes `q`.
 #[inline]
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

@@ -42,7 +42,7 @@
 use half::f16;
 use rayon::prelude::*;
 
-use crate::engine::gguf::GgmlType;
+use crate::engine::gguf::{dequant::scale_min_k4, GgmlType};
 
 /// Elements per block in every format here.
 pub const BLOCK: usize = 32;
@@ -154,23 +154,33 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
 impl QMatrix {
     /// Whether GGUF data of this type can be kept as is.
     pub fn supports(ty: GgmlType) -> bool {
-        matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+        matches!(
+            ty,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4K
+        )
     }
 
-    /// Repacks `rows` rows of GGUF blocks of type `ty` (Q4_0, Q4_1 or Q8_0).
+    /// Repacks `rows` rows of GGUF blocks of type `ty`, each value kept exactly:
+    /// Q4_0, Q4_1 and Q4_K (each 32-value sub-block with its scale `d·sc` and minimum
+    /// `−dmin·m`, products of f16 and 6-bit integers that f32 holds exactly) as 4-bit
+    /// blocks; Q8_0 and Q5_0 (`q − 16` fits a byte) as 8-bit blocks.
     /// Returns `None` for other types, a `cols` that is not a multiple of 32, or bytes
     /// of the wrong length.
     pub fn from_gguf(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Option<Self> {
-        if !cols.is_multiple_of(BLOCK) || !Self::supports(ty) {
+        let per_file_block = ty.block_size()?;
+        if !cols.is_multiple_of(BLOCK)
+            || !cols.is_multiple_of(per_file_block)
+            || !Self::supports(ty)
+        {
             return None;
         }
         let n_blocks = rows.checked_mul(cols / BLOCK)?;
-        let block_bytes = ty.block_bytes()?;
-        if bytes.len() != n_blocks.checked_mul(block_bytes)? {
+        let file_blocks = rows.checked_mul(cols / per_file_block)?;
+        if bytes.len() != file_blocks.checked_mul(ty.block_bytes()?)? {
             return None;
         }
         let mut m = QMatrix {
-            kind: if ty == GgmlType::Q8_0 {
+            kind: if matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0) {
                 QKind::Byte
             } else {
                 QKind::Nibble
@@ -208,6 +218,43 @@ impl QMatrix {
                     // (q − 8)·d = q·d + (−8·d)
                     m.mins.push(-8.0 * d);
                     m.qs.extend_from_slice(&b[2..18]);
+                }
+            }
+            GgmlType::Q5_0 => {
+                m.qs.reserve(n_blocks * 32);
+                for b in bytes.chunks_exact(22) {
+                    m.scales.push(f16_at(b, 0));
+                    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                    let mut v = [0u8; 32];
+                    for (j, &q) in b[6..22].iter().enumerate() {
+                        let h0 = ((qh >> j) & 1) as u8;
+                        let h1 = ((qh >> (j + 16)) & 1) as u8;
+                        v[j] = (((q & 0x0F) | (h0 << 4)) as i8 - 16) as u8;
+                        v[j + 16] = (((q >> 4) | (h1 << 4)) as i8 - 16) as u8;
+                    }
+                    m.qs.extend_from_slice(&v);
+                }
+            }
+            GgmlType::Q4K => {
+                // 256 values a super-block: d, dmin, 12 bytes of 6-bit scales and
+                // minimums, then 128 bytes whose low nibbles are sub-block 2k and high
+                // nibbles sub-block 2k + 1 (32 bytes for each k).
+                m.qs.reserve(n_blocks * 16);
+                m.mins.reserve(n_blocks);
+                for b in bytes.chunks_exact(144) {
+                    let d = f16_at(b, 0);
+                    let dmin = f16_at(b, 2);
+                    let scales = &b[4..16];
+                    for (k, q) in b[16..144].chunks_exact(32).enumerate() {
+                        for (sub, shift) in [(2 * k, 0), (2 * k + 1, 4)] {
+                            let (sc, mn) = scale_min_k4(sub, scales);
+                            m.scales.push(d * f32::from(sc));
+                            m.mins.push(-(dmin * f32::from(mn)));
+                            // Into this form's layout: values 0..16 low, 16..32 high.
+                            let v = |l: usize| (q[l] >> shift) & 0x0F;
+                            m.qs.extend((0..16).map(|l| v(l) | (v(l + 16) << 4)));
+                        }
+                    }
                 }
             }
             _ => return None,
@@ -2251,6 +2298,64 @@ mod tests {
                     }
                 };
                 assert!((portable - want[r]).abs() < 1e-4);
+            }
+        }
+    }
+
+    /// `n` valid blocks of `ty` (Q5_0 or Q4_K) from a seed: random bytes with sane f16
+    /// scales.
+    fn random_blocks(ty: GgmlType, n: usize, seed: u64) -> Vec<u8> {
+        let size = ty.block_bytes().expect("known size");
+        let mut state = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let mut next = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u32
+        };
+        let mut out = Vec::with_capacity(n * size);
+        for _ in 0..n {
+            let mut b: Vec<u8> = (0..size).map(|_| next() as u8).collect();
+            let scale = |r: u32| f16::from_f32(2e-4 + (r % 1000) as f32 * 2e-5).to_le_bytes();
+            b[0..2].copy_from_slice(&scale(next()));
+            if ty == GgmlType::Q4K {
+                b[2..4].copy_from_slice(&scale(next()));
+            }
+            out.extend(b);
+        }
+        out
+    }
+
+    #[test]
+    fn q5_0_and_q4_k_repack_without_rounding() {
+        let (rows, cols) = (12, 512);
+        for ty in [GgmlType::Q5_0, GgmlType::Q4K] {
+            let per = ty.block_size().expect("block size");
+            let bytes = random_blocks(ty, rows * cols / per, ty.id().into());
+            let deq = dequantize(ty, &bytes, rows * cols).expect("dequantize");
+            let q = QMatrix::from_gguf(ty, rows, cols, &bytes).expect("repack");
+            for r in 0..rows {
+                for (c, (a, b)) in q
+                    .row(r)
+                    .iter()
+                    .zip(&deq[r * cols..(r + 1) * cols])
+                    .enumerate()
+                {
+                    // The same value, up to the rounding of one fused multiply-add.
+                    assert!(
+                        (a - b).abs() <= b.abs() * 2e-7 + 1e-9,
+                        "{ty:?} [{r}, {c}]: {a} vs {b}"
+                    );
+                }
+            }
+            for n in [1, 4, 9] {
+                let x = values(n * cols, 3 + n as u32);
+                let want = reference(&deq, rows, cols, &x, n);
+                for (a, b) in q.matmul(&x, n).iter().zip(&want) {
+                    assert!((a - b).abs() < 1e-4, "{ty:?} n={n}: {a} vs {b}");
+                }
             }
         }
     }

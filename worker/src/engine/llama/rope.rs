@@ -7,18 +7,18 @@
 
 use burn_tensor::{backend::Backend, Tensor, TensorData};
 
-/// Precomputed cosines and sines for every position up to the context length.
+/// Precomputed cosines and sines for every position up to the context length, on the
+/// host; the burn path uploads the rows a step needs (a few KB) rather than keeping a
+/// second copy of every position on the device.
 #[derive(Debug, Clone)]
 pub struct Rope<B: Backend> {
-    /// `[positions, head_dim]`: `cos(p·θᵢ)` with each half repeated.
-    cos: Tensor<B, 2>,
-    /// `[positions, head_dim]`: `sin(p·θᵢ)` with each half repeated.
-    sin: Tensor<B, 2>,
-    /// `[positions, head_dim / 2]`: `cos(p·θᵢ)` on the host, for the host forward path.
+    /// `[positions, head_dim / 2]`: `cos(p·θᵢ)`.
     cos_host: Vec<f32>,
-    /// `[positions, head_dim / 2]`: `sin(p·θᵢ)` on the host.
+    /// `[positions, head_dim / 2]`: `sin(p·θᵢ)`.
     sin_host: Vec<f32>,
     head_dim: usize,
+    positions: usize,
+    device: B::Device,
 }
 
 /// The frequencies of a model's rotations.
@@ -53,8 +53,6 @@ impl<B: Backend> Rope<B> {
     pub fn new(spec: RopeSpec<'_>, positions: usize, device: &B::Device) -> Self {
         let head_dim = spec.head_dim;
         let half = head_dim / 2;
-        let mut cos = Vec::with_capacity(positions * head_dim);
-        let mut sin = Vec::with_capacity(positions * head_dim);
         let inv_freq: Vec<f64> = (0..half)
             .map(|i| {
                 let f = (spec.base as f64).powf(-(2.0 * i as f64) / head_dim as f64);
@@ -64,30 +62,35 @@ impl<B: Backend> Rope<B> {
                 }
             })
             .collect();
+        let mut cos_host = Vec::with_capacity(positions * half);
+        let mut sin_host = Vec::with_capacity(positions * half);
         for p in 0..positions {
-            for _ in 0..2 {
-                for f in &inv_freq {
-                    let angle = p as f64 * spec.scale as f64 * f;
-                    cos.push(angle.cos() as f32);
-                    sin.push(angle.sin() as f32);
-                }
+            for f in &inv_freq {
+                let angle = p as f64 * spec.scale as f64 * f;
+                cos_host.push(angle.cos() as f32);
+                sin_host.push(angle.sin() as f32);
             }
         }
-        let cos_host: Vec<f32> = cos
-            .chunks_exact(head_dim)
-            .flat_map(|row| row[..half].iter().copied())
-            .collect();
-        let sin_host: Vec<f32> = sin
-            .chunks_exact(head_dim)
-            .flat_map(|row| row[..half].iter().copied())
-            .collect();
         Self {
             cos_host,
             sin_host,
-            cos: Tensor::from_data(TensorData::new(cos, [positions, head_dim]), device),
-            sin: Tensor::from_data(TensorData::new(sin, [positions, head_dim]), device),
             head_dim,
+            positions,
+            device: device.clone(),
         }
+    }
+
+    /// `[len, head_dim]` rows of `table` for positions `start..start + len`, each half
+    /// repeated, as a tensor.
+    fn rows(&self, table: &[f32], start: usize, len: usize) -> Tensor<B, 3> {
+        let half = self.head_dim / 2;
+        let mut v = Vec::with_capacity(len * self.head_dim);
+        for row in table[start * half..(start + len) * half].chunks_exact(half) {
+            v.extend_from_slice(row);
+            v.extend_from_slice(row);
+        }
+        Tensor::<B, 2>::from_data(TensorData::new(v, [len, self.head_dim]), &self.device)
+            .unsqueeze_dim::<3>(1)
     }
 
     /// Rotates `x: [len, heads, head_dim]` holding positions `start..start + len`.
@@ -95,8 +98,8 @@ impl<B: Backend> Rope<B> {
         let [len, _, d] = x.dims();
         debug_assert_eq!(d, self.head_dim);
         let half = d / 2;
-        let cos = self.cos.clone().narrow(0, start, len).unsqueeze_dim::<3>(1);
-        let sin = self.sin.clone().narrow(0, start, len).unsqueeze_dim::<3>(1);
+        let cos = self.rows(&self.cos_host, start, len);
+        let sin = self.rows(&self.sin_host, start, len);
         let x1 = x.clone().narrow(2, 0, half);
         let x2 = x.clone().narrow(2, half, half);
         let rotated = Tensor::cat(vec![x2.neg(), x1], 2);
@@ -120,6 +123,6 @@ impl<B: Backend> Rope<B> {
 
     /// Positions the tables cover.
     pub fn max_positions(&self) -> usize {
-        self.cos.dims()[0]
+        self.positions
     }
 }

@@ -201,11 +201,6 @@ impl<'a, T> Shared<'a, T> {
         // by the contract.
         unsafe { std::slice::from_raw_parts_mut(UnsafeCell::raw_get(cells.as_ptr()), cells.len()) }
     }
-
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.cells.len()
-    }
 }
 
 #[cfg(test)]
