@@ -1,4 +1,5 @@
-//! Baton worker: runs Llama-family models from GGUF files with burn.
+//! Baton worker: runs Llama-family models (llama, qwen2, qwen3, gemma3) from GGUF files,
+//! on Baton's CPU kernels or burn.
 //!
 //! # Layout
 //! - [`engine`]: everything that turns a prompt into tokens — GGUF reader, tokenizer,

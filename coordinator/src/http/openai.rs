@@ -231,6 +231,9 @@ pub struct ModelCard {
     pub created: u64,
     /// Always `baton`.
     pub owned_by: &'static str,
+    /// Longest sequence (prompt and output) in tokens that a live worker allows for it
+    /// (vLLM's field name).
+    pub max_model_len: u32,
 }
 
 #[cfg(test)]
@@ -320,12 +323,13 @@ mod tests {
                 object: "model",
                 created: 7,
                 owned_by: "baton",
+                max_model_len: 8192,
             }],
         };
         assert_eq!(
             to_json(&models),
             json!({"object": "list", "data": [{"id": "m", "object": "model", "created": 7,
-                                               "owned_by": "baton"}]})
+                                               "owned_by": "baton", "max_model_len": 8192}]})
         );
     }
 

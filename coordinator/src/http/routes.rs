@@ -131,6 +131,7 @@ async fn models(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
             object: "model",
             created: e.created,
             owned_by: "baton",
+            max_model_len: e.context_length,
         })
         .collect();
     Ok(HttpResponse::Ok().json(ModelList {

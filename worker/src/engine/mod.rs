@@ -2,9 +2,11 @@
 //!
 //! # Layout
 //! - [`gguf`]: the GGUF reader (mmap, validated), dequantization, and a writer.
-//! - [`tokenizer`]: byte-level BPE built from the GGUF vocabulary with HF `tokenizers`.
+//! - [`tokenizer`]: byte-level BPE and SentencePiece vocabularies of the GGUF, on HF
+//!   `tokenizers`.
 //! - [`chat`]: the model's own chat template, rendered with minijinja.
-//! - [`llama`]: the Llama forward pass in burn and its KV cache.
+//! - [`llama`]: the Llama-family forward pass (llama, qwen2, qwen3, gemma3), the preflight
+//!   of a file, and the KV cache.
 //! - [`sampler`]: greedy and seeded sampling, counter-based per position.
 //! - [`stops`]: stop strings over streamed text.
 //! - [`prefix`]: the prefix cache, keys and values of shared prompt blocks.
