@@ -1,7 +1,7 @@
 //! A whole cluster on one machine: NATS, a coordinator and workers as real processes.
 
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::Command,
     sync::Arc,
     time::{Duration, Instant},
@@ -57,6 +57,9 @@ pub struct ClusterOptions {
     pub security: Option<Arc<NatsSecurity>>,
     /// API keys of the coordinator (none: its API is open).
     pub keys: ApiKeys,
+    /// The GGUF files real workers serve, worker `k` the `k % len`-th (empty: the
+    /// default model).
+    pub models: Vec<PathBuf>,
 }
 
 /// API keys a test cluster's coordinator takes from its environment (`BATON_API_KEYS`,
@@ -98,6 +101,7 @@ impl ClusterOptions {
             extra: Vec::new(),
             security: None,
             keys: ApiKeys::default(),
+            models: Vec::new(),
         }
     }
 
@@ -109,6 +113,7 @@ impl ClusterOptions {
             extra: Vec::new(),
             security: None,
             keys: ApiKeys::default(),
+            models: Vec::new(),
         }
     }
 
@@ -120,6 +125,32 @@ impl ClusterOptions {
             admin: admin.iter().map(|k| k.to_string()).collect(),
         };
         self
+    }
+
+    /// Real workers serve these files (each named by its file stem), in turn, instead
+    /// of the default model.
+    pub fn models(mut self, paths: Vec<PathBuf>) -> ClusterOptions {
+        self.models = paths;
+        self
+    }
+
+    /// The model file of the `k`-th worker started.
+    fn model_path(&self, k: usize) -> PathBuf {
+        match self.models.len() {
+            0 => default_model_path(),
+            n => self.models[k % n].clone(),
+        }
+    }
+
+    /// The name requests use for the first worker's model.
+    fn model_name(&self) -> String {
+        match self.models.first() {
+            Some(p) => p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            None => DEFAULT_MODEL_NAME.to_string(),
+        }
     }
 
     /// Sets the simulated engine's pace.
@@ -168,7 +199,9 @@ impl Cluster {
     /// answers at all). `None`, after a printed note, when `nats-server` or (for real
     /// workers) the model file is missing.
     pub fn start(options: ClusterOptions) -> Option<Cluster> {
-        if options.engine == Engine::Real && !model_available() {
+        if options.engine == Engine::Real
+            && !(0..options.models.len().max(1)).all(|k| model_available(&options.model_path(k)))
+        {
             return None;
         }
         let nats = match &options.security {
@@ -206,7 +239,7 @@ impl Cluster {
                 coordinator,
                 nats,
                 api,
-                model: DEFAULT_MODEL_NAME.to_string(),
+                model: options.model_name(),
                 config,
                 options,
                 restarts: 0,
@@ -285,6 +318,9 @@ impl Cluster {
         );
         if let Engine::Simulated { step_ms } = self.options.engine {
             cmd.args(["--simulated", "--sim-step-ms", &step_ms.to_string()]);
+        } else if !self.options.models.is_empty() {
+            cmd.arg("--model")
+                .arg(self.options.model_path(self.spawned));
         }
         // The first workers are `worker-0` …; a replacement of slot 1 started as the
         // fourth process is `worker-3`.
@@ -401,9 +437,8 @@ pub fn field(line: &str, key: &str) -> Option<String> {
         .map(|v| v.trim_matches('"').to_string())
 }
 
-/// Whether the default model is installed; prints a note when it is not.
-pub fn model_available() -> bool {
-    let path = default_model_path();
+/// Whether the model file is there; prints a note when it is not.
+pub fn model_available(path: &Path) -> bool {
     if path.is_file() {
         return true;
     }
@@ -480,7 +515,7 @@ fn config_text(
             "worker",
             format!(
                 "model = {:?}\nheartbeat_interval_ms = 200",
-                default_model_path().display().to_string()
+                options.model_path(0).display().to_string()
             ),
         ),
     ];

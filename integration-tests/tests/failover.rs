@@ -75,3 +75,28 @@ fn real_model_streams_survive_a_killed_worker() {
         &cluster,
     );
 }
+
+/// Qwen2.5-Coder-0.5B (Q4_K_M, `scripts/models fetch qwen2.5-coder-0.5b`): a worker
+/// killed with SIGKILL mid-stream, greedy and sampled; the stream goes on on the other
+/// worker with exactly the text of an uninterrupted run. Skips without the file, unless
+/// `BATON_REQUIRE_DOWNLOADS` is set.
+#[test]
+fn qwen_streams_survive_a_killed_worker() {
+    let path = baton_integration_tests::workspace_root()
+        .join("models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf");
+    if !path.is_file() {
+        assert!(
+            std::env::var_os(baton_common::env::REQUIRE_DOWNLOADS).is_none(),
+            "{} is absent (scripts/models fetch qwen2.5-coder-0.5b)",
+            path.display()
+        );
+        eprintln!("note: skipped: {} is absent", path.display());
+        return;
+    }
+    let Some(mut cluster) = Cluster::start(ClusterOptions::real(2).models(vec![path])) else {
+        return;
+    };
+    for sampling in [Sampling::Greedy, Sampling::Seeded(3)] {
+        check(&drill::kill_worker(&mut cluster, sampling, 1, 24), &cluster);
+    }
+}
