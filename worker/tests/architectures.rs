@@ -19,6 +19,7 @@ use baton_worker::{
         llama::{
             load::load_llama, preflight::preflight, Arch, KvDtype, Llama, SeqInput, WeightDtype,
         },
+        sampler::argmax,
     },
 };
 use serde::Deserialize;
@@ -78,16 +79,6 @@ fn load(file: &str, dtype: WeightDtype, kv: KvDtype) -> Llama<B> {
         load_llama::<B>(&gguf, dtype, &Default::default(), &mut |_, _| {}).expect("loads");
     model.set_kv_dtype(kv);
     model
-}
-
-fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// The logits after the prompt and after each of `forced` in turn (all of them when

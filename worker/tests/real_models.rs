@@ -23,6 +23,7 @@ use baton_worker::{
         chat::{ChatMessage, ChatTemplate},
         gguf::GgufFile,
         llama::{load::load_llama, qmatmul::QMatrix, KvDtype, Llama, SeqInput, WeightDtype},
+        sampler::argmax,
         tokenizer::Tokenizer,
     },
 };
@@ -79,16 +80,6 @@ fn fixture(name: &str) -> Option<(Fixture, PathBuf)> {
         model.display()
     );
     None
-}
-
-fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// The tokens chosen after the prompt and after each token fed: the reference's when
