@@ -7,9 +7,10 @@
 //! not alternate, say). All of that is provided here. Templates are written for Python's
 //! Jinja, so they also call Python methods on values (`message['content'].strip()`,
 //! `.startswith(..)`, `dict.items()`); the common string and map methods are provided here
-//! too. Not provided: `{% break %}` / `{% continue %}` (minijinja's `loop_controls` feature),
-//! `strftime_now`, and Python's `tojson` spacing (minijinja's `tojson` is compact and escapes
-//! HTML characters).
+//! too, and so are transformers' `tojson` (Python's spacing, `indent`) and `strftime_now`
+//! ([`python`]). A template may also read `tools` (OpenAI's function list, or none) and a
+//! fixed `date_string` ([`TemplateVars`]). Not provided: `{% break %}` / `{% continue %}`
+//! (minijinja's `loop_controls` feature).
 //!
 //! SmolLM2's template is ChatML: `<|im_start|>{role}\n{content}<|im_end|>\n` per message, a
 //! default system message when the first message is not a system one, and
@@ -20,6 +21,19 @@ use minijinja::{context, Environment, Error as JinjaError, ErrorKind, State};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::gguf::{GgufError, GgufFile, MetaValue};
+
+mod python;
+
+/// What a template may read beside the messages.
+#[derive(Debug, Clone, Default)]
+pub struct TemplateVars {
+    /// OpenAI's `tools` (`[{"type": "function", "function": {...}}]`), for templates that
+    /// take them; `None` renders as `tools = none`, as transformers passes it.
+    pub tools: Option<serde_json::Value>,
+    /// A date for templates that print one (Llama 3's `date_string`); unset, such a
+    /// template prints today's (`strftime_now`) or its own default.
+    pub date_string: Option<String>,
+}
 
 /// The name the template is stored under in its environment.
 const TEMPLATE: &str = "chat";
@@ -146,6 +160,8 @@ impl ChatTemplate {
             },
         );
         env.set_unknown_method_callback(python_method);
+        env.add_filter("tojson", python::tojson);
+        env.add_function("strftime_now", python::strftime_now);
         env.add_template_owned(TEMPLATE, source)
             .map_err(ChatError::Syntax)?;
         Ok(ChatTemplate { env, bos, eos })
@@ -158,18 +174,32 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
+        self.render_with(messages, add_generation_prompt, &TemplateVars::default())
+    }
+
+    /// [`ChatTemplate::render`] with `tools` and the other [`TemplateVars`].
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        vars: &TemplateVars,
+    ) -> Result<String, ChatError> {
         let template = self.env.get_template(TEMPLATE).map_err(ChatError::Render)?;
-        template
-            .render(context! {
-                messages => messages,
-                add_generation_prompt => add_generation_prompt,
-                bos_token => &self.bos,
-                eos_token => &self.eos,
-            })
-            .map_err(|err| match raised(&err) {
-                Some(message) => ChatError::Rejected(message),
-                None => ChatError::Render(err),
-            })
+        let base = context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => &self.bos,
+            eos_token => &self.eos,
+            tools => vars.tools.as_ref().map(Value::from_serialize),
+        };
+        let ctx = match &vars.date_string {
+            Some(date) => context! { date_string => date, ..base },
+            None => base,
+        };
+        template.render(ctx).map_err(|err| match raised(&err) {
+            Some(message) => ChatError::Rejected(message),
+            None => ChatError::Render(err),
+        })
     }
 }
 
