@@ -8,7 +8,7 @@
 //! Jinja, so they also call Python methods on values (`message['content'].strip()`,
 //! `.startswith(..)`, `dict.items()`); the common string and map methods are provided here
 //! too, and so are transformers' `tojson` (Python's spacing, `indent`) and `strftime_now`
-//! ([`python`]). A template may also read `tools` (OpenAI's function list, or none) and a
+//! (`chat/python.rs`). A template may also read `tools` (OpenAI's function list, or none) and a
 //! fixed `date_string` ([`TemplateVars`]). Not provided: `{% break %}` / `{% continue %}`
 //! (minijinja's `loop_controls` feature).
 //!
