@@ -29,7 +29,9 @@ Families:
 - `qwen3`: Qwen3-style, per-head Q/K RMSNorm, explicit head size;
 - `gemma3`: Gemma 3-style, GeGLU, scaled embeddings, norms after attention and after the
   feed-forward block, Q/K norms, one KV head, sliding-window layers (window 8, shorter
-  than the prompt) with their own RoPE base, and a global layer.
+  than the prompt) with their own RoPE base, and a global layer;
+- `phi3`: Phi-3-style, fused `attn_qkv` and `ffn_up` (gate, then up), a sliding window
+  (8) on every layer, untied output.
 
 The tokenizer in each file is byte-level BPE (the 256 byte symbols, three control
 tokens, merges of letter pairs) with the family's `tokenizer.ggml.pre`; the tests feed
@@ -174,6 +176,24 @@ def families():
             ),
             transformers.Gemma3ForCausalLM,
         ),
+        (
+            "phi3",
+            "phi3",
+            "gpt2",
+            transformers.Phi3Config(
+                **{k: v for k, v in common.items() if k != "max_position_embeddings"},
+                max_position_embeddings=256,
+                original_max_position_embeddings=256,
+                # Shorter than the prompt: every layer's window cuts it.
+                sliding_window=8,
+                tie_word_embeddings=False,
+                pad_token_id=0,
+                bos_token_id=0,
+                eos_token_id=2,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            ),
+            transformers.Phi3ForCausalLM,
+        ),
     ]
 
 
@@ -239,7 +259,7 @@ def write_gguf(path: Path, arch: str, pre: str, cfg, tensors: dict[str, np.ndarr
         w.add_value_length(head_dim)
     w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(rope_theta(cfg))
-    if arch == "gemma3":
+    if arch in ("gemma3", "phi3"):
         w.add_sliding_window(cfg.sliding_window)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(VOCAB)
@@ -270,6 +290,7 @@ def gguf_tensors(arch: str, model, cfg) -> dict[str, np.ndarray]:
         "qwen2": gguf.MODEL_ARCH.QWEN2,
         "qwen3": gguf.MODEL_ARCH.QWEN3,
         "gemma3": gguf.MODEL_ARCH.GEMMA3,
+        "phi3": gguf.MODEL_ARCH.PHI3,
     }[arch]
     names = gguf.get_tensor_name_map(model_arch, cfg.num_hidden_layers)
     out: dict[str, np.ndarray] = {}

@@ -1,4 +1,4 @@
-//! Baton worker: runs Llama-family models (llama, qwen2, qwen3, gemma3) from GGUF files,
+//! Baton worker: runs Llama-family models (llama, qwen2, qwen3, gemma3, phi3) from GGUF files,
 //! on Baton's CPU kernels or burn.
 //!
 //! # Layout

@@ -1,7 +1,7 @@
 //! Every supported architecture against Hugging Face `transformers`: tiny random-weight
 //! models (`llama3` with llama3 RoPE scaling and a wide head, `mistral`, `qwen2` with
 //! Q/K/V biases, `qwen3` with per-head Q/K norms, `gemma3` with GeGLU, post norms and
-//! sliding-window layers), written to GGUF as F32 and as Q8_0 by
+//! sliding-window layers, `phi3` with fused matrices and a window on every layer), written to GGUF as F32 and as Q8_0 by
 //! `scripts/arch_fixtures.py`, which also recorded what `transformers` computes for them:
 //! the logits at the last prompt position and 24 greedy tokens.
 //!
@@ -180,7 +180,10 @@ fn check(
 fn every_architecture_matches_transformers() {
     let fixture = fixture();
     let names: Vec<&str> = fixture.models.iter().map(|m| m.name.as_str()).collect();
-    assert_eq!(names, ["llama3", "mistral", "qwen2", "qwen3", "gemma3"]);
+    assert_eq!(
+        names,
+        ["llama3", "mistral", "qwen2", "qwen3", "gemma3", "phi3"]
+    );
     for m in &fixture.models {
         let r = &m.reference;
         // The burn engine on exact f32 weights, and on the Q8_0 file's values.
@@ -238,6 +241,7 @@ fn the_preflight_reads_each_family_from_its_metadata() {
             "qwen2" => (16, true, false, false, true),
             "qwen3" => (32, false, true, false, true),
             "gemma3" => (32, false, true, false, true),
+            "phi3" => (16, false, false, false, false),
             other => panic!("unexpected model {other}"),
         };
         assert_eq!(c.head_dim, head_dim, "{}: head size", m.name);

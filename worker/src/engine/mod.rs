@@ -5,7 +5,7 @@
 //! - [`tokenizer`]: byte-level BPE and SentencePiece vocabularies of the GGUF, on HF
 //!   `tokenizers`.
 //! - [`chat`]: the model's own chat template, rendered with minijinja.
-//! - [`llama`]: the Llama-family forward pass (llama, qwen2, qwen3, gemma3), the preflight
+//! - [`llama`]: the Llama-family forward pass (llama, qwen2, qwen3, gemma3, phi3), the preflight
 //!   of a file, and the KV cache.
 //! - [`sampler`]: greedy and seeded sampling, counter-based per position.
 //! - [`stops`]: stop strings over streamed text.

@@ -16,11 +16,20 @@ pub enum Arch {
     /// attention and after the feed-forward block, Q/K norms, and sliding-window layers
     /// with their own RoPE base.
     Gemma3,
+    /// `phi3`: Phi-3 and Phi-3.5 (without LongRoPE), with fused Q/K/V and gate/up
+    /// matrices and a sliding window on every layer.
+    Phi3,
 }
 
 impl Arch {
     /// Every supported architecture.
-    pub const ALL: [Arch; 4] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3];
+    pub const ALL: [Arch; 5] = [
+        Arch::Llama,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Gemma3,
+        Arch::Phi3,
+    ];
 
     /// The architecture named `name` in `general.architecture`.
     pub fn from_gguf_name(name: &str) -> Option<Self> {
@@ -34,6 +43,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
+            Arch::Phi3 => "phi3",
         }
     }
 
@@ -43,6 +53,11 @@ impl Arch {
     /// order this forward pass uses.
     pub fn rope_rows_permuted(self) -> bool {
         matches!(self, Arch::Llama)
+    }
+
+    /// Whether the file fuses Q/K/V into `attn_qkv` and gate/up into `ffn_up` (Phi-3).
+    pub fn fused(self) -> bool {
+        matches!(self, Arch::Phi3)
     }
 }
 
@@ -152,6 +167,15 @@ impl LlamaConfig {
         };
         let gemma = arch == Arch::Gemma3;
         let sliding = match gguf.get(&key("attention.sliding_window")) {
+            // Phi-3's window covers every layer, which rotate alike (as transformers runs
+            // it; llama.cpp leaves Phi's window off).
+            Some(_) if arch == Arch::Phi3 && get("attention.sliding_window")? > 0 => {
+                Some(SlidingWindow {
+                    window: get("attention.sliding_window")?,
+                    pattern: 0,
+                    rope_theta,
+                })
+            }
             Some(_) if gemma && get("attention.sliding_window")? > 0 => Some(SlidingWindow {
                 window: get("attention.sliding_window")?,
                 pattern: match gguf.get(&key("attention.sliding_window_pattern")) {

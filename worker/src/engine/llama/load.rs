@@ -28,7 +28,7 @@ pub enum LoadError {
     Gguf(#[from] GgufError),
     /// The file describes another architecture.
     #[error(
-        "unsupported architecture general.architecture = {0:?} (supported: llama, qwen2, qwen3, gemma3)"
+        "unsupported architecture general.architecture = {0:?} (supported: llama, qwen2, qwen3, gemma3, phi3)"
     )]
     UnsupportedArchitecture(String),
     /// A metadata key whose arithmetic the forward pass does not implement.
@@ -316,14 +316,19 @@ pub fn load_llama<B: Backend>(
         let name = |t: &str| format!("blk.{n}.{t}.weight");
         let bias = |t: &str| format!("blk.{n}.{t}.bias");
         let attn_norm = l.norm(&name("attn_norm"), hd, config.rms_eps)?;
-        let mut q = l.matrix(&name("attn_q"), hd, qd)?;
-        let mut k = l.matrix(&name("attn_k"), hd, kvd)?;
-        if permuted {
-            q = unpermute(q, config.n_heads, d, hd);
-            k = unpermute(k, config.n_kv_heads, d, hd);
-        }
-        let v = l.matrix(&name("attn_v"), hd, kvd)?;
-        let qkv = l.linear(stack(vec![q, k, v], hd), qd + 2 * kvd, hd);
+        let qkv = if config.arch.fused() {
+            l.matrix(&name("attn_qkv"), hd, qd + 2 * kvd)?
+        } else {
+            let mut q = l.matrix(&name("attn_q"), hd, qd)?;
+            let mut k = l.matrix(&name("attn_k"), hd, kvd)?;
+            if permuted {
+                q = unpermute(q, config.n_heads, d, hd);
+                k = unpermute(k, config.n_kv_heads, d, hd);
+            }
+            let v = l.matrix(&name("attn_v"), hd, kvd)?;
+            stack(vec![q, k, v], hd)
+        };
+        let qkv = l.linear(qkv, qd + 2 * kvd, hd);
         let qkv_bias = if plan.qkv_bias {
             let (mut bq, mut bk) = (
                 l.read(&bias("attn_q"), &[qd])?,
@@ -357,9 +362,14 @@ pub fn load_llama<B: Backend>(
             None
         };
         let ffn_norm = l.norm(&name("ffn_norm"), hd, config.rms_eps)?;
-        let gate = l.matrix(&name("ffn_gate"), hd, ffn)?;
-        let up = l.matrix(&name("ffn_up"), hd, ffn)?;
-        let gate_up = l.linear(stack(vec![gate, up], hd), 2 * ffn, hd);
+        let gate_up = if config.arch.fused() {
+            l.matrix(&name("ffn_up"), hd, 2 * ffn)?
+        } else {
+            let gate = l.matrix(&name("ffn_gate"), hd, ffn)?;
+            let up = l.matrix(&name("ffn_up"), hd, ffn)?;
+            stack(vec![gate, up], hd)
+        };
+        let gate_up = l.linear(gate_up, 2 * ffn, hd);
         let down = l.matrix(&name("ffn_down"), ffn, hd)?;
         let down = l.linear(down, hd, ffn);
         let post_ffn_norm = if plan.post_norms {

@@ -1,4 +1,4 @@
-//! The Llama family forward pass (`llama`, `qwen2`, `qwen3`), generic over the burn
+//! The Llama family forward pass (`llama`, `qwen2`, `qwen3`, `gemma3`, `phi3`), generic over the burn
 //! backend.
 //!
 //! # Layout

@@ -70,6 +70,7 @@ fn known_for(arch: Arch, key: &str) -> bool {
             key,
             "attention.sliding_window" | "attention.sliding_window_pattern" | "rope.freq_base_swa"
         ),
+        Arch::Phi3 => key == "attention.sliding_window",
         Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => false,
     }
 }
@@ -119,15 +120,21 @@ fn block_tensors(c: &LlamaConfig, plan: &Plan, n: usize) -> Vec<(String, Vec<usi
     let name = |t: &str| format!("blk.{n}.{t}");
     let mut out = vec![
         (name("attn_norm.weight"), vec![hd]),
-        (name("attn_q.weight"), vec![hd, qd]),
-        (name("attn_k.weight"), vec![hd, kvd]),
-        (name("attn_v.weight"), vec![hd, kvd]),
         (name("attn_output.weight"), vec![qd, hd]),
         (name("ffn_norm.weight"), vec![hd]),
-        (name("ffn_gate.weight"), vec![hd, ffn]),
-        (name("ffn_up.weight"), vec![hd, ffn]),
         (name("ffn_down.weight"), vec![ffn, hd]),
     ];
+    if c.arch.fused() {
+        // Phi-3: Q, K, V in one matrix; gate and up in one (`ffn_up`, gate first).
+        out.push((name("attn_qkv.weight"), vec![hd, qd + 2 * kvd]));
+        out.push((name("ffn_up.weight"), vec![hd, 2 * ffn]));
+    } else {
+        out.push((name("attn_q.weight"), vec![hd, qd]));
+        out.push((name("attn_k.weight"), vec![hd, kvd]));
+        out.push((name("attn_v.weight"), vec![hd, kvd]));
+        out.push((name("ffn_gate.weight"), vec![hd, ffn]));
+        out.push((name("ffn_up.weight"), vec![hd, ffn]));
+    }
     if plan.qkv_bias {
         out.push((name("attn_q.bias"), vec![qd]));
         out.push((name("attn_k.bias"), vec![kvd]));
@@ -227,9 +234,10 @@ pub fn preflight(gguf: &GgufFile) -> Result<Plan, LoadError> {
     // A block count the tensor table cannot back is refused before anything is sized
     // by it (a damaged count would otherwise ask for terabytes).
     let tensors = gguf.tensors().len();
-    if config.n_layers > tensors / 9 {
+    let per_block = if arch.fused() { 6 } else { 9 };
+    if config.n_layers > tensors / per_block {
         return Err(LoadError::Config(format!(
-            "block_count is {} but the file holds only {tensors} tensors (9 per block)",
+            "block_count is {} but the file holds only {tensors} tensors ({per_block} per block)",
             config.n_layers
         )));
     }
