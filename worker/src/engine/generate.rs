@@ -27,7 +27,7 @@ use super::{
     chat::{ChatError, ChatMessage, ChatTemplate},
     gguf::{GgufError, GgufFile},
     llama::{
-        load::load_llama, model::ForwardError, preflight::preflight, KvCache, KvDtype, Llama,
+        load::load_planned, model::ForwardError, preflight::preflight, KvCache, KvDtype, Llama,
         LoadError, WeightDtype,
     },
     prefix::{PrefixCache, PrefixStats, BLOCK_TOKENS},
@@ -238,10 +238,10 @@ impl<B: Backend> Engine<B> {
         };
         // Everything the file asks for is checked before any weight is read: the forward
         // pass's needs, then the tokenizer and the chat template.
-        preflight(&gguf)?;
+        let plan = preflight(&gguf)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let chat = ChatTemplate::from_gguf(&gguf)?;
-        let model = load_llama::<B>(&gguf, dtype, device, &mut progress)?;
+        let model = load_planned::<B>(&gguf, &plan, dtype, device, &mut progress)?;
         let mut end_tokens: Vec<u32> = tokenizer.eos_id().into_iter().collect();
         for t in [
             "<|endoftext|>",

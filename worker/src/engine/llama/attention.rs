@@ -103,8 +103,11 @@ impl<B: Backend> Attention<B> {
             let v = rows
                 .narrow(1, (h + kvh) * d, kvh * d)
                 .reshape([span.len, kvh, d]);
-            let q = rope.apply(head_norm(q, &self.q_norm), span.pos);
-            let k = rope.apply(head_norm(k, &self.k_norm), span.pos);
+            let (q, k) = rope.apply_pair(
+                head_norm(q, &self.q_norm),
+                head_norm(k, &self.k_norm),
+                span.pos,
+            );
             // [len, heads, d] → [heads, len, d]
             let (keys, values) = cache.append(layer, k.swap_dims(0, 1), v.swap_dims(0, 1));
             outs.push(self.attend(q, keys, values, span.pos, how));

@@ -77,8 +77,9 @@ pub struct SlidingWindow {
     pub window: usize,
     /// Layers `l` with `l % pattern < pattern − 1` are local, the others global.
     pub pattern: usize,
-    /// RoPE base of the local layers (the global ones use [`LlamaConfig::rope_theta`]).
-    pub rope_theta: f32,
+    /// RoPE base of the local layers when they rotate with one of their own, unscaled
+    /// (Gemma 3); `None`: as the global layers (Phi-3).
+    pub rope_theta: Option<f32>,
 }
 
 impl std::fmt::Display for Arch {
@@ -173,7 +174,7 @@ impl LlamaConfig {
                 Some(SlidingWindow {
                     window: get("attention.sliding_window")?,
                     pattern: 0,
-                    rope_theta,
+                    rope_theta: None,
                 })
             }
             Some(_) if gemma && get("attention.sliding_window")? > 0 => Some(SlidingWindow {
@@ -183,10 +184,10 @@ impl LlamaConfig {
                     // Gemma 3's: five local layers, then a global one.
                     None => 6,
                 },
-                rope_theta: match gguf.get(&key("rope.freq_base_swa")) {
+                rope_theta: Some(match gguf.get(&key("rope.freq_base_swa")) {
                     Some(_) => gguf.get_f64(&key("rope.freq_base_swa"))? as f32,
                     None => 10_000.0,
-                },
+                }),
             }),
             _ => None,
         };
@@ -260,12 +261,9 @@ impl LlamaConfig {
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return Err(format!("rope base {} is not positive", self.rope_theta));
         }
-        if let Some(s) = self.sliding {
-            if !(s.rope_theta.is_finite() && s.rope_theta > 0.0) {
-                return Err(format!(
-                    "rope.freq_base_swa {} is not positive",
-                    s.rope_theta
-                ));
+        if let Some(theta) = self.sliding.and_then(|s| s.rope_theta) {
+            if !(theta.is_finite() && theta > 0.0) {
+                return Err(format!("rope.freq_base_swa {theta} is not positive"));
             }
         }
         if !(self.rope_scale.is_finite() && self.rope_scale > 0.0) {

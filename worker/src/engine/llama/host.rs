@@ -1078,9 +1078,11 @@ impl<B: Backend> Llama<B> {
                         let (nj, ni) = (next / items_per_row, next % items_per_row);
                         let (nk, nv) = &kv[row_seq[nj] * layers + layer];
                         let nkeys = row_pos[nj] + 1;
+                        let nfirst = window.map_or(0, |w| nkeys.saturating_sub(w));
                         let noff = ni * per_item / group * d;
-                        prefetch_rows(unsafe { nk.get(0..nkeys * kvd) }, kvd, noff, d);
-                        prefetch_rows(unsafe { nv.get(0..nkeys * kvd) }, kvd, noff, d);
+                        let range = nfirst * kvd..nkeys * kvd;
+                        prefetch_rows(unsafe { nk.get(range.clone()) }, kvd, noff, d);
+                        prefetch_rows(unsafe { nv.get(range) }, kvd, noff, d);
                     }
                     attend_heads(
                         unsafe { qs.get(at..at + per_item * d) },

@@ -12,7 +12,7 @@ use super::{
     linear::{weight_tensor, Linear},
     mlp::Mlp,
     model::{Block, Embedding, Llama, RmsNorm},
-    preflight::{expected_tensors, preflight},
+    preflight::{expected_tensors, preflight, Plan},
     qmatmul::QMatrix,
     rope::{Rope, RopeSpec},
 };
@@ -265,10 +265,20 @@ pub fn load_llama<B: Backend>(
     device: &B::Device,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Llama<B>, LoadError> {
-    let plan = preflight(gguf)?;
+    load_planned(gguf, &preflight(gguf)?, dtype, device, progress)
+}
+
+/// [`load_llama`] for a file whose [`Plan`] [`preflight`] has already made.
+pub fn load_planned<B: Backend>(
+    gguf: &GgufFile,
+    plan: &Plan,
+    dtype: WeightDtype,
+    device: &B::Device,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Llama<B>, LoadError> {
     let config = plan.config.clone();
     let tied = plan.tied;
-    let total = expected_tensors(&plan).len();
+    let total = expected_tensors(plan).len();
     let mut l = Loader::<B> {
         gguf,
         dtype,
@@ -417,10 +427,11 @@ pub fn load_llama<B: Backend>(
         positions,
         device,
     );
-    // Sliding-window layers rotate with their own base, never scaled.
+    // Sliding-window layers with a base of their own rotate with it, never scaled.
     let rope_local = config
         .sliding
-        .map(|s| Rope::new(RopeSpec::plain(d, s.rope_theta), positions, device));
+        .and_then(|s| s.rope_theta)
+        .map(|theta| Rope::new(RopeSpec::plain(d, theta), positions, device));
     Ok(Llama {
         rope_local,
         config,

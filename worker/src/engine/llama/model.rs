@@ -107,7 +107,7 @@ pub struct Llama<B: Backend> {
     pub(crate) blocks: Vec<Block<B>>,
     pub(crate) norm: RmsNorm<B>,
     pub(crate) rope: Rope<B>,
-    /// The rotations of sliding-window layers, when they have their own base.
+    /// The rotations of sliding-window layers, when they have a base of their own.
     pub(crate) rope_local: Option<Rope<B>>,
     pub(crate) device: B::Device,
     /// Run block-form weights through the burn path too (tests compare the two paths).
@@ -296,8 +296,11 @@ impl<B: Backend> Llama<B> {
 
     /// The rotations of layer `layer`, and its window when it is a sliding-window layer.
     pub(crate) fn layer_rope(&self, layer: usize) -> (&Rope<B>, Option<usize>) {
-        match (self.config.sliding, &self.rope_local) {
-            (Some(s), Some(local)) if self.config.is_local(layer) => (local, Some(s.window)),
+        match self.config.sliding {
+            Some(s) if self.config.is_local(layer) => (
+                self.rope_local.as_ref().unwrap_or(&self.rope),
+                Some(s.window),
+            ),
             _ => (&self.rope, None),
         }
     }

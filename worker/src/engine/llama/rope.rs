@@ -93,13 +93,28 @@ impl<B: Backend> Rope<B> {
             .unsqueeze_dim::<3>(1)
     }
 
-    /// Rotates `x: [len, heads, head_dim]` holding positions `start..start + len`.
-    pub fn apply(&self, x: Tensor<B, 3>, start: usize) -> Tensor<B, 3> {
-        let [len, _, d] = x.dims();
-        debug_assert_eq!(d, self.head_dim);
-        let half = d / 2;
+    /// Rotates queries `q` and keys `k` (`[len, heads, head_dim]` each, their own head
+    /// counts) holding positions `start..start + len`, with one upload of the rows.
+    pub fn apply_pair(
+        &self,
+        q: Tensor<B, 3>,
+        k: Tensor<B, 3>,
+        start: usize,
+    ) -> (Tensor<B, 3>, Tensor<B, 3>) {
+        let len = q.dims()[0];
         let cos = self.rows(&self.cos_host, start, len);
         let sin = self.rows(&self.sin_host, start, len);
+        (
+            self.rotate(q, cos.clone(), sin.clone()),
+            self.rotate(k, cos, sin),
+        )
+    }
+
+    /// `x · cos + rotate_half(x) · sin`, the tables `[len, 1, head_dim]`.
+    fn rotate(&self, x: Tensor<B, 3>, cos: Tensor<B, 3>, sin: Tensor<B, 3>) -> Tensor<B, 3> {
+        let d = x.dims()[2];
+        debug_assert_eq!(d, self.head_dim);
+        let half = d / 2;
         let x1 = x.clone().narrow(2, 0, half);
         let x2 = x.clone().narrow(2, half, half);
         let rotated = Tensor::cat(vec![x2.neg(), x1], 2);
@@ -108,7 +123,7 @@ impl<B: Backend> Rope<B> {
 
     /// Rotates one head's `x` (`head_dim` values) in place for position `pos`, on the
     /// host: `(x[i], x[i + d/2]) ← (x[i]·cos − x[i + d/2]·sin, x[i + d/2]·cos + x[i]·sin)`,
-    /// the same arithmetic as [`Rope::apply`].
+    /// the same arithmetic as [`Rope::apply_pair`].
     pub(crate) fn apply_host(&self, x: &mut [f32], pos: usize) {
         let half = self.head_dim / 2;
         let cos = &self.cos_host[pos * half..(pos + 1) * half];
