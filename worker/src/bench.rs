@@ -83,7 +83,7 @@ pub struct BenchArgs {
 fn kernel_speeds(reps: usize) -> anyhow::Result<()> {
     use crate::engine::{
         gguf::{writer::quantize, GgmlType},
-        llama::qmatmul::{Prepared, QMatrix},
+        llama::qmatrix::{Prepared, QMatrix},
     };
     let (rows, cols, slice) = (1536, 576, 96);
     // Deterministic values in [-1, 1).

@@ -22,7 +22,7 @@ use baton_worker::{
     engine::{
         chat::{ChatMessage, ChatTemplate},
         gguf::GgufFile,
-        llama::{load::load_llama, qmatmul::QMatrix, KvDtype, Llama, SeqInput, WeightDtype},
+        llama::{load::load_llama, qmatrix::QMatrix, KvDtype, Llama, SeqInput, WeightDtype},
         sampler::argmax,
         tokenizer::Tokenizer,
     },

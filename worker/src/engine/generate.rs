@@ -216,6 +216,9 @@ fn numerics_fingerprint<B: Backend>(weights: u64, dtype: WeightDtype, model: &Ll
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     hasher.update(&weights.to_le_bytes());
     hasher.update(format!("weights={dtype} kv={kv}").as_bytes());
+    if model.host_path() {
+        hasher.update(format!(" held={}", model.held_formats()).as_bytes());
+    }
     hasher.digest()
 }
 

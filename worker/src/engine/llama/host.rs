@@ -15,7 +15,7 @@ use super::{
     config::Activation,
     linear::Linear,
     model::{Embedding, Llama},
-    qmatmul::{Prepared, QMatrix},
+    qmatrix::{Prepared, QMatrix},
     team::{Counters, Latch, Shared, SpinBarrier},
 };
 
@@ -43,6 +43,17 @@ pub(crate) struct HostWeights<'a> {
     lm_head: &'a QMatrix,
     blocks: Vec<HostBlock<'a>>,
     norm: &'a [f32],
+}
+
+impl HostWeights<'_> {
+    /// Every matrix, the embedding first.
+    pub(crate) fn matrices(&self) -> impl Iterator<Item = &QMatrix> + '_ {
+        [self.embed, self.lm_head].into_iter().chain(
+            self.blocks
+                .iter()
+                .flat_map(|b| [b.qkv, b.out, b.gate_up, b.down]),
+        )
+    }
 }
 
 fn quant<B: Backend>(l: &Linear<B>) -> Option<&QMatrix> {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use burn_tensor::{backend::Backend, DType, Tensor, TensorData};
 use half::f16;
 
-use super::qmatmul::QMatrix;
+use super::qmatrix::QMatrix;
 
 /// The format weights are kept in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -13,7 +13,7 @@ use super::{
     mlp::Mlp,
     model::{Block, Embedding, Llama, RmsNorm},
     preflight::{expected_tensors, preflight, Plan},
-    qmatmul::QMatrix,
+    qmatrix::QMatrix,
     rope::{Rope, RopeSpec},
 };
 use crate::engine::gguf::{GgufError, GgufFile, TensorInfo};
@@ -227,19 +227,8 @@ fn stack(parts: Vec<Matrix>, cols: usize) -> Matrix {
             }
         })
         .collect();
-    if let Some(q) = QMatrix::concat_rows(quants.clone()) {
-        return Matrix::Quant(q);
-    }
-    // Different block formats: bring them all to 8-bit blocks.
-    let mut values = Vec::new();
-    let mut rows = 0;
-    for q in &quants {
-        for r in 0..q.rows() {
-            values.extend(q.row(r));
-        }
-        rows += q.rows();
-    }
-    Matrix::Quant(QMatrix::quantize_q8(&values, rows, cols).expect("width checked when read"))
+    // Each part keeps its own blocks (runs of different formats side by side).
+    Matrix::Quant(QMatrix::concat_rows(quants).expect("parts of one width"))
 }
 
 /// Reorders the rows of a GGUF `attn_q`/`attn_k` matrix back to the Hugging Face order.

@@ -8,7 +8,9 @@
 //! - [`load`]: builds the model from a GGUF file (tensor naming, RoPE row order, tied
 //!   embeddings).
 //! - [`linear`]: a weight matrix in the dtype the worker keeps in memory.
+//! - [`qmatrix`]: a weight matrix as runs of rows, each in its file's block format.
 //! - [`qmatmul`]: CPU products against weights kept in GGUF block formats.
+//! - [`packed`]: 5- and 6-bit blocks (Q5_0, Q6_K) kept packed, and their products.
 //! - [`rope`]: rotary position embeddings.
 //! - [`attention`]: grouped-query self-attention against a [`cache::KvCache`].
 //! - [`host`]: the forward pass on host vectors, for weights kept in block form.
@@ -26,8 +28,10 @@ pub mod linear;
 pub mod load;
 pub mod mlp;
 pub mod model;
+pub mod packed;
 pub mod preflight;
 pub mod qmatmul;
+pub mod qmatrix;
 pub mod rope;
 pub mod synthetic;
 pub(crate) mod team;

@@ -11,7 +11,7 @@ use super::{
     host::HostLogits,
     linear::{to_host, Linear},
     mlp::Mlp,
-    qmatmul::QMatrix,
+    qmatrix::QMatrix,
     rope::Rope,
 };
 
@@ -141,6 +141,25 @@ impl<B: Backend> Llama<B> {
                         + b.mlp.down.weight_bytes()
                 })
                 .sum::<usize>()
+    }
+
+    /// How the host path keeps its matrices: each distinct sequence of block formats
+    /// (runs of a stack in order), sorted; empty off the host path. Part of the
+    /// numerics fingerprint: the same file kept in other forms runs other arithmetic.
+    pub fn held_formats(&self) -> String {
+        let Some(w) = self.host_weights() else {
+            return String::new();
+        };
+        let mut all: Vec<String> = w
+            .matrices()
+            .map(|m| {
+                let kinds: Vec<String> = m.kinds().iter().map(|k| format!("{k:?}")).collect();
+                kinds.join("+")
+            })
+            .collect();
+        all.sort();
+        all.dedup();
+        all.join(",")
     }
 
     /// Whether the forward pass runs on the host (every matrix in block form): its KV

@@ -4,12 +4,15 @@
 //! keeping the file's 4- or 8-bit blocks (≈ 0.6–1.1 bytes a weight) instead of f32 (4
 //! bytes) is what brings the CPU within reach of its bandwidth. Blocks are repacked at
 //! load into struct-of-arrays form — scales and minimums as f32 beside the packed
-//! integers — so the inner loop converts no f16 and reads contiguous bytes.
+//! integers — so the inner loop converts no f16 and reads contiguous bytes. K-quant
+//! scales stay the file's small integer multipliers of an f32 a super-block, expanded
+//! a slice of rows at a time ([`SuperScales`]); 5- and 6-bit blocks stay packed
+//! ([`super::packed`]).
 //!
 //! By default activations stay f32 and products accumulate in f32, so results match a
 //! dequantize-then-multiply reference up to the order of additions. A matrix may
-//! instead take integer activations ([`QMatrix::with_int_inputs`]) for the input rows
-//! its caller marks ([`QMatrix::prepare`]; the forward pass marks generated tokens'
+//! instead take integer activations ([`Blocks::with_int_inputs`]) for the input rows
+//! its caller marks ([`Blocks::prepare`]; the forward pass marks generated tokens'
 //! rows and leaves prompts in f32): each 32-value block of input is quantized to `i16`
 //! with its own scale and the block dot products run in integers (exact i32 sums), with
 //! fewer instructions per weight than widening every weight to f32, at the cost of a
@@ -40,8 +43,8 @@
 //! 16 rows (docs/benchmarks.md, "Products at their bound").
 
 use half::f16;
-use rayon::prelude::*;
 
+use super::packed;
 use crate::engine::gguf::{dequant::scale_min_k4, GgmlType};
 
 /// Elements per block in every format here.
@@ -55,26 +58,66 @@ pub enum QKind {
     Nibble,
     /// 8-bit signed values with a scale per block: `w = q·d` (GGUF Q8_0).
     Byte,
+    /// 5-bit values packed as the file has them, `w = (q − 16)·d` (GGUF Q5_0; see
+    /// [`super::packed`]).
+    Five,
+    /// 6-bit values packed as the file has them, `w = (q − 32)·d`, a scale for each
+    /// half block (GGUF Q6_K; see [`super::packed`]).
+    Six,
+}
+
+/// K-quant scales as the file keeps them: an f32 factor per 256-value super-block (and
+/// one for the minimums, 4-bit) and a small integer multiplier per scale unit (a block,
+/// or a half block for [`QKind::Six`]) and per block's minimum. Products expand them to
+/// f32 for the rows they run ([`Blocks::scales_of`]); the products `d · sc` of an f16
+/// and a 6- or 8-bit integer are exact in f32, so the expanded values are the ones
+/// kept in f32 before, in a quarter of the memory.
+#[derive(Debug, Clone, Default)]
+struct SuperScales {
+    /// `d` of each super-block (row-major; a row holds whole super-blocks).
+    d: Vec<f32>,
+    /// `dmin` of each super-block (4-bit only).
+    dmin: Vec<f32>,
+    /// The multiplier of each scale unit: unsigned 6-bit (Q4_K) or `i8` (Q6_K).
+    sc: Vec<u8>,
+    /// The minimum's multiplier of each block (4-bit only).
+    mn: Vec<u8>,
+}
+
+/// Scratch for scales expanded from [`SuperScales`].
+#[derive(Debug, Default)]
+struct ScaleBuf {
+    scales: Vec<f32>,
+    mins: Vec<f32>,
+}
+
+thread_local! {
+    /// Each compute thread's expanded scales, reused from product to product.
+    static SCALES: std::cell::RefCell<ScaleBuf> = std::cell::RefCell::default();
 }
 
 /// A `rows × cols` weight matrix in block form; row `o` holds output `o`'s weights.
 #[derive(Debug, Clone)]
-pub struct QMatrix {
+pub struct Blocks {
     kind: QKind,
     rows: usize,
     cols: usize,
-    /// Scale of each block, row-major (`rows × cols/32`).
+    /// Scale of each scale unit (a block; a half block for `Six`), row-major
+    /// (`rows × cols/32`); empty when `sup` holds them.
     scales: Vec<f32>,
-    /// Minimum of each block (`Nibble` only).
+    /// Minimum of each block (`Nibble` only); empty when `sup` holds them.
     mins: Vec<f32>,
+    /// The scales and minimums in K-quant form, for matrices from K-quant files.
+    sup: Option<SuperScales>,
     /// Packed values: 16 bytes a block for `Nibble` (low nibbles are elements 0..16,
-    /// high nibbles 16..32, as in GGUF), 32 for `Byte`.
+    /// high nibbles 16..32, as in GGUF), 32 for `Byte`, 20 and 24 for `Five` and `Six`
+    /// ([`super::packed`]).
     qs: Vec<u8>,
     /// Whether products quantize the input rows asked for to 16-bit blocks.
     int_inputs: bool,
 }
 
-/// Input rows prepared for products with one matrix ([`QMatrix::prepare`]): the
+/// Input rows prepared for products with one matrix ([`Blocks::prepare`]): the
 /// per-block sums that 4-bit minimums need and, for integer activations, the rows
 /// that take them quantized to 16-bit blocks.
 #[derive(Debug, Clone, Default)]
@@ -151,19 +194,24 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
-impl QMatrix {
+impl Blocks {
     /// Whether GGUF data of this type can be kept as is.
     pub fn supports(ty: GgmlType) -> bool {
         matches!(
             ty,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4K
+            GgmlType::Q4_0
+                | GgmlType::Q4_1
+                | GgmlType::Q8_0
+                | GgmlType::Q5_0
+                | GgmlType::Q4K
+                | GgmlType::Q6K
         )
     }
 
     /// Repacks `rows` rows of GGUF blocks of type `ty`, each value kept exactly:
     /// Q4_0, Q4_1 and Q4_K (each 32-value sub-block with its scale `d·sc` and minimum
-    /// `−dmin·m`, products of f16 and 6-bit integers that f32 holds exactly) as 4-bit
-    /// blocks; Q8_0 and Q5_0 (`q − 16` fits a byte) as 8-bit blocks.
+    /// `−dmin·m`, kept as the file's 6-bit multipliers) as 4-bit blocks; Q8_0 as 8-bit
+    /// blocks; Q5_0 and Q6_K packed as 5- and 6-bit blocks ([`super::packed`]).
     /// Returns `None` for other types, a `cols` that is not a multiple of 32, or bytes
     /// of the wrong length.
     pub fn from_gguf(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Option<Self> {
@@ -179,29 +227,32 @@ impl QMatrix {
         if bytes.len() != file_blocks.checked_mul(ty.block_bytes()?)? {
             return None;
         }
-        let mut m = QMatrix {
-            kind: if matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0) {
-                QKind::Byte
-            } else {
-                QKind::Nibble
-            },
+        let kind = match ty {
+            GgmlType::Q8_0 => QKind::Byte,
+            GgmlType::Q5_0 => QKind::Five,
+            GgmlType::Q6K => QKind::Six,
+            _ => QKind::Nibble,
+        };
+        let mut m = Blocks {
+            kind,
             rows,
             cols,
-            scales: Vec::with_capacity(n_blocks),
+            scales: Vec::new(),
             mins: Vec::new(),
-            qs: Vec::new(),
+            sup: None,
+            qs: Vec::with_capacity(n_blocks * packed::block_bytes(kind)),
             int_inputs: false,
         };
         match ty {
             GgmlType::Q8_0 => {
-                m.qs.reserve(n_blocks * 32);
+                m.scales.reserve(n_blocks);
                 for b in bytes.chunks_exact(34) {
                     m.scales.push(f16_at(b, 0));
                     m.qs.extend_from_slice(&b[2..34]);
                 }
             }
             GgmlType::Q4_1 => {
-                m.qs.reserve(n_blocks * 16);
+                m.scales.reserve(n_blocks);
                 m.mins.reserve(n_blocks);
                 for b in bytes.chunks_exact(20) {
                     m.scales.push(f16_at(b, 0));
@@ -210,7 +261,7 @@ impl QMatrix {
                 }
             }
             GgmlType::Q4_0 => {
-                m.qs.reserve(n_blocks * 16);
+                m.scales.reserve(n_blocks);
                 m.mins.reserve(n_blocks);
                 for b in bytes.chunks_exact(18) {
                     let d = f16_at(b, 0);
@@ -220,42 +271,37 @@ impl QMatrix {
                     m.qs.extend_from_slice(&b[2..18]);
                 }
             }
-            GgmlType::Q5_0 => {
-                m.qs.reserve(n_blocks * 32);
-                for b in bytes.chunks_exact(22) {
-                    m.scales.push(f16_at(b, 0));
-                    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-                    let mut v = [0u8; 32];
-                    for (j, &q) in b[6..22].iter().enumerate() {
-                        let h0 = ((qh >> j) & 1) as u8;
-                        let h1 = ((qh >> (j + 16)) & 1) as u8;
-                        v[j] = (((q & 0x0F) | (h0 << 4)) as i8 - 16) as u8;
-                        v[j + 16] = (((q >> 4) | (h1 << 4)) as i8 - 16) as u8;
-                    }
-                    m.qs.extend_from_slice(&v);
-                }
+            GgmlType::Q5_0 => packed::from_q5_0(bytes, &mut m.qs, &mut m.scales),
+            GgmlType::Q6K => {
+                let mut sup = SuperScales::default();
+                packed::from_q6_k(bytes, &mut m.qs, &mut sup.d, &mut sup.sc);
+                m.sup = Some(sup);
             }
             GgmlType::Q4K => {
                 // 256 values a super-block: d, dmin, 12 bytes of 6-bit scales and
                 // minimums, then 128 bytes whose low nibbles are sub-block 2k and high
                 // nibbles sub-block 2k + 1 (32 bytes for each k).
-                m.qs.reserve(n_blocks * 16);
-                m.mins.reserve(n_blocks);
+                let mut sup = SuperScales {
+                    sc: Vec::with_capacity(n_blocks),
+                    mn: Vec::with_capacity(n_blocks),
+                    ..SuperScales::default()
+                };
                 for b in bytes.chunks_exact(144) {
-                    let d = f16_at(b, 0);
-                    let dmin = f16_at(b, 2);
+                    sup.d.push(f16_at(b, 0));
+                    sup.dmin.push(f16_at(b, 2));
                     let scales = &b[4..16];
                     for (k, q) in b[16..144].chunks_exact(32).enumerate() {
                         for (sub, shift) in [(2 * k, 0), (2 * k + 1, 4)] {
                             let (sc, mn) = scale_min_k4(sub, scales);
-                            m.scales.push(d * f32::from(sc));
-                            m.mins.push(-(dmin * f32::from(mn)));
+                            sup.sc.push(sc);
+                            sup.mn.push(mn);
                             // Into this form's layout: values 0..16 low, 16..32 high.
                             let v = |l: usize| (q[l] >> shift) & 0x0F;
                             m.qs.extend((0..16).map(|l| v(l) | (v(l + 16) << 4)));
                         }
                     }
                 }
+                m.sup = Some(sup);
             }
             _ => return None,
         }
@@ -279,19 +325,20 @@ impl QMatrix {
             scales.push(f16::from_f32(d).to_f32());
             qs.extend(block.iter().map(|v| (v * inv).round() as i8 as u8));
         }
-        Some(QMatrix {
+        Some(Blocks {
             kind: QKind::Byte,
             rows,
             cols,
             scales,
             mins: Vec::new(),
+            sup: None,
             qs,
             int_inputs: false,
         })
     }
 
     /// The same matrix, taking 16-bit integer activations for the input rows
-    /// [`QMatrix::prepare`] is asked to quantize when `on`.
+    /// [`Blocks::prepare`] is asked to quantize when `on`.
     pub fn with_int_inputs(mut self, on: bool) -> Self {
         self.int_inputs = on;
         self
@@ -314,56 +361,119 @@ impl QMatrix {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        (self.scales.len() + self.mins.len()) * 4 + self.qs.len()
+        let sup = self.sup.as_ref().map_or(0, |s| {
+            (s.d.len() + s.dmin.len()) * 4 + s.sc.len() + s.mn.len()
+        });
+        (self.scales.len() + self.mins.len()) * 4 + self.qs.len() + sup
     }
 
     fn qs_per_block(&self) -> usize {
-        match self.kind {
-            QKind::Nibble => 16,
-            QKind::Byte => 32,
-        }
+        packed::block_bytes(self.kind)
+    }
+
+    /// Scale units a row has: a block each, two for 6-bit blocks.
+    fn units_per_row(&self) -> usize {
+        self.cols / BLOCK * packed::scales_per_block(self.kind)
+    }
+
+    /// Whether two matrices keep their scales alike (and so can be stacked).
+    fn same_form(&self, other: &Blocks) -> bool {
+        self.kind == other.kind
+            && self.cols == other.cols
+            && self.sup.is_some() == other.sup.is_some()
+            && self.mins.is_empty() == other.mins.is_empty()
     }
 
     /// A matrix of the rows in `order` (row `i` of the result is row `order[i]`).
     pub fn select_rows(&self, order: &[usize]) -> Self {
-        let bpr = self.cols / BLOCK;
-        let qpb = self.qs_per_block();
-        let mut out = QMatrix {
+        let (bpr, upr, qpb) = (self.cols / BLOCK, self.units_per_row(), self.qs_per_block());
+        let mut out = Blocks {
             kind: self.kind,
             rows: order.len(),
             cols: self.cols,
-            scales: Vec::with_capacity(order.len() * bpr),
+            scales: Vec::new(),
             mins: Vec::new(),
+            sup: self.sup.as_ref().map(|_| SuperScales::default()),
             qs: Vec::with_capacity(order.len() * bpr * qpb),
             int_inputs: self.int_inputs,
         };
-        for &r in order {
-            out.scales
-                .extend_from_slice(&self.scales[r * bpr..(r + 1) * bpr]);
-            if !self.mins.is_empty() {
-                out.mins
-                    .extend_from_slice(&self.mins[r * bpr..(r + 1) * bpr]);
+        fn pick<T: Copy>(to: &mut Vec<T>, from: &[T], r: usize, per_row: usize) {
+            if !from.is_empty() {
+                to.extend_from_slice(&from[r * per_row..(r + 1) * per_row]);
             }
-            out.qs
-                .extend_from_slice(&self.qs[r * bpr * qpb..(r + 1) * bpr * qpb]);
+        }
+        for &r in order {
+            pick(&mut out.scales, &self.scales, r, upr);
+            pick(&mut out.mins, &self.mins, r, bpr);
+            pick(&mut out.qs, &self.qs, r, bpr * qpb);
+            if let (Some(to), Some(from)) = (out.sup.as_mut(), self.sup.as_ref()) {
+                // K-quant rows hold whole super-blocks of eight blocks.
+                pick(&mut to.d, &from.d, r, bpr / 8);
+                pick(&mut to.dmin, &from.dmin, r, bpr / 8);
+                pick(&mut to.sc, &from.sc, r, upr);
+                pick(&mut to.mn, &from.mn, r, bpr);
+            }
         }
         out
     }
 
-    /// Stacks matrices of one kind and width; `None` if they differ.
-    pub fn concat_rows(parts: Vec<QMatrix>) -> Option<Self> {
+    /// Stacks matrices of one kind, width and form of scales; `None` if they differ.
+    pub fn concat_rows(parts: Vec<Blocks>) -> Option<Self> {
         let mut iter = parts.into_iter();
         let mut out = iter.next()?;
         for p in iter {
-            if p.kind != out.kind || p.cols != out.cols {
+            if !out.same_form(&p) {
                 return None;
             }
             out.rows += p.rows;
             out.scales.extend_from_slice(&p.scales);
             out.mins.extend_from_slice(&p.mins);
             out.qs.extend_from_slice(&p.qs);
+            if let (Some(to), Some(from)) = (out.sup.as_mut(), p.sup.as_ref()) {
+                to.d.extend_from_slice(&from.d);
+                to.dmin.extend_from_slice(&from.dmin);
+                to.sc.extend_from_slice(&from.sc);
+                to.mn.extend_from_slice(&from.mn);
+            }
         }
         Some(out)
+    }
+
+    /// The scales (a row's units after another's) and, for 4-bit blocks, the minimums
+    /// of rows `r0..r1`: slices of the f32 arrays, or expanded into `buf` from the
+    /// K-quant form (the same f32 values: see [`SuperScales`]).
+    fn scales_of<'a>(
+        &'a self,
+        r0: usize,
+        r1: usize,
+        buf: &'a mut ScaleBuf,
+    ) -> (&'a [f32], &'a [f32]) {
+        let (bpr, upr) = (self.cols / BLOCK, self.units_per_row());
+        let Some(sup) = &self.sup else {
+            let mins = if self.mins.is_empty() {
+                &[][..]
+            } else {
+                &self.mins[r0 * bpr..r1 * bpr]
+            };
+            return (&self.scales[r0 * upr..r1 * upr], mins);
+        };
+        // Units (and blocks) per super-block.
+        let (ups, bps) = (upr / (bpr / 8), 8);
+        buf.scales.clear();
+        buf.mins.clear();
+        let units = r0 * upr..r1 * upr;
+        if self.kind == QKind::Six {
+            buf.scales
+                .extend(units.map(|u| sup.d[u / ups] * f32::from(sup.sc[u] as i8)));
+        } else {
+            buf.scales
+                .extend(units.map(|u| sup.d[u / ups] * f32::from(sup.sc[u])));
+        }
+        if !sup.mn.is_empty() {
+            buf.mins
+                .extend((r0 * bpr..r1 * bpr).map(|b| -(sup.dmin[b / bps] * f32::from(sup.mn[b]))));
+        }
+        (&buf.scales, &buf.mins)
     }
 
     /// Row `r` as f32 (an embedding lookup).
@@ -384,41 +494,56 @@ impl QMatrix {
     fn dequant_into(&self, r: usize, out: &mut [f32]) {
         let bpr = self.cols / BLOCK;
         let qpb = self.qs_per_block();
-        if simd::available() {
-            let mins = if self.kind == QKind::Nibble {
-                &self.mins[r * bpr..(r + 1) * bpr]
+        let qs = &self.qs[r * bpr * qpb..(r + 1) * bpr * qpb];
+        self.with_scales(r, r + 1, |scales, mins| {
+            if matches!(self.kind, QKind::Five | QKind::Six) {
+                packed::dequant_row(self.kind, qs, scales, out);
+            } else if simd::available() {
+                simd::dequant_row(self.kind, qs, scales, mins, out);
             } else {
-                &[][..]
-            };
-            simd::dequant_row(
-                self.kind,
-                &self.qs[r * bpr * qpb..(r + 1) * bpr * qpb],
-                &self.scales[r * bpr..(r + 1) * bpr],
-                mins,
-                out,
-            );
-            return;
-        }
-        for (i, b) in (r * bpr..(r + 1) * bpr).enumerate() {
-            let d = self.scales[b];
-            let q = &self.qs[b * qpb..(b + 1) * qpb];
-            let o = &mut out[i * BLOCK..(i + 1) * BLOCK];
-            match self.kind {
-                QKind::Byte => {
-                    for (o, &v) in o.iter_mut().zip(q) {
-                        *o = f32::from(v as i8) * d;
-                    }
-                }
-                QKind::Nibble => {
-                    let m = self.mins[b];
-                    let (lo, hi) = o.split_at_mut(16);
-                    for ((l, h), &v) in lo.iter_mut().zip(hi).zip(q) {
-                        *l = f32::from(v & 0x0F) * d + m;
-                        *h = f32::from(v >> 4) * d + m;
+                for (i, (q, o)) in qs
+                    .chunks_exact(qpb)
+                    .zip(out.chunks_exact_mut(BLOCK))
+                    .enumerate()
+                {
+                    let d = scales[i];
+                    if self.kind == QKind::Nibble {
+                        let m = mins[i];
+                        let (lo, hi) = o.split_at_mut(16);
+                        for ((l, h), &v) in lo.iter_mut().zip(hi).zip(q) {
+                            *l = f32::from(v & 0x0F) * d + m;
+                            *h = f32::from(v >> 4) * d + m;
+                        }
+                    } else {
+                        for (o, &v) in o.iter_mut().zip(q) {
+                            *o = f32::from(v as i8) * d;
+                        }
                     }
                 }
             }
+        });
+    }
+
+    /// Runs `f` with the scales and minimums of rows `r0..r1` ([`Blocks::scales_of`]),
+    /// expanded into this thread's scratch when they are kept in K-quant form.
+    fn with_scales<T>(&self, r0: usize, r1: usize, f: impl FnOnce(&[f32], &[f32]) -> T) -> T {
+        if self.sup.is_none() {
+            let mut unused = ScaleBuf::default();
+            let (scales, mins) = self.scales_of(r0, r1, &mut unused);
+            return f(scales, mins);
         }
+        SCALES.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut buf) => {
+                let (scales, mins) = self.scales_of(r0, r1, &mut buf);
+                f(scales, mins)
+            }
+            // Already in use further up this thread's stack: a buffer of its own.
+            Err(_) => {
+                let mut buf = ScaleBuf::default();
+                let (scales, mins) = self.scales_of(r0, r1, &mut buf);
+                f(scales, mins)
+            }
+        })
     }
 
     /// Rows of input from which products dequantize tiles of weights and run a dense
@@ -426,9 +551,9 @@ impl QMatrix {
     pub const DENSE_FROM: usize = 8;
 
     /// Weight rows dequantized per dense tile.
-    const TILE: usize = 64;
+    pub(super) const TILE: usize = 64;
 
-    /// Prepares the input rows `x: [n, cols]` for [`QMatrix::product_rows`]: per-block
+    /// Prepares the input rows `x: [n, cols]` for [`Blocks::product_rows`]: per-block
     /// sums for the minimums of 4-bit blocks (`Σ(q·d + m)·x = d·Σq·x + m·Σx`; none for
     /// 8-bit blocks, which have no minimum) and, when this matrix takes integer
     /// activations, the rows `j` with `int_rows[j]` quantized to 16-bit blocks
@@ -436,6 +561,12 @@ impl QMatrix {
     /// Every block is prepared on its own, so a row's preparation does not depend on the
     /// rows beside it.
     pub fn prepare(&self, x: &[f32], int_rows: &[bool], out: &mut Prepared) {
+        self.prepare_with(x, int_rows, self.kind == QKind::Nibble, out);
+    }
+
+    /// [`Blocks::prepare`], with the block sums when `sums` (for a stack of matrices
+    /// that prepares once for all, some of them 4-bit).
+    pub fn prepare_with(&self, x: &[f32], int_rows: &[bool], sums: bool, out: &mut Prepared) {
         let (cols, bpr) = (self.cols, self.cols / BLOCK);
         let n = x.len() / cols;
         assert!(
@@ -453,7 +584,7 @@ impl QMatrix {
         out.fx.clear();
         out.fsums.clear();
         out.panels.clear();
-        if self.kind == QKind::Nibble {
+        if sums {
             out.sums
                 .extend(x.chunks_exact(BLOCK).map(|c| c.iter().sum::<f32>()));
         }
@@ -503,7 +634,7 @@ impl QMatrix {
 
     /// Products of weight rows `r0..r1` with every row of `x: [n, cols]`, into
     /// `out: [r1 − r0, n]` (weight-row-major). `prep` comes from
-    /// [`QMatrix::prepare`] of the same `x`; `tile` is scratch for dense tiles.
+    /// [`Blocks::prepare`] of the same `x`; `tile` is scratch for dense tiles.
     #[allow(clippy::too_many_arguments)]
     pub fn product_rows(
         &self,
@@ -543,7 +674,7 @@ impl QMatrix {
         }
     }
 
-    /// [`QMatrix::product_rows`] with f32 inputs `x: [n, cols]`, their block sums and
+    /// [`Blocks::product_rows`] with f32 inputs `x: [n, cols]`, their block sums and
     /// (for a matrix with integer inputs) their panels.
     #[allow(clippy::too_many_arguments)]
     fn product_rows_f32(
@@ -628,100 +759,89 @@ impl QMatrix {
             return;
         }
         let avx2 = simd::available();
+        let mut row = Vec::new();
         for (i, o) in out.chunks_exact_mut(n).enumerate() {
             let r = r0 + i;
-            let scales = &self.scales[r * bpr..(r + 1) * bpr];
             let qs = &self.qs[r * bpr * qpb..(r + 1) * bpr * qpb];
-            let mins = if self.kind == QKind::Nibble {
-                &self.mins[r * bpr..(r + 1) * bpr]
-            } else {
-                &[][..]
-            };
-            // Four input rows at a time: each block is expanded once for all four.
-            let mut j0 = 0;
-            while avx2 && j0 + 4 <= n {
-                let xs: [&[f32]; 4] =
-                    std::array::from_fn(|k| &x[(j0 + k) * self.cols..(j0 + k + 1) * self.cols]);
-                let sums: [&[f32]; 4] = std::array::from_fn(|k| {
-                    if xsum.is_empty() {
-                        &[][..]
+            if matches!(self.kind, QKind::Five | QKind::Six) {
+                // Few f32 rows against packed blocks (the `native` weights' decode):
+                // the row dequantized once, then plain dot products.
+                row.resize(self.cols, 0.0);
+                self.dequant_into(r, &mut row);
+                for (j, y) in o.iter_mut().enumerate() {
+                    let xr = &x[j * self.cols..(j + 1) * self.cols];
+                    *y = row.iter().zip(xr).map(|(w, x)| w * x).sum();
+                }
+                continue;
+            }
+            self.with_scales(r, r + 1, |scales, mins| {
+                // Four input rows at a time: each block is expanded once for all four.
+                let mut j0 = 0;
+                while avx2 && j0 + 4 <= n {
+                    let xs: [&[f32]; 4] =
+                        std::array::from_fn(|k| &x[(j0 + k) * self.cols..(j0 + k + 1) * self.cols]);
+                    let sums: [&[f32]; 4] = std::array::from_fn(|k| {
+                        if xsum.is_empty() {
+                            &[][..]
+                        } else {
+                            &xsum[(j0 + k) * bpr..(j0 + k + 1) * bpr]
+                        }
+                    });
+                    o[j0..j0 + 4]
+                        .copy_from_slice(&simd::dot4(self.kind, qs, scales, mins, xs, sums));
+                    j0 += 4;
+                }
+                for (j, y) in o.iter_mut().enumerate().skip(j0) {
+                    let xr = &x[j * self.cols..(j + 1) * self.cols];
+                    *y = if self.kind == QKind::Nibble {
+                        let xs = &xsum[j * bpr..(j + 1) * bpr];
+                        simd::dot_nibble(avx2, qs, scales, mins, xr, xs)
                     } else {
-                        &xsum[(j0 + k) * bpr..(j0 + k + 1) * bpr]
-                    }
-                });
-                o[j0..j0 + 4].copy_from_slice(&simd::dot4(self.kind, qs, scales, mins, xs, sums));
-                j0 += 4;
-            }
-            for (j, y) in o.iter_mut().enumerate().skip(j0) {
-                let xr = &x[j * self.cols..(j + 1) * self.cols];
-                *y = match self.kind {
-                    QKind::Byte => simd::dot_byte(avx2, qs, scales, xr),
-                    QKind::Nibble => {
-                        simd::dot_nibble(avx2, qs, scales, mins, xr, &xsum[j * bpr..(j + 1) * bpr])
-                    }
-                };
-            }
+                        simd::dot_byte(avx2, qs, scales, xr)
+                    };
+                }
+            });
         }
     }
 
-    /// [`QMatrix::product_rows`] with integer inputs: four input rows at a time share
+    /// [`Blocks::product_rows`] with integer inputs: four input rows at a time share
     /// each widened weight block, the rest go one by one, and every row's result is
-    /// bitwise the one it gets alone ([`simd::dot_int_rows`]), so a sequence's numbers do not
-    /// depend on what shares its step. Input rows run in groups small enough to stay in
-    /// cache while the weight rows pass over them.
+    /// bitwise the one it gets alone ([`simd::dot_int_rows`], [`packed::dot_int_rows`]),
+    /// so a sequence's numbers do not depend on what shares its step. Input rows run in
+    /// groups small enough to stay in cache while the weight rows pass over them; scales
+    /// kept in K-quant form are expanded a slice of weight rows at a time.
     fn product_rows_int(&self, n: usize, x: simd::IntRows<'_>, r0: usize, out: &mut [f32]) {
         const GROUP: usize = 16;
         let (bpr, qpb) = (self.cols / BLOCK, self.qs_per_block());
         let r1 = r0 + out.len() / n.max(1);
-        let mins = if self.kind == QKind::Nibble {
-            &self.mins[r0 * bpr..r1 * bpr]
+        let step = if self.sup.is_some() {
+            simd::WEIGHT_SLICE
         } else {
-            &[][..]
+            (r1 - r0).max(1)
         };
-        for g0 in (0..n).step_by(GROUP) {
-            simd::dot_int_rows(
-                simd::IntKernel::best(),
-                self.kind,
-                bpr,
-                &self.qs[r0 * bpr * qpb..r1 * bpr * qpb],
-                &self.scales[r0 * bpr..r1 * bpr],
-                mins,
-                x,
-                g0..(g0 + GROUP).min(n),
-                out,
-            );
+        let kernel = simd::IntKernel::best();
+        for s0 in (r0..r1).step_by(step) {
+            let s1 = (s0 + step).min(r1);
+            let qs = &self.qs[s0 * bpr * qpb..s1 * bpr * qpb];
+            let o = &mut out[(s0 - r0) * n..(s1 - r0) * n];
+            self.with_scales(s0, s1, |scales, mins| {
+                for g0 in (0..n).step_by(GROUP) {
+                    let rows = g0..(g0 + GROUP).min(n);
+                    if matches!(self.kind, QKind::Five | QKind::Six) {
+                        let vector = kernel != simd::IntKernel::Portable;
+                        packed::dot_int_rows(vector, self.kind, bpr, qs, scales, x, rows, o);
+                    } else {
+                        simd::dot_int_rows(kernel, self.kind, bpr, qs, scales, mins, x, rows, o);
+                    }
+                }
+            });
         }
     }
 
-    /// `x: [n, cols]` (row-major) → `[n, rows]`: every row of `x` against every weight
-    /// row, in parallel slices of weight rows.
+    /// `x: [n, cols]` → `[n, rows]` ([`super::qmatrix::QMatrix::matmul`]).
+    #[cfg(test)]
     pub fn matmul(&self, x: &[f32], n: usize) -> Vec<f32> {
-        assert_eq!(x.len(), n * self.cols, "input is not [n, cols]");
-        let mut prep = Prepared::default();
-        self.prepare(x, &vec![true; n], &mut prep);
-        let rows_per_task = if n >= Self::DENSE_FROM {
-            Self::TILE
-        } else {
-            (4096 / n.max(1)).clamp(16, 256)
-        };
-        let mut yt = vec![0.0f32; self.rows * n];
-        yt.par_chunks_mut(rows_per_task * n)
-            .enumerate()
-            .for_each_init(Vec::new, |tile, (task, out)| {
-                let r0 = task * rows_per_task;
-                let r1 = r0 + out.len() / n;
-                self.product_rows(x, n, &prep, r0, r1, tile, out);
-            });
-        if n == 1 {
-            return yt;
-        }
-        let mut y = vec![0.0f32; n * self.rows];
-        for r in 0..self.rows {
-            for j in 0..n {
-                y[j * self.rows + r] = yt[r * n + j];
-            }
-        }
-        y
+        super::qmatrix::QMatrix::from(self.clone()).matmul(x, n)
     }
 }
 
@@ -734,6 +854,8 @@ fn scatter(part: &[f32], cols: &[usize], n: usize, out: &mut [f32]) {
         }
     }
 }
+
+pub(super) use simd::{IntRows, WEIGHT_SLICE};
 
 mod simd {
     //! Block dot products, vectorised where the CPU allows.
@@ -2268,7 +2390,7 @@ mod tests {
         for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_0] {
             let bytes = quantize(ty, &w).expect("quantize");
             let deq = dequantize(ty, &bytes, rows * cols).expect("dequantize");
-            let q = QMatrix::from_gguf(ty, rows, cols, &bytes).expect("repack");
+            let q = Blocks::from_gguf(ty, rows, cols, &bytes).expect("repack");
             for r in [0, 33, 69] {
                 let row = q.row(r);
                 for c in 0..cols {
@@ -2296,14 +2418,15 @@ mod tests {
                         let mins = &q.mins[r * bpr..(r + 1) * bpr];
                         simd::dot_nibble(false, qs, sc, mins, xs, &xsum)
                     }
+                    QKind::Five | QKind::Six => unreachable!("not made here"),
                 };
                 assert!((portable - want[r]).abs() < 1e-4);
             }
         }
     }
 
-    /// `n` valid blocks of `ty` (Q5_0 or Q4_K) from a seed: random bytes with sane f16
-    /// scales.
+    /// `n` valid blocks of `ty` (Q5_0, Q4_K or Q6_K) from a seed: random bytes with
+    /// sane f16 scales.
     fn random_blocks(ty: GgmlType, n: usize, seed: u64) -> Vec<u8> {
         let size = ty.block_bytes().expect("known size");
         let mut state = seed
@@ -2319,7 +2442,12 @@ mod tests {
         for _ in 0..n {
             let mut b: Vec<u8> = (0..size).map(|_| next() as u8).collect();
             let scale = |r: u32| f16::from_f32(2e-4 + (r % 1000) as f32 * 2e-5).to_le_bytes();
-            b[0..2].copy_from_slice(&scale(next()));
+            if ty == GgmlType::Q6K {
+                // Q6_K keeps its `d` last.
+                b[208..210].copy_from_slice(&scale(next()));
+            } else {
+                b[0..2].copy_from_slice(&scale(next()));
+            }
             if ty == GgmlType::Q4K {
                 b[2..4].copy_from_slice(&scale(next()));
             }
@@ -2329,13 +2457,13 @@ mod tests {
     }
 
     #[test]
-    fn q5_0_and_q4_k_repack_without_rounding() {
+    fn q5_0_q4_k_and_q6_k_repack_without_rounding() {
         let (rows, cols) = (12, 512);
-        for ty in [GgmlType::Q5_0, GgmlType::Q4K] {
+        for ty in [GgmlType::Q5_0, GgmlType::Q4K, GgmlType::Q6K] {
             let per = ty.block_size().expect("block size");
             let bytes = random_blocks(ty, rows * cols / per, ty.id().into());
             let deq = dequantize(ty, &bytes, rows * cols).expect("dequantize");
-            let q = QMatrix::from_gguf(ty, rows, cols, &bytes).expect("repack");
+            let q = Blocks::from_gguf(ty, rows, cols, &bytes).expect("repack");
             for r in 0..rows {
                 for (c, (a, b)) in q
                     .row(r)
@@ -2353,9 +2481,155 @@ mod tests {
             for n in [1, 4, 9] {
                 let x = values(n * cols, 3 + n as u32);
                 let want = reference(&deq, rows, cols, &x, n);
-                for (a, b) in q.matmul(&x, n).iter().zip(&want) {
-                    assert!((a - b).abs() < 1e-4, "{ty:?} n={n}: {a} vs {b}");
+                // Q6_K's random scales reach 2.5 a weight: f32 sums of terms in the
+                // hundreds, so a bound relative to the sum of their magnitudes.
+                let abs = |v: &[f32]| v.iter().map(|v| v.abs()).collect::<Vec<_>>();
+                let mag = reference(&abs(&deq), rows, cols, &abs(&x), n);
+                for ((a, b), m) in q.matmul(&x, n).iter().zip(&want).zip(&mag) {
+                    let tol = 1e-4 + 1e-6 * m;
+                    assert!((a - b).abs() < tol, "{ty:?} n={n}: {a} vs {b}");
                 }
+            }
+        }
+    }
+
+    /// The same matrix with its scales in f32 and 5-bit blocks as bytes: the forms
+    /// these formats were kept in before being packed.
+    fn unpacked(q: &Blocks) -> Blocks {
+        let (scales, mins) = q.with_scales(0, q.rows, |s, m| (s.to_vec(), m.to_vec()));
+        let mut out = Blocks {
+            scales,
+            mins,
+            sup: None,
+            ..q.clone()
+        };
+        if q.kind == QKind::Five {
+            out.kind = QKind::Byte;
+            out.qs =
+                q.qs.chunks_exact(20)
+                    .flat_map(|b| packed::unpack(QKind::Five, b).map(|v| v as u8))
+                    .collect();
+        }
+        out
+    }
+
+    /// Q5_0, Q4_K and Q6_K kept in their blocks, with integer inputs: within the inputs'
+    /// rounding of the dequantized product; the vector kernels bitwise alike and the
+    /// portable loop within float rounding; every row as it is alone; and Q5_0 and
+    /// Q4_K bitwise what they gave as bytes and with f32 scales.
+    #[test]
+    fn packed_and_k_quant_integer_products() {
+        for (ty, cols) in [
+            (GgmlType::Q5_0, 160),
+            (GgmlType::Q5_0, 576),
+            (GgmlType::Q4K, 512),
+            (GgmlType::Q6K, 512),
+            (GgmlType::Q6K, 768),
+        ] {
+            let rows = 53;
+            let per = ty.block_size().expect("block size");
+            let bytes = random_blocks(ty, rows * cols / per, cols as u64 + u64::from(ty.id()));
+            let deq = dequantize(ty, &bytes, rows * cols).expect("dequantize");
+            let q = Blocks::from_gguf(ty, rows, cols, &bytes)
+                .expect("repack")
+                .with_int_inputs(true);
+            let file = bytes.len() as f64;
+            let held = q.bytes() as f64;
+            assert!(held <= file * 1.1, "{ty:?}: {held} bytes held for {file}");
+            let n = 21;
+            let x: Vec<f32> = values(n * cols, 17)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v * (0.5 + (i % 11) as f32))
+                .collect();
+            let exact = reference(&deq, rows, cols, &x, n);
+            let got = q.matmul(&x, n);
+            let mut prep = Prepared::default();
+            q.prepare(&x, &vec![true; n], &mut prep);
+            let bpr = cols / BLOCK;
+            for j in 0..n {
+                for r in 0..rows {
+                    let bound: f64 = (0..cols)
+                        .map(|c| f64::from(deq[r * cols + c].abs() * prep.d[j * bpr + c / BLOCK]))
+                        .sum::<f64>()
+                        / 2.0;
+                    let (a, e) = (f64::from(got[j * rows + r]), f64::from(exact[j * rows + r]));
+                    assert!(
+                        (a - e).abs() <= bound * 1.001 + 1e-4,
+                        "{ty:?} ({j}, {r}): {a} vs {e}, bound {bound}"
+                    );
+                }
+            }
+            // Each row alone, and every group of rows, gives the bits it gets in the batch.
+            for j in [0, 5, 20] {
+                let alone = q.matmul(&x[j * cols..(j + 1) * cols], 1);
+                for r in 0..rows {
+                    assert_eq!(
+                        alone[r].to_bits(),
+                        got[j * rows + r].to_bits(),
+                        "{ty:?} {j}"
+                    );
+                }
+            }
+            // The portable loop against the vector kernels.
+            let kernels = simd::IntKernel::available();
+            let runs: Vec<Vec<f32>> = kernels
+                .iter()
+                .map(|&kernel| {
+                    let mut out = vec![0.0f32; rows * n];
+                    let x = prep.int_inputs(&prep.sums);
+                    q.with_scales(0, rows, |scales, mins| match q.kind {
+                        QKind::Five | QKind::Six => packed::dot_int_rows(
+                            kernel != simd::IntKernel::Portable,
+                            q.kind,
+                            bpr,
+                            &q.qs,
+                            scales,
+                            x,
+                            0..n,
+                            &mut out,
+                        ),
+                        _ => simd::dot_int_rows(
+                            kernel,
+                            q.kind,
+                            bpr,
+                            &q.qs,
+                            scales,
+                            mins,
+                            x,
+                            0..n,
+                            &mut out,
+                        ),
+                    });
+                    out
+                })
+                .collect();
+            for (k, run) in runs.iter().enumerate().skip(1) {
+                for (p, v) in runs[0].iter().zip(run) {
+                    // Random K-quant minimums make large terms that cancel.
+                    assert!(
+                        (p - v).abs() <= 1e-4 * (1.0 + p.abs()),
+                        "{ty:?}: {p} vs {v}"
+                    );
+                }
+                assert!(
+                    run.iter()
+                        .zip(&runs[1])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{ty:?}: {:?} differs from {:?}",
+                    kernels[k],
+                    kernels[1]
+                );
+            }
+            if ty != GgmlType::Q6K {
+                let before = unpacked(&q).matmul(&x, n);
+                assert!(
+                    before
+                        .iter()
+                        .zip(&got)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{ty:?}: packed blocks change the products"
+                );
             }
         }
     }
@@ -2377,7 +2651,7 @@ mod tests {
         for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_0] {
             let bytes = quantize(ty, &w).expect("quantize");
             let deq = dequantize(ty, &bytes, rows * cols).expect("dequantize");
-            let q = QMatrix::from_gguf(ty, rows, cols, &bytes)
+            let q = Blocks::from_gguf(ty, rows, cols, &bytes)
                 .expect("repack")
                 .with_int_inputs(true);
             for n in [1, 2, 3, 4, 7, 9] {
@@ -2472,7 +2746,7 @@ mod tests {
         let w = values(rows * cols, 23);
         for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_0] {
             let bytes = quantize(ty, &w).expect("quantize");
-            let q = QMatrix::from_gguf(ty, rows, cols, &bytes)
+            let q = Blocks::from_gguf(ty, rows, cols, &bytes)
                 .expect("repack")
                 .with_int_inputs(true);
             let n = 41;
@@ -2654,7 +2928,7 @@ mod tests {
     #[test]
     fn inputs_round_halves_away_from_zero() {
         let w = values(2 * 32, 1);
-        let q = QMatrix::quantize_q8(&w, 2, 32)
+        let q = Blocks::quantize_q8(&w, 2, 32)
             .expect("q8")
             .with_int_inputs(true);
         // The block's largest value maps to 32767, so each of these lands on (or next
@@ -2676,15 +2950,15 @@ mod tests {
         let (rows, cols) = (8, 64);
         let w = values(rows * cols, 3);
         let bytes = quantize(GgmlType::Q4_1, &w).expect("quantize");
-        let q = QMatrix::from_gguf(GgmlType::Q4_1, rows, cols, &bytes).expect("repack");
+        let q = Blocks::from_gguf(GgmlType::Q4_1, rows, cols, &bytes).expect("repack");
         let picked = q.select_rows(&[7, 0]);
         assert_eq!(picked.row(0), q.row(7));
         assert_eq!(picked.row(1), q.row(0));
-        let both = QMatrix::concat_rows(vec![q.clone(), picked]).expect("same kind");
+        let both = Blocks::concat_rows(vec![q.clone(), picked]).expect("same kind");
         assert_eq!(both.rows(), 10);
         assert_eq!(both.row(9), q.row(0));
-        let q8 = QMatrix::quantize_q8(&w, rows, cols).expect("q8");
-        assert!(QMatrix::concat_rows(vec![q, q8.clone()]).is_none());
+        let q8 = Blocks::quantize_q8(&w, rows, cols).expect("q8");
+        assert!(Blocks::concat_rows(vec![q, q8.clone()]).is_none());
         for (a, b) in q8.row(2).iter().zip(&w[2 * cols..3 * cols]) {
             assert!((a - b).abs() < 0.01);
         }
@@ -2692,8 +2966,8 @@ mod tests {
 
     #[test]
     fn unsupported_shapes_are_refused() {
-        assert!(QMatrix::from_gguf(GgmlType::Q4_1, 2, 48, &[0; 60]).is_none());
-        assert!(QMatrix::from_gguf(GgmlType::Q4_1, 2, 32, &[0; 39]).is_none());
-        assert!(QMatrix::from_gguf(GgmlType::F32, 2, 32, &[0; 256]).is_none());
+        assert!(Blocks::from_gguf(GgmlType::Q4_1, 2, 48, &[0; 60]).is_none());
+        assert!(Blocks::from_gguf(GgmlType::Q4_1, 2, 32, &[0; 39]).is_none());
+        assert!(Blocks::from_gguf(GgmlType::F32, 2, 32, &[0; 256]).is_none());
     }
 }

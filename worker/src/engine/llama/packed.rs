@@ -1,0 +1,503 @@
+//! 5- and 6-bit weights kept packed as the file has them (GGUF Q5_0 and Q6_K), with
+//! integer products that unpack them in registers.
+//!
+//! A 32-value block is its low nibbles (16 bytes: byte `i` holds element `i` in its low
+//! nibble and element `i + 16` in its high one, as 4-bit blocks do) followed by its high
+//! bits, laid out so that one widening puts them in the lanes the quad layout of the
+//! inputs gives each element ([`super::qmatmul::Prepared`]: element group `g` of a block
+//! is elements `8g..8g + 8`):
+//! - 5-bit ([`QKind::Five`], Q5_0): 4 bytes; byte `k` holds lanes `l = k` (low nibble)
+//!   and `l = k + 4` (high nibble), bit `g` of the nibble being element `8g + l`'s fifth
+//!   bit. The value is `q − 16`, one scale a block: the block sum is the one an 8-bit
+//!   block of the same values gives, so the products are bitwise those of Q5_0 kept as
+//!   bytes, in 6 bits a weight instead of 9.
+//! - 6-bit ([`QKind::Six`], Q6_K): 8 bytes; byte `l` holds the two high bits of
+//!   elements `l`, `l + 8`, `l + 16`, `l + 24` at bits 0, 2, 4, 6. The value is `q − 32`
+//!   and each half of a block (16 values) has its own scale, so a block gives two sums,
+//!   each scaled and added on its own; with the scales kept as the file's 8-bit
+//!   multipliers of one f32 a super-block, 6.6 bits a weight (the file's 6.56).
+//!
+//! On x86-64 with AVX2 a block pair is unpacked to 16-bit lanes and multiplied as the
+//! 8-bit kernel does ([`super::qmatmul`]); CPUs with AVX-512 run the same AVX2 code, so
+//! every x86 worker gives these products the same bits.
+
+use super::qmatmul::{IntRows, QKind, BLOCK};
+use crate::engine::gguf::GgmlType;
+
+/// Bytes of one packed block of `kind` (values and high bits; scales apart).
+pub const fn block_bytes(kind: QKind) -> usize {
+    match kind {
+        QKind::Five => 20,
+        QKind::Six => 24,
+        QKind::Nibble => 16,
+        QKind::Byte => 32,
+    }
+}
+
+/// Scales per block: one, or one per half for 6-bit blocks.
+pub const fn scales_per_block(kind: QKind) -> usize {
+    if matches!(kind, QKind::Six) {
+        2
+    } else {
+        1
+    }
+}
+
+/// The signed values of 32 elements packed as `kind` (5- or 6-bit).
+pub fn unpack(kind: QKind, block: &[u8]) -> [i8; BLOCK] {
+    let mut v = [0i8; BLOCK];
+    let (low, high) = block.split_at(16);
+    for i in 0..16 {
+        v[i] = (low[i] & 0x0F) as i8;
+        v[i + 16] = (low[i] >> 4) as i8;
+    }
+    match kind {
+        QKind::Five => {
+            for (e, v) in v.iter_mut().enumerate() {
+                let (g, l) = (e / 8, e % 8);
+                let bit = (high[l % 4] >> (4 * (l / 4) + g)) & 1;
+                *v = (*v | (bit << 4) as i8) - 16;
+            }
+        }
+        QKind::Six => {
+            for (e, v) in v.iter_mut().enumerate() {
+                let (g, l) = (e / 8, e % 8);
+                let bits = (high[l] >> (2 * g)) & 3;
+                *v = (*v | (bits << 4) as i8) - 32;
+            }
+        }
+        QKind::Nibble | QKind::Byte => unreachable!("not a packed kind"),
+    }
+    v
+}
+
+/// Packs 32 values (`q + bias` in `0..32` or `0..64`) as `kind`, appending to `out`.
+fn pack(kind: QKind, q: &[u8; BLOCK], out: &mut Vec<u8>) {
+    out.extend((0..16).map(|i| (q[i] & 0x0F) | ((q[i + 16] & 0x0F) << 4)));
+    match kind {
+        QKind::Five => {
+            let mut high = [0u8; 4];
+            for (e, &q) in q.iter().enumerate() {
+                let (g, l) = (e / 8, e % 8);
+                high[l % 4] |= ((q >> 4) & 1) << (4 * (l / 4) + g);
+            }
+            out.extend_from_slice(&high);
+        }
+        QKind::Six => {
+            let mut high = [0u8; 8];
+            for (e, &q) in q.iter().enumerate() {
+                let (g, l) = (e / 8, e % 8);
+                high[l] |= ((q >> 4) & 3) << (2 * g);
+            }
+            out.extend_from_slice(&high);
+        }
+        QKind::Nibble | QKind::Byte => unreachable!("not a packed kind"),
+    }
+}
+
+/// Q5_0 blocks (`d`, 32 fifth bits, 16 bytes of nibbles) packed as [`QKind::Five`]:
+/// appends the values to `qs` and each block's scale to `scales`.
+pub fn from_q5_0(bytes: &[u8], qs: &mut Vec<u8>, scales: &mut Vec<f32>) {
+    for b in bytes.chunks_exact(22) {
+        scales.push(f16_at(b, 0));
+        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+        let mut q = [0u8; BLOCK];
+        for (j, &byte) in b[6..22].iter().enumerate() {
+            q[j] = (byte & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
+            q[j + 16] = (byte >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+        }
+        pack(QKind::Five, &q, qs);
+    }
+}
+
+/// Q6_K super-blocks (128 bytes of low nibbles, 64 of high bit pairs, 16 signed 8-bit
+/// scales, an f16 `d`, for 256 values in 16 groups of 16) packed as [`QKind::Six`]:
+/// appends the values to `qs`, each super-block's `d` to `d` and each 16 values'
+/// multiplier to `sc` (as bytes of `i8`).
+pub fn from_q6_k(bytes: &[u8], qs: &mut Vec<u8>, d: &mut Vec<f32>, sc: &mut Vec<u8>) {
+    for b in bytes.chunks_exact(210) {
+        let (ql, rest) = b.split_at(128);
+        let (qh, rest) = rest.split_at(64);
+        let (scales, dd) = rest.split_at(16);
+        d.push(f16_at(dd, 0));
+        sc.extend_from_slice(scales);
+        // Element order as ggml's dequantization writes it.
+        let mut q = [0u8; 256];
+        for n in 0..2 {
+            let (ql, qh) = (&ql[64 * n..], &qh[32 * n..]);
+            let y = &mut q[128 * n..];
+            for l in 0..32 {
+                y[l] = (ql[l] & 0x0F) | ((qh[l] & 3) << 4);
+                y[l + 32] = (ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4);
+                y[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+                y[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+            }
+        }
+        for block in q.chunks_exact(BLOCK) {
+            pack(QKind::Six, block.try_into().expect("32 values"), qs);
+        }
+    }
+}
+
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// Whether a GGUF type is kept in one of these forms.
+pub fn kind_of(ty: GgmlType) -> Option<QKind> {
+    match ty {
+        GgmlType::Q5_0 => Some(QKind::Five),
+        GgmlType::Q6K => Some(QKind::Six),
+        _ => None,
+    }
+}
+
+/// One row of `nb` packed blocks dequantized into `out` (`32 · nb` values), with the
+/// blocks' scales ([`scales_per_block`] each).
+pub fn dequant_row(kind: QKind, qs: &[u8], scales: &[f32], out: &mut [f32]) {
+    let (bb, spb) = (block_bytes(kind), scales_per_block(kind));
+    for (b, (block, o)) in qs
+        .chunks_exact(bb)
+        .zip(out.chunks_exact_mut(BLOCK))
+        .enumerate()
+    {
+        let v = unpack(kind, block);
+        for (i, (o, &v)) in o.iter_mut().zip(&v).enumerate() {
+            *o = f32::from(v) * scales[spb * b + i * spb / BLOCK];
+        }
+    }
+}
+
+/// [`super::qmatmul`]'s integer product for packed weight rows: `m` rows of `nb` blocks
+/// (`qs`, `scales` with [`scales_per_block`] a block) against input rows `rows` of `x`,
+/// into `out: [m, n]`. With `vector` (AVX2 and FMA detected; inputs in the quad layout)
+/// every row's result is bitwise the same on every x86 CPU and whatever rows run beside
+/// it; the portable loop gives the same sums up to the order of float additions.
+#[allow(clippy::too_many_arguments)]
+pub fn dot_int_rows(
+    vector: bool,
+    kind: QKind,
+    nb: usize,
+    qs: &[u8],
+    scales: &[f32],
+    x: IntRows<'_>,
+    rows: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    let (bb, spb) = (block_bytes(kind), scales_per_block(kind));
+    assert!(
+        matches!(kind, QKind::Five | QKind::Six),
+        "not a packed kind"
+    );
+    let m = scales.len().checked_div(nb * spb).unwrap_or(0);
+    let n = x.d.len().checked_div(nb).unwrap_or(0);
+    assert!(
+        nb > 0
+            && scales.len() == m * nb * spb
+            && qs.len() == m * nb * bb
+            && x.d.len() == n * nb
+            && x.q.len() == 32 * x.d.len()
+            && rows.start <= rows.end
+            && rows.end <= n
+            && out.len() == m * n,
+        "block slices disagree"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if vector {
+        assert!(
+            x.qz.len() == n * nb.div_ceil(4) * 128 && x.ez.len() == n * nb.div_ceil(4) * 16,
+            "inputs in the quad layout missing"
+        );
+        assert!(
+            std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"),
+            "AVX2 does not run on this CPU"
+        );
+        // SAFETY: AVX2 and FMA were detected at run time (above); the lengths checked
+        // above put every block of every row asked for in bounds.
+        unsafe {
+            if kind == QKind::Six {
+                x86::dot_int_rows::<true>(nb, qs, scales, x, rows, out);
+            } else {
+                x86::dot_int_rows::<false>(nb, qs, scales, x, rows, out);
+            }
+        }
+        return;
+    }
+    let _ = vector;
+    for r in 0..m {
+        for j in rows.clone() {
+            let mut total = 0.0f32;
+            for b in 0..nb {
+                let (wb, xb) = (r * nb + b, j * nb + b);
+                let p = &x.q[xb * 32..xb * 32 + 32];
+                let v = unpack(kind, &qs[wb * bb..wb * bb + bb]);
+                let half = |h: usize| -> i32 {
+                    (16 * h..16 * h + 16)
+                        .map(|i| i32::from(v[i]) * i32::from(p[i]))
+                        .sum()
+                };
+                if kind == QKind::Six {
+                    total += scales[2 * wb] * x.d[xb] * half(0) as f32;
+                    total += scales[2 * wb + 1] * x.d[xb] * half(1) as f32;
+                } else {
+                    total += scales[wb] * x.d[xb] * (half(0) + half(1)) as f32;
+                }
+            }
+            out[r * n + j] = total;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::super::qmatmul::{IntRows, WEIGHT_SLICE};
+
+    /// The weights of blocks `b`, `b + 1` as four vectors of sixteen i16 (element
+    /// groups 0..4 of block `b` in the low eight lanes, of block `b + 1` in the high
+    /// eight), signed. Block `b + 1` reads as zeros when `two` is false.
+    ///
+    /// # Safety
+    /// Needs AVX2; block `b` (and `b + 1` when `two`) inside `qs`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn widen_pair<const SIX: bool>(qs: &[u8], b: usize, two: bool) -> [__m256i; 4] {
+        let bb = if SIX { 24 } else { 20 };
+        // SAFETY: the caller guarantees the blocks read are in bounds.
+        unsafe {
+            let p0 = qs.as_ptr().add(b * bb);
+            let p1 = p0.add(bb);
+            let lo0 = _mm_loadu_si128(p0.cast());
+            let lo1 = if two {
+                _mm_loadu_si128(p1.cast())
+            } else {
+                _mm_setzero_si128()
+            };
+            // Bytes 0..8 of both blocks (groups 0 and 2), then bytes 8..16 (1 and 3).
+            let a = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(lo0, lo1));
+            let c = _mm256_cvtepu8_epi16(_mm_unpackhi_epi64(lo0, lo1));
+            let low = _mm256_set1_epi16(0x0F);
+            let nib = [
+                _mm256_and_si256(a, low),
+                _mm256_and_si256(c, low),
+                _mm256_srli_epi16(a, 4),
+                _mm256_srli_epi16(c, 4),
+            ];
+            if SIX {
+                let h0 = _mm_loadl_epi64(p0.add(16).cast());
+                let h1 = if two {
+                    _mm_loadl_epi64(p1.add(16).cast())
+                } else {
+                    _mm_setzero_si128()
+                };
+                // Lane l of each half: the high bit pairs of elements l + 8g at 2g.
+                let h = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(h0, h1));
+                let m = _mm256_set1_epi16(0x30);
+                let bias = _mm256_set1_epi16(32);
+                let high = [
+                    _mm256_and_si256(_mm256_slli_epi16(h, 4), m),
+                    _mm256_and_si256(_mm256_slli_epi16(h, 2), m),
+                    _mm256_and_si256(h, m),
+                    _mm256_and_si256(_mm256_srli_epi16(h, 2), m),
+                ];
+                std::array::from_fn(|g| _mm256_sub_epi16(_mm256_or_si256(nib[g], high[g]), bias))
+            } else {
+                let h0 = std::ptr::read_unaligned(p0.add(16).cast::<i32>());
+                let h1 = if two {
+                    std::ptr::read_unaligned(p1.add(16).cast::<i32>())
+                } else {
+                    0
+                };
+                // Bytes k of each block twice (lanes k and k + 4), widened, then the
+                // low nibbles moved up to the high one's place: bit g + 4 of lane l is
+                // element 8g + l's fifth bit.
+                let bytes = _mm_shuffle_epi8(
+                    _mm_set_epi32(0, 0, h1, h0),
+                    _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7),
+                );
+                let h = _mm256_mullo_epi16(
+                    _mm256_cvtepu8_epi16(bytes),
+                    _mm256_setr_epi16(16, 16, 16, 16, 1, 1, 1, 1, 16, 16, 16, 16, 1, 1, 1, 1),
+                );
+                let m = _mm256_set1_epi16(0x10);
+                let bias = _mm256_set1_epi16(16);
+                let high = [
+                    _mm256_and_si256(h, m),
+                    _mm256_and_si256(_mm256_srli_epi16(h, 1), m),
+                    _mm256_and_si256(_mm256_srli_epi16(h, 2), m),
+                    _mm256_and_si256(_mm256_srli_epi16(h, 3), m),
+                ];
+                std::array::from_fn(|g| _mm256_sub_epi16(_mm256_or_si256(nib[g], high[g]), bias))
+            }
+        }
+    }
+
+    /// Scale lanes for a block pair: `s[b]` in lanes 0..4 and `s[b + 1]` (0 when not
+    /// `two`) in 4..8, from scales `at` and `at + step`.
+    ///
+    /// # Safety
+    /// Needs AVX2; the scales read inside `s`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn pair_scales(s: &[f32], at: usize, step: usize, two: bool) -> __m256 {
+        // SAFETY: the caller guarantees the scales read are in bounds.
+        unsafe {
+            let d1 = if two {
+                *s.get_unchecked(at + step)
+            } else {
+                0.0
+            };
+            _mm256_setr_m128(_mm_set1_ps(*s.get_unchecked(at)), _mm_set1_ps(d1))
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum(v: __m256) -> f32 {
+        let lo = _mm256_castps256_ps128(v);
+        let hi = _mm256_extractf128_ps(v, 1);
+        let s = _mm_add_ps(lo, hi);
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    }
+
+    /// One weight row against `R` input rows starting at `x` (quad layout), a block
+    /// pair at a time: the lanes of the 8-bit kernel, one sum a block (5-bit) or one
+    /// per half (6-bit, each scaled on its own).
+    ///
+    /// # Safety
+    /// Needs AVX2 and FMA; `qs` and `scales` hold `nb` blocks; `qz`, `ez` point at `R`
+    /// rows in the quad layout.
+    #[inline]
+    #[allow(clippy::needless_range_loop)] // `k` also offsets the input pointers
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dot_pairs<const SIX: bool, const R: usize>(
+        nb: usize,
+        qs: &[u8],
+        scales: &[f32],
+        qz: *const i16,
+        ez: *const f32,
+    ) -> [f32; R] {
+        let quads = nb.div_ceil(4);
+        let mut acc = [[_mm256_setzero_ps(); R]; 2];
+        // SAFETY (the loads): blocks below `nb`, quads below `quads`, rows below `R`,
+        // in bounds by the caller's contract.
+        unsafe {
+            for q in 0..quads {
+                for h in 0..2 {
+                    let b = 4 * q + 2 * h;
+                    if b >= nb {
+                        break;
+                    }
+                    let bb = if SIX { 24 } else { 20 };
+                    _mm_prefetch::<_MM_HINT_T0>(qs.as_ptr().wrapping_add(b * bb + 4096).cast());
+                    let two = b + 1 < nb;
+                    let w = widen_pair::<SIX>(qs, b, two);
+                    let (da, db) = if SIX {
+                        (
+                            pair_scales(scales, 2 * b, 2, two),
+                            pair_scales(scales, 2 * b + 1, 2, two),
+                        )
+                    } else {
+                        let d = pair_scales(scales, b, 1, two);
+                        (d, d)
+                    };
+                    for k in 0..R {
+                        let p = qz.add(128 * quads * k + 128 * q + 16 * h);
+                        let x = |g: usize| _mm256_loadu_si256(p.add(32 * g).cast());
+                        let s01 = _mm256_add_epi32(
+                            _mm256_madd_epi16(w[0], x(0)),
+                            _mm256_madd_epi16(w[1], x(1)),
+                        );
+                        let s23 = _mm256_add_epi32(
+                            _mm256_madd_epi16(w[2], x(2)),
+                            _mm256_madd_epi16(w[3], x(3)),
+                        );
+                        let e = _mm256_loadu_ps(ez.add(16 * quads * k + 16 * q + 8 * h));
+                        acc[h][k] = if SIX {
+                            let a = _mm256_fmadd_ps(
+                                _mm256_mul_ps(da, e),
+                                _mm256_cvtepi32_ps(s01),
+                                acc[h][k],
+                            );
+                            _mm256_fmadd_ps(_mm256_mul_ps(db, e), _mm256_cvtepi32_ps(s23), a)
+                        } else {
+                            _mm256_fmadd_ps(
+                                _mm256_mul_ps(da, e),
+                                _mm256_cvtepi32_ps(_mm256_add_epi32(s01, s23)),
+                                acc[h][k],
+                            )
+                        };
+                    }
+                }
+            }
+        }
+        std::array::from_fn(|k| hsum(_mm256_add_ps(acc[0][k], acc[1][k])))
+    }
+
+    /// [`super::dot_int_rows`] on AVX2: weight rows in slices that stay in cache while
+    /// every input row asked for passes, four input rows at a time (then one).
+    ///
+    /// # Safety
+    /// Needs AVX2 and FMA; the lengths as [`super::dot_int_rows`] checks them.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_int_rows<const SIX: bool>(
+        nb: usize,
+        qs: &[u8],
+        scales: &[f32],
+        x: IntRows<'_>,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        let (bb, spb) = if SIX { (24, 2) } else { (20, 1) };
+        let (m, n) = (scales.len() / (nb * spb), x.d.len() / nb);
+        let quads = nb.div_ceil(4);
+        for s0 in (0..m).step_by(WEIGHT_SLICE) {
+            let s1 = (s0 + WEIGHT_SLICE).min(m);
+            let mut j = rows.start;
+            while j < rows.end {
+                let take = if j + 4 <= rows.end { 4 } else { 1 };
+                // SAFETY: input rows `j..j + take` (below `rows.end <= n`) and weight
+                // row `r < m` are in bounds of every slice by the caller's checks.
+                unsafe {
+                    let qz = x.qz.as_ptr().add(128 * quads * j);
+                    let ez = x.ez.as_ptr().add(16 * quads * j);
+                    for r in s0..s1 {
+                        let wq = qs.get_unchecked(bb * nb * r..bb * nb * (r + 1));
+                        let ws = scales.get_unchecked(spb * nb * r..spb * nb * (r + 1));
+                        let o = out.get_unchecked_mut(n * r + j..n * r + j + take);
+                        if take == 4 {
+                            o.copy_from_slice(&dot_pairs::<SIX, 4>(nb, wq, ws, qz, ez));
+                        } else {
+                            o[0] = dot_pairs::<SIX, 1>(nb, wq, ws, qz, ez)[0];
+                        }
+                    }
+                }
+                j += take;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packing_round_trips() {
+        for (kind, range) in [(QKind::Five, 32u32), (QKind::Six, 64)] {
+            for seed in 0..50u32 {
+                let q: [u8; BLOCK] = std::array::from_fn(|i| {
+                    ((i as u32 * 2654435761).wrapping_add(seed * 40503) >> 7) as u8 % range as u8
+                });
+                let mut packed = Vec::new();
+                pack(kind, &q, &mut packed);
+                assert_eq!(packed.len(), block_bytes(kind));
+                let bias = (range / 2) as i8;
+                let want: Vec<i8> = q.iter().map(|&v| v as i8 - bias).collect();
+                assert_eq!(unpack(kind, &packed).to_vec(), want, "{kind:?}");
+            }
+        }
+    }
+}
