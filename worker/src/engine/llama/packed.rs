@@ -13,9 +13,10 @@
 //!   bytes, in 6 bits a weight instead of 9.
 //! - 6-bit ([`QKind::Six`], Q6_K): 8 bytes; byte `l` holds the two high bits of
 //!   elements `l`, `l + 8`, `l + 16`, `l + 24` at bits 0, 2, 4, 6. The value is `q − 32`
-//!   and each half of a block (16 values) has its own scale, so a block gives two sums,
-//!   each scaled and added on its own; with the scales kept as the file's 8-bit
-//!   multipliers of one f32 a super-block, 6.6 bits a weight (the file's 6.56).
+//!   and each half of a block (16 values) has its own scale (`d · sc`, exact in f32),
+//!   so a block gives two sums, each scaled and added on its own: 8 bits a weight
+//!   (the file's 6.56; 9 as the Q8_0 it was converted to before, with a second
+//!   rounding).
 //!
 //! On x86-64 with AVX2 a block pair is unpacked to 16-bit lanes and multiplied as the
 //! 8-bit kernel does ([`super::qmatmul`]); CPUs with AVX-512 run the same AVX2 code, so
@@ -112,15 +113,15 @@ pub fn from_q5_0(bytes: &[u8], qs: &mut Vec<u8>, scales: &mut Vec<f32>) {
 
 /// Q6_K super-blocks (128 bytes of low nibbles, 64 of high bit pairs, 16 signed 8-bit
 /// scales, an f16 `d`, for 256 values in 16 groups of 16) packed as [`QKind::Six`]:
-/// appends the values to `qs`, each super-block's `d` to `d` and each 16 values'
-/// multiplier to `sc` (as bytes of `i8`).
-pub fn from_q6_k(bytes: &[u8], qs: &mut Vec<u8>, d: &mut Vec<f32>, sc: &mut Vec<u8>) {
+/// appends the values to `qs` and each 16 values' scale `d · sc` to `scales` (exact in
+/// f32: an f16 times an 8-bit integer).
+pub fn from_q6_k(bytes: &[u8], qs: &mut Vec<u8>, scales: &mut Vec<f32>) {
     for b in bytes.chunks_exact(210) {
         let (ql, rest) = b.split_at(128);
         let (qh, rest) = rest.split_at(64);
-        let (scales, dd) = rest.split_at(16);
-        d.push(f16_at(dd, 0));
-        sc.extend_from_slice(scales);
+        let (sc, dd) = rest.split_at(16);
+        let d = f16_at(dd, 0);
+        scales.extend(sc.iter().map(|&c| d * f32::from(c as i8)));
         // Element order as ggml's dequantization writes it.
         let mut q = [0u8; 256];
         for n in 0..2 {
@@ -156,6 +157,26 @@ pub fn kind_of(ty: GgmlType) -> Option<QKind> {
 /// blocks' scales ([`scales_per_block`] each).
 pub fn dequant_row(kind: QKind, qs: &[u8], scales: &[f32], out: &mut [f32]) {
     let (bb, spb) = (block_bytes(kind), scales_per_block(kind));
+    let nb = out.len() / BLOCK;
+    assert!(
+        matches!(kind, QKind::Five | QKind::Six)
+            && out.len() == nb * BLOCK
+            && qs.len() == nb * bb
+            && scales.len() == nb * spb,
+        "block slices disagree"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: AVX2 and FMA were detected at run time; the lengths are checked above.
+        unsafe {
+            if kind == QKind::Six {
+                x86::dequant_row::<true>(qs, scales, out);
+            } else {
+                x86::dequant_row::<false>(qs, scales, out);
+            }
+        }
+        return;
+    }
     for (b, (block, o)) in qs
         .chunks_exact(bb)
         .zip(out.chunks_exact_mut(BLOCK))
@@ -436,6 +457,42 @@ mod x86 {
         std::array::from_fn(|k| hsum(_mm256_add_ps(acc[0][k], acc[1][k])))
     }
 
+    /// [`super::dequant_row`] on AVX2: each value times its scale, one rounding, as
+    /// the portable loop.
+    ///
+    /// # Safety
+    /// Needs AVX2 and FMA; `qs`, `scales` and `out` hold the same number of blocks.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dequant_row<const SIX: bool>(qs: &[u8], scales: &[f32], out: &mut [f32]) {
+        let nb = out.len() / 32;
+        let spb = if SIX { 2 } else { 1 };
+        let mut b = 0;
+        while b < nb {
+            let two = b + 1 < nb;
+            // SAFETY: blocks `b` (and `b + 1` when `two`) are inside every slice.
+            unsafe {
+                let w = widen_pair::<SIX>(qs, b, two);
+                for (k, blk) in [(0usize, b), (1, b + 1)] {
+                    if k == 1 && !two {
+                        break;
+                    }
+                    for (g, w) in w.iter().enumerate() {
+                        let half = if k == 0 {
+                            _mm256_castsi256_si128(*w)
+                        } else {
+                            _mm256_extracti128_si256::<1>(*w)
+                        };
+                        let v = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(half));
+                        let d = *scales.get_unchecked(spb * blk + if SIX { g / 2 } else { 0 });
+                        let o = out.as_mut_ptr().add(32 * blk + 8 * g);
+                        _mm256_storeu_ps(o, _mm256_mul_ps(v, _mm256_set1_ps(d)));
+                    }
+                }
+            }
+            b += 2;
+        }
+    }
+
     /// [`super::dot_int_rows`] on AVX2: weight rows in slices that stay in cache while
     /// every input row asked for passes, four input rows at a time (then one).
     ///
@@ -483,6 +540,32 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The vector dequantization gives the portable loop's bits.
+    #[test]
+    fn dequantized_rows_are_the_same_bits_everywhere() {
+        for kind in [QKind::Five, QKind::Six] {
+            for nb in [1, 2, 3, 8] {
+                let qs: Vec<u8> = (0..nb * block_bytes(kind))
+                    .map(|i| (i as u32).wrapping_mul(2654435761).rotate_left(7) as u8)
+                    .collect();
+                let scales: Vec<f32> = (0..nb * scales_per_block(kind))
+                    .map(|i| 0.01 + i as f32 * 0.37e-3)
+                    .collect();
+                let mut fast = vec![0.0f32; nb * BLOCK];
+                dequant_row(kind, &qs, &scales, &mut fast);
+                for (b, block) in qs.chunks_exact(block_bytes(kind)).enumerate() {
+                    let v = unpack(kind, block);
+                    for i in 0..BLOCK {
+                        let d =
+                            scales[b * scales_per_block(kind) + i * scales_per_block(kind) / BLOCK];
+                        let want = f32::from(v[i]) * d;
+                        assert_eq!(fast[b * BLOCK + i].to_bits(), want.to_bits(), "{kind:?}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn packing_round_trips() {

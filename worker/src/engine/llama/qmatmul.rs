@@ -4,10 +4,8 @@
 //! keeping the file's 4- or 8-bit blocks (≈ 0.6–1.1 bytes a weight) instead of f32 (4
 //! bytes) is what brings the CPU within reach of its bandwidth. Blocks are repacked at
 //! load into struct-of-arrays form — scales and minimums as f32 beside the packed
-//! integers — so the inner loop converts no f16 and reads contiguous bytes. K-quant
-//! scales stay the file's small integer multipliers of an f32 a super-block, expanded
-//! a slice of rows at a time ([`SuperScales`]); 5- and 6-bit blocks stay packed
-//! ([`super::packed`]).
+//! integers — so the inner loop converts no f16 and reads contiguous bytes; 5- and
+//! 6-bit blocks stay packed ([`super::packed`]).
 //!
 //! By default activations stay f32 and products accumulate in f32, so results match a
 //! dequantize-then-multiply reference up to the order of additions. A matrix may
@@ -66,36 +64,6 @@ pub enum QKind {
     Six,
 }
 
-/// K-quant scales as the file keeps them: an f32 factor per 256-value super-block (and
-/// one for the minimums, 4-bit) and a small integer multiplier per scale unit (a block,
-/// or a half block for [`QKind::Six`]) and per block's minimum. Products expand them to
-/// f32 for the rows they run ([`Blocks::scales_of`]); the products `d · sc` of an f16
-/// and a 6- or 8-bit integer are exact in f32, so the expanded values are the ones
-/// kept in f32 before, in a quarter of the memory.
-#[derive(Debug, Clone, Default)]
-struct SuperScales {
-    /// `d` of each super-block (row-major; a row holds whole super-blocks).
-    d: Vec<f32>,
-    /// `dmin` of each super-block (4-bit only).
-    dmin: Vec<f32>,
-    /// The multiplier of each scale unit: unsigned 6-bit (Q4_K) or `i8` (Q6_K).
-    sc: Vec<u8>,
-    /// The minimum's multiplier of each block (4-bit only).
-    mn: Vec<u8>,
-}
-
-/// Scratch for scales expanded from [`SuperScales`].
-#[derive(Debug, Default)]
-struct ScaleBuf {
-    scales: Vec<f32>,
-    mins: Vec<f32>,
-}
-
-thread_local! {
-    /// Each compute thread's expanded scales, reused from product to product.
-    static SCALES: std::cell::RefCell<ScaleBuf> = std::cell::RefCell::default();
-}
-
 /// A `rows × cols` weight matrix in block form; row `o` holds output `o`'s weights.
 #[derive(Debug, Clone)]
 pub struct Blocks {
@@ -103,12 +71,10 @@ pub struct Blocks {
     rows: usize,
     cols: usize,
     /// Scale of each scale unit (a block; a half block for `Six`), row-major
-    /// (`rows × cols/32`); empty when `sup` holds them.
+    /// (`rows × cols/32 · units`).
     scales: Vec<f32>,
-    /// Minimum of each block (`Nibble` only); empty when `sup` holds them.
+    /// Minimum of each block (`Nibble` only).
     mins: Vec<f32>,
-    /// The scales and minimums in K-quant form, for matrices from K-quant files.
-    sup: Option<SuperScales>,
     /// Packed values: 16 bytes a block for `Nibble` (low nibbles are elements 0..16,
     /// high nibbles 16..32, as in GGUF), 32 for `Byte`, 20 and 24 for `Five` and `Six`
     /// ([`super::packed`]).
@@ -239,7 +205,6 @@ impl Blocks {
             cols,
             scales: Vec::new(),
             mins: Vec::new(),
-            sup: None,
             qs: Vec::with_capacity(n_blocks * packed::block_bytes(kind)),
             int_inputs: false,
         };
@@ -272,36 +237,28 @@ impl Blocks {
                 }
             }
             GgmlType::Q5_0 => packed::from_q5_0(bytes, &mut m.qs, &mut m.scales),
-            GgmlType::Q6K => {
-                let mut sup = SuperScales::default();
-                packed::from_q6_k(bytes, &mut m.qs, &mut sup.d, &mut sup.sc);
-                m.sup = Some(sup);
-            }
+            GgmlType::Q6K => packed::from_q6_k(bytes, &mut m.qs, &mut m.scales),
             GgmlType::Q4K => {
                 // 256 values a super-block: d, dmin, 12 bytes of 6-bit scales and
                 // minimums, then 128 bytes whose low nibbles are sub-block 2k and high
                 // nibbles sub-block 2k + 1 (32 bytes for each k).
-                let mut sup = SuperScales {
-                    sc: Vec::with_capacity(n_blocks),
-                    mn: Vec::with_capacity(n_blocks),
-                    ..SuperScales::default()
-                };
+                m.scales.reserve(n_blocks);
+                m.mins.reserve(n_blocks);
                 for b in bytes.chunks_exact(144) {
-                    sup.d.push(f16_at(b, 0));
-                    sup.dmin.push(f16_at(b, 2));
+                    let d = f16_at(b, 0);
+                    let dmin = f16_at(b, 2);
                     let scales = &b[4..16];
                     for (k, q) in b[16..144].chunks_exact(32).enumerate() {
                         for (sub, shift) in [(2 * k, 0), (2 * k + 1, 4)] {
                             let (sc, mn) = scale_min_k4(sub, scales);
-                            sup.sc.push(sc);
-                            sup.mn.push(mn);
+                            m.scales.push(d * f32::from(sc));
+                            m.mins.push(-(dmin * f32::from(mn)));
                             // Into this form's layout: values 0..16 low, 16..32 high.
                             let v = |l: usize| (q[l] >> shift) & 0x0F;
                             m.qs.extend((0..16).map(|l| v(l) | (v(l + 16) << 4)));
                         }
                     }
                 }
-                m.sup = Some(sup);
             }
             _ => return None,
         }
@@ -331,7 +288,6 @@ impl Blocks {
             cols,
             scales,
             mins: Vec::new(),
-            sup: None,
             qs,
             int_inputs: false,
         })
@@ -361,10 +317,7 @@ impl Blocks {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        let sup = self.sup.as_ref().map_or(0, |s| {
-            (s.d.len() + s.dmin.len()) * 4 + s.sc.len() + s.mn.len()
-        });
-        (self.scales.len() + self.mins.len()) * 4 + self.qs.len() + sup
+        (self.scales.len() + self.mins.len()) * 4 + self.qs.len()
     }
 
     fn qs_per_block(&self) -> usize {
@@ -377,10 +330,9 @@ impl Blocks {
     }
 
     /// Whether two matrices keep their scales alike (and so can be stacked).
-    fn same_form(&self, other: &Blocks) -> bool {
+    pub(super) fn same_form(&self, other: &Blocks) -> bool {
         self.kind == other.kind
             && self.cols == other.cols
-            && self.sup.is_some() == other.sup.is_some()
             && self.mins.is_empty() == other.mins.is_empty()
     }
 
@@ -393,7 +345,6 @@ impl Blocks {
             cols: self.cols,
             scales: Vec::new(),
             mins: Vec::new(),
-            sup: self.sup.as_ref().map(|_| SuperScales::default()),
             qs: Vec::with_capacity(order.len() * bpr * qpb),
             int_inputs: self.int_inputs,
         };
@@ -406,13 +357,6 @@ impl Blocks {
             pick(&mut out.scales, &self.scales, r, upr);
             pick(&mut out.mins, &self.mins, r, bpr);
             pick(&mut out.qs, &self.qs, r, bpr * qpb);
-            if let (Some(to), Some(from)) = (out.sup.as_mut(), self.sup.as_ref()) {
-                // K-quant rows hold whole super-blocks of eight blocks.
-                pick(&mut to.d, &from.d, r, bpr / 8);
-                pick(&mut to.dmin, &from.dmin, r, bpr / 8);
-                pick(&mut to.sc, &from.sc, r, upr);
-                pick(&mut to.mn, &from.mn, r, bpr);
-            }
         }
         out
     }
@@ -425,55 +369,30 @@ impl Blocks {
             if !out.same_form(&p) {
                 return None;
             }
-            out.rows += p.rows;
-            out.scales.extend_from_slice(&p.scales);
-            out.mins.extend_from_slice(&p.mins);
-            out.qs.extend_from_slice(&p.qs);
-            if let (Some(to), Some(from)) = (out.sup.as_mut(), p.sup.as_ref()) {
-                to.d.extend_from_slice(&from.d);
-                to.dmin.extend_from_slice(&from.dmin);
-                to.sc.extend_from_slice(&from.sc);
-                to.mn.extend_from_slice(&from.mn);
-            }
+            out.append(p);
         }
         Some(out)
     }
 
+    /// Appends the rows of `p`, which has the same form ([`Blocks::same_form`]).
+    pub(super) fn append(&mut self, p: Blocks) {
+        assert!(self.same_form(&p), "stacked matrices differ in form");
+        self.rows += p.rows;
+        self.scales.extend_from_slice(&p.scales);
+        self.mins.extend_from_slice(&p.mins);
+        self.qs.extend_from_slice(&p.qs);
+    }
+
     /// The scales (a row's units after another's) and, for 4-bit blocks, the minimums
-    /// of rows `r0..r1`: slices of the f32 arrays, or expanded into `buf` from the
-    /// K-quant form (the same f32 values: see [`SuperScales`]).
-    fn scales_of<'a>(
-        &'a self,
-        r0: usize,
-        r1: usize,
-        buf: &'a mut ScaleBuf,
-    ) -> (&'a [f32], &'a [f32]) {
+    /// of rows `r0..r1`.
+    fn scales_of(&self, r0: usize, r1: usize) -> (&[f32], &[f32]) {
         let (bpr, upr) = (self.cols / BLOCK, self.units_per_row());
-        let Some(sup) = &self.sup else {
-            let mins = if self.mins.is_empty() {
-                &[][..]
-            } else {
-                &self.mins[r0 * bpr..r1 * bpr]
-            };
-            return (&self.scales[r0 * upr..r1 * upr], mins);
-        };
-        // Units (and blocks) per super-block.
-        let (ups, bps) = (upr / (bpr / 8), 8);
-        buf.scales.clear();
-        buf.mins.clear();
-        let units = r0 * upr..r1 * upr;
-        if self.kind == QKind::Six {
-            buf.scales
-                .extend(units.map(|u| sup.d[u / ups] * f32::from(sup.sc[u] as i8)));
+        let mins = if self.mins.is_empty() {
+            &[][..]
         } else {
-            buf.scales
-                .extend(units.map(|u| sup.d[u / ups] * f32::from(sup.sc[u])));
-        }
-        if !sup.mn.is_empty() {
-            buf.mins
-                .extend((r0 * bpr..r1 * bpr).map(|b| -(sup.dmin[b / bps] * f32::from(sup.mn[b]))));
-        }
-        (&buf.scales, &buf.mins)
+            &self.mins[r0 * bpr..r1 * bpr]
+        };
+        (&self.scales[r0 * upr..r1 * upr], mins)
     }
 
     /// Row `r` as f32 (an embedding lookup).
@@ -495,7 +414,8 @@ impl Blocks {
         let bpr = self.cols / BLOCK;
         let qpb = self.qs_per_block();
         let qs = &self.qs[r * bpr * qpb..(r + 1) * bpr * qpb];
-        self.with_scales(r, r + 1, |scales, mins| {
+        let (scales, mins) = self.scales_of(r, r + 1);
+        {
             if matches!(self.kind, QKind::Five | QKind::Six) {
                 packed::dequant_row(self.kind, qs, scales, out);
             } else if simd::available() {
@@ -521,29 +441,7 @@ impl Blocks {
                     }
                 }
             }
-        });
-    }
-
-    /// Runs `f` with the scales and minimums of rows `r0..r1` ([`Blocks::scales_of`]),
-    /// expanded into this thread's scratch when they are kept in K-quant form.
-    fn with_scales<T>(&self, r0: usize, r1: usize, f: impl FnOnce(&[f32], &[f32]) -> T) -> T {
-        if self.sup.is_none() {
-            let mut unused = ScaleBuf::default();
-            let (scales, mins) = self.scales_of(r0, r1, &mut unused);
-            return f(scales, mins);
         }
-        SCALES.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut buf) => {
-                let (scales, mins) = self.scales_of(r0, r1, &mut buf);
-                f(scales, mins)
-            }
-            // Already in use further up this thread's stack: a buffer of its own.
-            Err(_) => {
-                let mut buf = ScaleBuf::default();
-                let (scales, mins) = self.scales_of(r0, r1, &mut buf);
-                f(scales, mins)
-            }
-        })
     }
 
     /// Rows of input from which products dequantize tiles of weights and run a dense
@@ -774,7 +672,8 @@ impl Blocks {
                 }
                 continue;
             }
-            self.with_scales(r, r + 1, |scales, mins| {
+            let (scales, mins) = self.scales_of(r, r + 1);
+            {
                 // Four input rows at a time: each block is expanded once for all four.
                 let mut j0 = 0;
                 while avx2 && j0 + 4 <= n {
@@ -800,7 +699,7 @@ impl Blocks {
                         simd::dot_byte(avx2, qs, scales, xr)
                     };
                 }
-            });
+            }
         }
     }
 
@@ -808,33 +707,22 @@ impl Blocks {
     /// each widened weight block, the rest go one by one, and every row's result is
     /// bitwise the one it gets alone ([`simd::dot_int_rows`], [`packed::dot_int_rows`]),
     /// so a sequence's numbers do not depend on what shares its step. Input rows run in
-    /// groups small enough to stay in cache while the weight rows pass over them; scales
-    /// kept in K-quant form are expanded a slice of weight rows at a time.
+    /// groups small enough to stay in cache while the weight rows pass over them.
     fn product_rows_int(&self, n: usize, x: simd::IntRows<'_>, r0: usize, out: &mut [f32]) {
         const GROUP: usize = 16;
         let (bpr, qpb) = (self.cols / BLOCK, self.qs_per_block());
         let r1 = r0 + out.len() / n.max(1);
-        let step = if self.sup.is_some() {
-            simd::WEIGHT_SLICE
-        } else {
-            (r1 - r0).max(1)
-        };
         let kernel = simd::IntKernel::best();
-        for s0 in (r0..r1).step_by(step) {
-            let s1 = (s0 + step).min(r1);
-            let qs = &self.qs[s0 * bpr * qpb..s1 * bpr * qpb];
-            let o = &mut out[(s0 - r0) * n..(s1 - r0) * n];
-            self.with_scales(s0, s1, |scales, mins| {
-                for g0 in (0..n).step_by(GROUP) {
-                    let rows = g0..(g0 + GROUP).min(n);
-                    if matches!(self.kind, QKind::Five | QKind::Six) {
-                        let vector = kernel != simd::IntKernel::Portable;
-                        packed::dot_int_rows(vector, self.kind, bpr, qs, scales, x, rows, o);
-                    } else {
-                        simd::dot_int_rows(kernel, self.kind, bpr, qs, scales, mins, x, rows, o);
-                    }
-                }
-            });
+        let qs = &self.qs[r0 * bpr * qpb..r1 * bpr * qpb];
+        let (scales, mins) = self.scales_of(r0, r1);
+        for g0 in (0..n).step_by(GROUP) {
+            let rows = g0..(g0 + GROUP).min(n);
+            if matches!(self.kind, QKind::Five | QKind::Six) {
+                let vector = kernel != simd::IntKernel::Portable;
+                packed::dot_int_rows(vector, self.kind, bpr, qs, scales, x, rows, out);
+            } else {
+                simd::dot_int_rows(kernel, self.kind, bpr, qs, scales, mins, x, rows, out);
+            }
         }
     }
 
@@ -2493,16 +2381,10 @@ mod tests {
         }
     }
 
-    /// The same matrix with its scales in f32 and 5-bit blocks as bytes: the forms
-    /// these formats were kept in before being packed.
+    /// The same matrix with 5-bit blocks as bytes: the form Q5_0 was kept in before
+    /// being packed.
     fn unpacked(q: &Blocks) -> Blocks {
-        let (scales, mins) = q.with_scales(0, q.rows, |s, m| (s.to_vec(), m.to_vec()));
-        let mut out = Blocks {
-            scales,
-            mins,
-            sup: None,
-            ..q.clone()
-        };
+        let mut out = q.clone();
         if q.kind == QKind::Five {
             out.kind = QKind::Byte;
             out.qs =
@@ -2515,8 +2397,8 @@ mod tests {
 
     /// Q5_0, Q4_K and Q6_K kept in their blocks, with integer inputs: within the inputs'
     /// rounding of the dequantized product; the vector kernels bitwise alike and the
-    /// portable loop within float rounding; every row as it is alone; and Q5_0 and
-    /// Q4_K bitwise what they gave as bytes and with f32 scales.
+    /// portable loop within float rounding; every row as it is alone; and Q5_0 bitwise
+    /// what it gave as bytes.
     #[test]
     fn packed_and_k_quant_integer_products() {
         for (ty, cols) in [
@@ -2533,9 +2415,15 @@ mod tests {
             let q = Blocks::from_gguf(ty, rows, cols, &bytes)
                 .expect("repack")
                 .with_int_inputs(true);
-            let file = bytes.len() as f64;
-            let held = q.bytes() as f64;
-            assert!(held <= file * 1.1, "{ty:?}: {held} bytes held for {file}");
+            // Bytes a weight: Q5_0 6 for the file's 5.5, Q6_K 8 for 6.56 (the values
+            // packed, a f32 scale for each 16), Q4_K 6 for 4.5 (f32 scales and minimums).
+            let per_weight = q.bytes() as f64 * 8.0 / (rows * cols) as f64;
+            let want = match ty {
+                GgmlType::Q5_0 => 6.0,
+                GgmlType::Q6K => 8.0,
+                _ => 6.0,
+            };
+            assert_eq!(per_weight, want, "{ty:?}: bits a weight held");
             let n = 21;
             let x: Vec<f32> = values(n * cols, 17)
                 .iter()
@@ -2578,7 +2466,8 @@ mod tests {
                 .map(|&kernel| {
                     let mut out = vec![0.0f32; rows * n];
                     let x = prep.int_inputs(&prep.sums);
-                    q.with_scales(0, rows, |scales, mins| match q.kind {
+                    let (scales, mins) = q.scales_of(0, rows);
+                    match q.kind {
                         QKind::Five | QKind::Six => packed::dot_int_rows(
                             kernel != simd::IntKernel::Portable,
                             q.kind,
@@ -2600,7 +2489,7 @@ mod tests {
                             0..n,
                             &mut out,
                         ),
-                    });
+                    }
                     out
                 })
                 .collect();
@@ -2621,7 +2510,7 @@ mod tests {
                     kernels[1]
                 );
             }
-            if ty != GgmlType::Q6K {
+            if ty == GgmlType::Q5_0 {
                 let before = unpacked(&q).matmul(&x, n);
                 assert!(
                     before

@@ -98,6 +98,9 @@ impl QMatrix {
 
     /// A matrix of the rows in `order` (row `i` of the result is row `order[i]`).
     pub fn select_rows(&self, order: &[usize]) -> Self {
+        if let [only] = &self.parts[..] {
+            return QMatrix::from(only.select_rows(order));
+        }
         let picked = order.iter().map(|&r| {
             let (p, i) = self.locate(r);
             QMatrix::from(p.select_rows(&[i]))
@@ -114,12 +117,9 @@ impl QMatrix {
         }
         let mut runs: Vec<Blocks> = Vec::new();
         for b in parts.into_iter().flat_map(|p| p.parts) {
-            match runs.pop() {
-                Some(last) => match Blocks::concat_rows(vec![last.clone(), b.clone()]) {
-                    Some(merged) => runs.push(merged),
-                    None => runs.extend([last, b]),
-                },
-                None => runs.push(b),
+            match runs.last_mut() {
+                Some(last) if last.same_form(&b) => last.append(b),
+                _ => runs.push(b),
             }
         }
         Some(QMatrix {
