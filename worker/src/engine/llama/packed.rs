@@ -273,7 +273,7 @@ pub fn dot_int_rows(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::super::qmatmul::{IntRows, WEIGHT_SLICE};
+    use super::super::qmatmul::{hsum, IntRows, WEIGHT_SLICE};
 
     /// The weights of blocks `b`, `b + 1` as four vectors of sixteen i16 (element
     /// groups 0..4 of block `b` in the low eight lanes, of block `b + 1` in the high
@@ -371,16 +371,6 @@ mod x86 {
             };
             _mm256_setr_m128(_mm_set1_ps(*s.get_unchecked(at)), _mm_set1_ps(d1))
         }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    fn hsum(v: __m256) -> f32 {
-        let lo = _mm256_castps256_ps128(v);
-        let hi = _mm256_extractf128_ps(v, 1);
-        let s = _mm_add_ps(lo, hi);
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-        _mm_cvtss_f32(s)
     }
 
     /// One weight row against `R` input rows starting at `x` (quad layout), a block

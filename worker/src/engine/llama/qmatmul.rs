@@ -743,6 +743,8 @@ fn scatter(part: &[f32], cols: &[usize], n: usize, out: &mut [f32]) {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+pub(super) use simd::x86::hsum;
 pub(super) use simd::{IntRows, WEIGHT_SLICE};
 
 mod simd {
@@ -1205,7 +1207,7 @@ mod simd {
         use std::arch::x86_64::*;
 
         #[target_feature(enable = "avx2,fma")]
-        fn hsum(v: __m256) -> f32 {
+        pub(crate) fn hsum(v: __m256) -> f32 {
             let lo = _mm256_castps256_ps128(v);
             let hi = _mm256_extractf128_ps(v, 1);
             let s = _mm_add_ps(lo, hi);
@@ -2245,11 +2247,11 @@ mod simd {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::engine::gguf::{dequant::dequantize, writer::quantize};
 
-    fn values(n: usize, seed: u32) -> Vec<f32> {
+    pub(in crate::engine::llama) fn values(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
             .map(|i| {
                 (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 2001) as f32

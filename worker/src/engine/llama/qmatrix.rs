@@ -206,18 +206,9 @@ impl QMatrix {
 
 #[cfg(test)]
 mod tests {
+    use super::super::qmatmul::tests::values;
     use super::*;
     use crate::engine::gguf::{dequant::dequantize, writer::quantize};
-
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| {
-                (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 2001) as f32
-                    / 1000.0
-                    - 1.0
-            })
-            .collect()
-    }
 
     /// Runs of different formats stacked keep their values, and a product over any
     /// range of rows is each run's own product, bit for bit.
