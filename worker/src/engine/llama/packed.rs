@@ -23,7 +23,6 @@
 //! every x86 worker gives these products the same bits.
 
 use super::qmatmul::{IntRows, QKind, BLOCK};
-use crate::engine::gguf::GgmlType;
 
 /// Bytes of one packed block of `kind` (values and high bits; scales apart).
 pub const fn block_bytes(kind: QKind) -> usize {
@@ -142,15 +141,6 @@ pub fn from_q6_k(bytes: &[u8], qs: &mut Vec<u8>, scales: &mut Vec<f32>) {
 
 fn f16_at(b: &[u8], at: usize) -> f32 {
     half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
-}
-
-/// Whether a GGUF type is kept in one of these forms.
-pub fn kind_of(ty: GgmlType) -> Option<QKind> {
-    match ty {
-        GgmlType::Q5_0 => Some(QKind::Five),
-        GgmlType::Q6K => Some(QKind::Six),
-        _ => None,
-    }
 }
 
 /// One row of `nb` packed blocks dequantized into `out` (`32 · nb` values), with the

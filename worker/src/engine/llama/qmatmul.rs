@@ -176,8 +176,9 @@ impl Blocks {
 
     /// Repacks `rows` rows of GGUF blocks of type `ty`, each value kept exactly:
     /// Q4_0, Q4_1 and Q4_K (each 32-value sub-block with its scale `d·sc` and minimum
-    /// `−dmin·m`, kept as the file's 6-bit multipliers) as 4-bit blocks; Q8_0 as 8-bit
-    /// blocks; Q5_0 and Q6_K packed as 5- and 6-bit blocks ([`super::packed`]).
+    /// `−dmin·m` as f32, exact products of an f16 and a 6-bit integer) as 4-bit
+    /// blocks; Q8_0 as 8-bit blocks; Q5_0 and Q6_K packed as 5- and 6-bit blocks
+    /// ([`super::packed`]).
     /// Returns `None` for other types, a `cols` that is not a multiple of 32, or bytes
     /// of the wrong length.
     pub fn from_gguf(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Option<Self> {
@@ -415,29 +416,27 @@ impl Blocks {
         let qpb = self.qs_per_block();
         let qs = &self.qs[r * bpr * qpb..(r + 1) * bpr * qpb];
         let (scales, mins) = self.scales_of(r, r + 1);
-        {
-            if matches!(self.kind, QKind::Five | QKind::Six) {
-                packed::dequant_row(self.kind, qs, scales, out);
-            } else if simd::available() {
-                simd::dequant_row(self.kind, qs, scales, mins, out);
-            } else {
-                for (i, (q, o)) in qs
-                    .chunks_exact(qpb)
-                    .zip(out.chunks_exact_mut(BLOCK))
-                    .enumerate()
-                {
-                    let d = scales[i];
-                    if self.kind == QKind::Nibble {
-                        let m = mins[i];
-                        let (lo, hi) = o.split_at_mut(16);
-                        for ((l, h), &v) in lo.iter_mut().zip(hi).zip(q) {
-                            *l = f32::from(v & 0x0F) * d + m;
-                            *h = f32::from(v >> 4) * d + m;
-                        }
-                    } else {
-                        for (o, &v) in o.iter_mut().zip(q) {
-                            *o = f32::from(v as i8) * d;
-                        }
+        if matches!(self.kind, QKind::Five | QKind::Six) {
+            packed::dequant_row(self.kind, qs, scales, out);
+        } else if simd::available() {
+            simd::dequant_row(self.kind, qs, scales, mins, out);
+        } else {
+            for (i, (q, o)) in qs
+                .chunks_exact(qpb)
+                .zip(out.chunks_exact_mut(BLOCK))
+                .enumerate()
+            {
+                let d = scales[i];
+                if self.kind == QKind::Nibble {
+                    let m = mins[i];
+                    let (lo, hi) = o.split_at_mut(16);
+                    for ((l, h), &v) in lo.iter_mut().zip(hi).zip(q) {
+                        *l = f32::from(v & 0x0F) * d + m;
+                        *h = f32::from(v >> 4) * d + m;
+                    }
+                } else {
+                    for (o, &v) in o.iter_mut().zip(q) {
+                        *o = f32::from(v as i8) * d;
                     }
                 }
             }
@@ -673,32 +672,29 @@ impl Blocks {
                 continue;
             }
             let (scales, mins) = self.scales_of(r, r + 1);
-            {
-                // Four input rows at a time: each block is expanded once for all four.
-                let mut j0 = 0;
-                while avx2 && j0 + 4 <= n {
-                    let xs: [&[f32]; 4] =
-                        std::array::from_fn(|k| &x[(j0 + k) * self.cols..(j0 + k + 1) * self.cols]);
-                    let sums: [&[f32]; 4] = std::array::from_fn(|k| {
-                        if xsum.is_empty() {
-                            &[][..]
-                        } else {
-                            &xsum[(j0 + k) * bpr..(j0 + k + 1) * bpr]
-                        }
-                    });
-                    o[j0..j0 + 4]
-                        .copy_from_slice(&simd::dot4(self.kind, qs, scales, mins, xs, sums));
-                    j0 += 4;
-                }
-                for (j, y) in o.iter_mut().enumerate().skip(j0) {
-                    let xr = &x[j * self.cols..(j + 1) * self.cols];
-                    *y = if self.kind == QKind::Nibble {
-                        let xs = &xsum[j * bpr..(j + 1) * bpr];
-                        simd::dot_nibble(avx2, qs, scales, mins, xr, xs)
+            // Four input rows at a time: each block is expanded once for all four.
+            let mut j0 = 0;
+            while avx2 && j0 + 4 <= n {
+                let xs: [&[f32]; 4] =
+                    std::array::from_fn(|k| &x[(j0 + k) * self.cols..(j0 + k + 1) * self.cols]);
+                let sums: [&[f32]; 4] = std::array::from_fn(|k| {
+                    if xsum.is_empty() {
+                        &[][..]
                     } else {
-                        simd::dot_byte(avx2, qs, scales, xr)
-                    };
-                }
+                        &xsum[(j0 + k) * bpr..(j0 + k + 1) * bpr]
+                    }
+                });
+                o[j0..j0 + 4].copy_from_slice(&simd::dot4(self.kind, qs, scales, mins, xs, sums));
+                j0 += 4;
+            }
+            for (j, y) in o.iter_mut().enumerate().skip(j0) {
+                let xr = &x[j * self.cols..(j + 1) * self.cols];
+                *y = if self.kind == QKind::Nibble {
+                    let xs = &xsum[j * bpr..(j + 1) * bpr];
+                    simd::dot_nibble(avx2, qs, scales, mins, xr, xs)
+                } else {
+                    simd::dot_byte(avx2, qs, scales, xr)
+                };
             }
         }
     }
