@@ -11,6 +11,7 @@
 //! - [`qmatrix`]: a weight matrix as runs of rows, each in its file's block format.
 //! - [`qmatmul`]: CPU products against weights kept in GGUF block formats.
 //! - [`packed`]: 5- and 6-bit blocks (Q5_0, Q6_K) kept packed, and their products.
+//! - [`scales`]: block scales, flat or as K-quant super-blocks.
 //! - [`rope`]: rotary position embeddings.
 //! - [`attention`]: grouped-query self-attention against a [`cache::KvCache`].
 //! - [`host`]: the forward pass on host vectors, for weights kept in block form.
@@ -33,6 +34,7 @@ pub mod preflight;
 pub mod qmatmul;
 pub mod qmatrix;
 pub mod rope;
+pub mod scales;
 pub mod synthetic;
 pub(crate) mod team;
 

@@ -23,6 +23,7 @@
 //! every x86 worker gives these products the same bits.
 
 use super::qmatmul::{IntRows, QKind, BLOCK};
+use super::scales::{FlatRows, ScaleRows, SuperRows};
 
 /// Bytes of one packed block of `kind` (values and high bits; scales apart).
 pub const fn block_bytes(kind: QKind) -> usize {
@@ -112,15 +113,16 @@ pub fn from_q5_0(bytes: &[u8], qs: &mut Vec<u8>, scales: &mut Vec<f32>) {
 
 /// Q6_K super-blocks (128 bytes of low nibbles, 64 of high bit pairs, 16 signed 8-bit
 /// scales, an f16 `d`, for 256 values in 16 groups of 16) packed as [`QKind::Six`]:
-/// appends the values to `qs` and each 16 values' scale `d · sc` to `scales` (exact in
-/// f32: an f16 times an 8-bit integer).
-pub fn from_q6_k(bytes: &[u8], qs: &mut Vec<u8>, scales: &mut Vec<f32>) {
+/// appends the values to `qs`, each 16 values' multiplier `sc` to `mul` and each
+/// super-block's `d` to `d` (a unit's scale `d · sc` is exact in f32: an f16 times an
+/// 8-bit integer).
+pub fn from_q6_k(bytes: &[u8], qs: &mut Vec<u8>, mul: &mut Vec<i8>, d: &mut Vec<f32>) {
     for b in bytes.chunks_exact(210) {
         let (ql, rest) = b.split_at(128);
         let (qh, rest) = rest.split_at(64);
         let (sc, dd) = rest.split_at(16);
-        let d = f16_at(dd, 0);
-        scales.extend(sc.iter().map(|&c| d * f32::from(c as i8)));
+        d.push(f16_at(dd, 0));
+        mul.extend(sc.iter().map(|&c| c as i8));
         // Element order as ggml's dequantization writes it.
         let mut q = [0u8; 256];
         for n in 0..2 {
@@ -190,7 +192,7 @@ pub fn dot_int_rows(
     kind: QKind,
     nb: usize,
     qs: &[u8],
-    scales: &[f32],
+    scales: ScaleRows<'_>,
     x: IntRows<'_>,
     rows: std::ops::Range<usize>,
     out: &mut [f32],
@@ -200,11 +202,13 @@ pub fn dot_int_rows(
         matches!(kind, QKind::Five | QKind::Six),
         "not a packed kind"
     );
-    let m = scales.len().checked_div(nb * spb).unwrap_or(0);
+    let m = scales.units().checked_div(nb * spb).unwrap_or(0);
     let n = x.d.len().checked_div(nb).unwrap_or(0);
     assert!(
         nb > 0
-            && scales.len() == m * nb * spb
+            && scales.units() == m * nb * spb
+            && !scales.has_mins()
+            && (matches!(scales, ScaleRows::Flat(_)) || (nb * spb).is_multiple_of(16))
             && qs.len() == m * nb * bb
             && x.d.len() == n * nb
             && x.q.len() == 32 * x.d.len()
@@ -226,10 +230,19 @@ pub fn dot_int_rows(
         // SAFETY: AVX2 and FMA were detected at run time (above); the lengths checked
         // above put every block of every row asked for in bounds.
         unsafe {
-            if kind == QKind::Six {
-                x86::dot_int_rows::<true>(nb, qs, scales, x, rows, out);
-            } else {
-                x86::dot_int_rows::<false>(nb, qs, scales, x, rows, out);
+            match (kind == QKind::Six, scales) {
+                (true, ScaleRows::Flat(f)) => {
+                    x86::dot_int_rows::<true, FlatRows<'_>>(nb, qs, f, x, rows, out)
+                }
+                (false, ScaleRows::Flat(f)) => {
+                    x86::dot_int_rows::<false, FlatRows<'_>>(nb, qs, f, x, rows, out)
+                }
+                (true, ScaleRows::Super(k)) => {
+                    x86::dot_int_rows::<true, SuperRows<'_>>(nb, qs, k, x, rows, out)
+                }
+                (false, ScaleRows::Super(k)) => {
+                    x86::dot_int_rows::<false, SuperRows<'_>>(nb, qs, k, x, rows, out)
+                }
             }
         }
         return;
@@ -248,10 +261,10 @@ pub fn dot_int_rows(
                         .sum()
                 };
                 if kind == QKind::Six {
-                    total += scales[2 * wb] * x.d[xb] * half(0) as f32;
-                    total += scales[2 * wb + 1] * x.d[xb] * half(1) as f32;
+                    total += scales.unit(2 * wb) * x.d[xb] * half(0) as f32;
+                    total += scales.unit(2 * wb + 1) * x.d[xb] * half(1) as f32;
                 } else {
-                    total += scales[wb] * x.d[xb] * (half(0) + half(1)) as f32;
+                    total += scales.unit(wb) * x.d[xb] * (half(0) + half(1)) as f32;
                 }
             }
             out[r * n + j] = total;
@@ -264,6 +277,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::super::qmatmul::{hsum, IntRows, WEIGHT_SLICE};
+    use super::super::scales::x86::QuadScales;
 
     /// The weights of blocks `b`, `b + 1` as four vectors of sixteen i16 (element
     /// groups 0..4 of block `b` in the low eight lanes, of block `b + 1` in the high
@@ -344,25 +358,6 @@ mod x86 {
         }
     }
 
-    /// Scale lanes for a block pair: `s[b]` in lanes 0..4 and `s[b + 1]` (0 when not
-    /// `two`) in 4..8, from scales `at` and `at + step`.
-    ///
-    /// # Safety
-    /// Needs AVX2; the scales read inside `s`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn pair_scales(s: &[f32], at: usize, step: usize, two: bool) -> __m256 {
-        // SAFETY: the caller guarantees the scales read are in bounds.
-        unsafe {
-            let d1 = if two {
-                *s.get_unchecked(at + step)
-            } else {
-                0.0
-            };
-            _mm256_setr_m128(_mm_set1_ps(*s.get_unchecked(at)), _mm_set1_ps(d1))
-        }
-    }
-
     /// One weight row against `R` input rows starting at `x` (quad layout), a block
     /// pair at a time: the lanes of the 8-bit kernel, one sum a block (5-bit) or one
     /// per half (6-bit, each scaled on its own).
@@ -373,10 +368,10 @@ mod x86 {
     #[inline]
     #[allow(clippy::needless_range_loop)] // `k` also offsets the input pointers
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn dot_pairs<const SIX: bool, const R: usize>(
+    unsafe fn dot_pairs<const SIX: bool, const R: usize, S: QuadScales>(
         nb: usize,
         qs: &[u8],
-        scales: &[f32],
+        scales: S,
         qz: *const i16,
         ez: *const f32,
     ) -> [f32; R] {
@@ -386,7 +381,12 @@ mod x86 {
         // in bounds by the caller's contract.
         unsafe {
             for q in 0..quads {
-                for h in 0..2 {
+                let halves = if SIX {
+                    scales.quad_halves(q, nb)
+                } else {
+                    scales.quad(q, nb).map(|d| [d, d])
+                };
+                for (h, &[da, db]) in halves.iter().enumerate() {
                     let b = 4 * q + 2 * h;
                     if b >= nb {
                         break;
@@ -395,15 +395,6 @@ mod x86 {
                     _mm_prefetch::<_MM_HINT_T0>(qs.as_ptr().wrapping_add(b * bb + 4096).cast());
                     let two = b + 1 < nb;
                     let w = widen_pair::<SIX>(qs, b, two);
-                    let (da, db) = if SIX {
-                        (
-                            pair_scales(scales, 2 * b, 2, two),
-                            pair_scales(scales, 2 * b + 1, 2, two),
-                        )
-                    } else {
-                        let d = pair_scales(scales, b, 1, two);
-                        (d, d)
-                    };
                     for k in 0..R {
                         let p = qz.add(128 * quads * k + 128 * q + 16 * h);
                         let x = |g: usize| _mm256_loadu_si256(p.add(32 * g).cast());
@@ -479,16 +470,16 @@ mod x86 {
     /// # Safety
     /// Needs AVX2 and FMA; the lengths as [`super::dot_int_rows`] checks them.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_int_rows<const SIX: bool>(
+    pub unsafe fn dot_int_rows<const SIX: bool, S: QuadScales>(
         nb: usize,
         qs: &[u8],
-        scales: &[f32],
+        scales: S,
         x: IntRows<'_>,
         rows: std::ops::Range<usize>,
         out: &mut [f32],
     ) {
         let (bb, spb) = if SIX { (24, 2) } else { (20, 1) };
-        let (m, n) = (scales.len() / (nb * spb), x.d.len() / nb);
+        let (m, n) = (scales.units() / (nb * spb), x.d.len() / nb);
         let quads = nb.div_ceil(4);
         for s0 in (0..m).step_by(WEIGHT_SLICE) {
             let s1 = (s0 + WEIGHT_SLICE).min(m);
@@ -502,12 +493,12 @@ mod x86 {
                     let ez = x.ez.as_ptr().add(16 * quads * j);
                     for r in s0..s1 {
                         let wq = qs.get_unchecked(bb * nb * r..bb * nb * (r + 1));
-                        let ws = scales.get_unchecked(spb * nb * r..spb * nb * (r + 1));
+                        let ws = scales.slice(spb * nb * r, spb * nb * (r + 1), 0, 0);
                         let o = out.get_unchecked_mut(n * r + j..n * r + j + take);
                         if take == 4 {
-                            o.copy_from_slice(&dot_pairs::<SIX, 4>(nb, wq, ws, qz, ez));
+                            o.copy_from_slice(&dot_pairs::<SIX, 4, S>(nb, wq, ws, qz, ez));
                         } else {
-                            o[0] = dot_pairs::<SIX, 1>(nb, wq, ws, qz, ez)[0];
+                            o[0] = dot_pairs::<SIX, 1, S>(nb, wq, ws, qz, ez)[0];
                         }
                     }
                 }

@@ -43,6 +43,7 @@
 use half::f16;
 
 use super::packed;
+use super::scales::{FlatRows, ScaleRows, Scales, SuperRows, SUPER_BLOCKS};
 use crate::engine::gguf::{dequant::scale_min_k4, GgmlType};
 
 /// Elements per block in every format here.
@@ -71,10 +72,9 @@ pub struct Blocks {
     rows: usize,
     cols: usize,
     /// Scale of each scale unit (a block; a half block for `Six`), row-major
-    /// (`rows × cols/32 · units`).
-    scales: Vec<f32>,
-    /// Minimum of each block (`Nibble` only).
-    mins: Vec<f32>,
+    /// (`rows × cols/32 · units`), and the minimum of each block (`Nibble` only):
+    /// f32, or as the K-quant file has them ([`Scales`]).
+    scales: Scales,
     /// Packed values: 16 bytes a block for `Nibble` (low nibbles are elements 0..16,
     /// high nibbles 16..32, as in GGUF), 32 for `Byte`, 20 and 24 for `Five` and `Six`
     /// ([`super::packed`]).
@@ -200,69 +200,87 @@ impl Blocks {
             GgmlType::Q6K => QKind::Six,
             _ => QKind::Nibble,
         };
-        let mut m = Blocks {
-            kind,
-            rows,
-            cols,
-            scales: Vec::new(),
-            mins: Vec::new(),
-            qs: Vec::with_capacity(n_blocks * packed::block_bytes(kind)),
-            int_inputs: false,
-        };
-        match ty {
-            GgmlType::Q8_0 => {
-                m.scales.reserve(n_blocks);
+        let mut qs = Vec::with_capacity(n_blocks * packed::block_bytes(kind));
+        let mut scales = Scales::flat();
+        match (ty, &mut scales) {
+            (GgmlType::Q8_0, Scales::Flat { scales, .. }) => {
+                scales.reserve(n_blocks);
                 for b in bytes.chunks_exact(34) {
-                    m.scales.push(f16_at(b, 0));
-                    m.qs.extend_from_slice(&b[2..34]);
+                    scales.push(f16_at(b, 0));
+                    qs.extend_from_slice(&b[2..34]);
                 }
             }
-            GgmlType::Q4_1 => {
-                m.scales.reserve(n_blocks);
-                m.mins.reserve(n_blocks);
+            (GgmlType::Q4_1, Scales::Flat { scales, mins }) => {
+                scales.reserve(n_blocks);
+                mins.reserve(n_blocks);
                 for b in bytes.chunks_exact(20) {
-                    m.scales.push(f16_at(b, 0));
-                    m.mins.push(f16_at(b, 2));
-                    m.qs.extend_from_slice(&b[4..20]);
+                    scales.push(f16_at(b, 0));
+                    mins.push(f16_at(b, 2));
+                    qs.extend_from_slice(&b[4..20]);
                 }
             }
-            GgmlType::Q4_0 => {
-                m.scales.reserve(n_blocks);
-                m.mins.reserve(n_blocks);
+            (GgmlType::Q4_0, Scales::Flat { scales, mins }) => {
+                scales.reserve(n_blocks);
+                mins.reserve(n_blocks);
                 for b in bytes.chunks_exact(18) {
                     let d = f16_at(b, 0);
-                    m.scales.push(d);
+                    scales.push(d);
                     // (q − 8)·d = q·d + (−8·d)
-                    m.mins.push(-8.0 * d);
-                    m.qs.extend_from_slice(&b[2..18]);
+                    mins.push(-8.0 * d);
+                    qs.extend_from_slice(&b[2..18]);
                 }
             }
-            GgmlType::Q5_0 => packed::from_q5_0(bytes, &mut m.qs, &mut m.scales),
-            GgmlType::Q6K => packed::from_q6_k(bytes, &mut m.qs, &mut m.scales),
-            GgmlType::Q4K => {
+            (GgmlType::Q5_0, Scales::Flat { scales, .. }) => {
+                packed::from_q5_0(bytes, &mut qs, scales)
+            }
+            (GgmlType::Q6K, _) => {
+                scales = Scales::super_blocks(2 * SUPER_BLOCKS);
+                let Scales::Super { mul, d, .. } = &mut scales else {
+                    unreachable!("made above")
+                };
+                packed::from_q6_k(bytes, &mut qs, mul, d);
+            }
+            (GgmlType::Q4K, _) => {
                 // 256 values a super-block: d, dmin, 12 bytes of 6-bit scales and
                 // minimums, then 128 bytes whose low nibbles are sub-block 2k and high
                 // nibbles sub-block 2k + 1 (32 bytes for each k).
-                m.scales.reserve(n_blocks);
-                m.mins.reserve(n_blocks);
+                scales = Scales::super_blocks(SUPER_BLOCKS);
+                let Scales::Super {
+                    mul, d, mmul, dmin, ..
+                } = &mut scales
+                else {
+                    unreachable!("made above")
+                };
+                mul.reserve(n_blocks);
+                mmul.reserve(n_blocks);
                 for b in bytes.chunks_exact(144) {
-                    let d = f16_at(b, 0);
-                    let dmin = f16_at(b, 2);
-                    let scales = &b[4..16];
+                    d.push(f16_at(b, 0));
+                    // Negated: the minimum is `−dmin·m`.
+                    dmin.push(-f16_at(b, 2));
+                    let packed_scales = &b[4..16];
                     for (k, q) in b[16..144].chunks_exact(32).enumerate() {
                         for (sub, shift) in [(2 * k, 0), (2 * k + 1, 4)] {
-                            let (sc, mn) = scale_min_k4(sub, scales);
-                            m.scales.push(d * f32::from(sc));
-                            m.mins.push(-(dmin * f32::from(mn)));
+                            let (sc, mn) = scale_min_k4(sub, packed_scales);
+                            // 6-bit values: below 64.
+                            mul.push(sc as i8);
+                            mmul.push(mn as i8);
                             // Into this form's layout: values 0..16 low, 16..32 high.
                             let v = |l: usize| (q[l] >> shift) & 0x0F;
-                            m.qs.extend((0..16).map(|l| v(l) | (v(l + 16) << 4)));
+                            qs.extend((0..16).map(|l| v(l) | (v(l + 16) << 4)));
                         }
                     }
                 }
             }
             _ => return None,
         }
+        let m = Blocks {
+            kind,
+            rows,
+            cols,
+            scales,
+            qs,
+            int_inputs: false,
+        };
         Some(m)
     }
 
@@ -287,8 +305,10 @@ impl Blocks {
             kind: QKind::Byte,
             rows,
             cols,
-            scales,
-            mins: Vec::new(),
+            scales: Scales::Flat {
+                scales,
+                mins: Vec::new(),
+            },
             qs,
             int_inputs: false,
         })
@@ -318,7 +338,7 @@ impl Blocks {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        (self.scales.len() + self.mins.len()) * 4 + self.qs.len()
+        self.scales.bytes() + self.qs.len()
     }
 
     fn qs_per_block(&self) -> usize {
@@ -332,9 +352,7 @@ impl Blocks {
 
     /// Whether two matrices keep their scales alike (and so can be stacked).
     pub(super) fn same_form(&self, other: &Blocks) -> bool {
-        self.kind == other.kind
-            && self.cols == other.cols
-            && self.mins.is_empty() == other.mins.is_empty()
+        self.kind == other.kind && self.cols == other.cols && self.scales.same_form(&other.scales)
     }
 
     /// A matrix of the rows in `order` (row `i` of the result is row `order[i]`).
@@ -344,20 +362,14 @@ impl Blocks {
             kind: self.kind,
             rows: order.len(),
             cols: self.cols,
-            scales: Vec::new(),
-            mins: Vec::new(),
+            scales: self.scales.empty_like(),
             qs: Vec::with_capacity(order.len() * bpr * qpb),
             int_inputs: self.int_inputs,
         };
-        fn pick<T: Copy>(to: &mut Vec<T>, from: &[T], r: usize, per_row: usize) {
-            if !from.is_empty() {
-                to.extend_from_slice(&from[r * per_row..(r + 1) * per_row]);
-            }
-        }
+        self.scales.pick_rows(&mut out.scales, order, upr, bpr);
         for &r in order {
-            pick(&mut out.scales, &self.scales, r, upr);
-            pick(&mut out.mins, &self.mins, r, bpr);
-            pick(&mut out.qs, &self.qs, r, bpr * qpb);
+            out.qs
+                .extend_from_slice(&self.qs[r * bpr * qpb..(r + 1) * bpr * qpb]);
         }
         out
     }
@@ -379,21 +391,15 @@ impl Blocks {
     pub(super) fn append(&mut self, p: Blocks) {
         assert!(self.same_form(&p), "stacked matrices differ in form");
         self.rows += p.rows;
-        self.scales.extend_from_slice(&p.scales);
-        self.mins.extend_from_slice(&p.mins);
+        self.scales.append(&p.scales);
         self.qs.extend_from_slice(&p.qs);
     }
 
     /// The scales (a row's units after another's) and, for 4-bit blocks, the minimums
     /// of rows `r0..r1`.
-    fn scales_of(&self, r0: usize, r1: usize) -> (&[f32], &[f32]) {
-        let (bpr, upr) = (self.cols / BLOCK, self.units_per_row());
-        let mins = if self.mins.is_empty() {
-            &[][..]
-        } else {
-            &self.mins[r0 * bpr..r1 * bpr]
-        };
-        (&self.scales[r0 * upr..r1 * upr], mins)
+    fn scales_of(&self, r0: usize, r1: usize) -> ScaleRows<'_> {
+        self.scales
+            .rows(r0, r1, self.units_per_row(), self.cols / BLOCK)
     }
 
     /// Row `r` as f32 (an embedding lookup).
@@ -415,7 +421,8 @@ impl Blocks {
         let bpr = self.cols / BLOCK;
         let qpb = self.qs_per_block();
         let qs = &self.qs[r * bpr * qpb..(r + 1) * bpr * qpb];
-        let (scales, mins) = self.scales_of(r, r + 1);
+        let mut buf = Default::default();
+        let FlatRows { scales, mins } = self.scales_of(r, r + 1).flat(&mut buf);
         if matches!(self.kind, QKind::Five | QKind::Six) {
             packed::dequant_row(self.kind, qs, scales, out);
         } else if simd::available() {
@@ -657,6 +664,7 @@ impl Blocks {
         }
         let avx2 = simd::available();
         let mut row = Vec::new();
+        let mut buf = Default::default();
         for (i, o) in out.chunks_exact_mut(n).enumerate() {
             let r = r0 + i;
             let qs = &self.qs[r * bpr * qpb..(r + 1) * bpr * qpb];
@@ -671,7 +679,7 @@ impl Blocks {
                 }
                 continue;
             }
-            let (scales, mins) = self.scales_of(r, r + 1);
+            let FlatRows { scales, mins } = self.scales_of(r, r + 1).flat(&mut buf);
             // Four input rows at a time: each block is expanded once for all four.
             let mut j0 = 0;
             while avx2 && j0 + 4 <= n {
@@ -710,14 +718,14 @@ impl Blocks {
         let r1 = r0 + out.len() / n.max(1);
         let kernel = simd::IntKernel::best();
         let qs = &self.qs[r0 * bpr * qpb..r1 * bpr * qpb];
-        let (scales, mins) = self.scales_of(r0, r1);
+        let scales = self.scales_of(r0, r1);
         for g0 in (0..n).step_by(GROUP) {
             let rows = g0..(g0 + GROUP).min(n);
             if matches!(self.kind, QKind::Five | QKind::Six) {
                 let vector = kernel != simd::IntKernel::Portable;
                 packed::dot_int_rows(vector, self.kind, bpr, qs, scales, x, rows, out);
             } else {
-                simd::dot_int_rows(kernel, self.kind, bpr, qs, scales, mins, x, rows, out);
+                simd::dot_int_rows(kernel, self.kind, bpr, qs, scales, x, rows, out);
             }
         }
     }
@@ -745,6 +753,8 @@ pub(super) use simd::{IntRows, WEIGHT_SLICE};
 
 mod simd {
     //! Block dot products, vectorised where the CPU allows.
+
+    use super::{FlatRows, ScaleRows, SuperRows, SUPER_BLOCKS};
 
     /// Whether the AVX2+FMA kernels can run on this CPU.
     pub fn available() -> bool {
@@ -1040,8 +1050,7 @@ mod simd {
         kind: super::QKind,
         nb: usize,
         qs: &[u8],
-        scales: &[f32],
-        mins: &[f32],
+        scales: ScaleRows<'_>,
         x: IntRows<'_>,
         rows: std::ops::Range<usize>,
         out: &mut [f32],
@@ -1054,12 +1063,17 @@ mod simd {
             ez,
         } = x;
         let nibble = kind == super::QKind::Nibble;
-        let m = scales.len().checked_div(nb).unwrap_or(0);
+        let m = scales.units().checked_div(nb).unwrap_or(0);
         let n = xd.len().checked_div(nb).unwrap_or(0);
         let w_ok = nb > 0
-            && scales.len() == m * nb
+            && scales.units() == m * nb
             && qs.len() == if nibble { 16 } else { 32 } * m * nb
-            && (!nibble || mins.len() == m * nb);
+            && scales.min_blocks() == if nibble { m * nb } else { 0 }
+            && match scales {
+                // Super-blocks: whole ones a row.
+                ScaleRows::Super(_) => nb.is_multiple_of(SUPER_BLOCKS),
+                ScaleRows::Flat(_) => true,
+            };
         let x_ok = xd.len() == n * nb
             && xq.len() == 32 * xd.len()
             && (!nibble || sums.len() == xd.len())
@@ -1079,8 +1093,8 @@ mod simd {
             );
         }
         #[cfg(target_arch = "x86_64")]
-        match kernel {
-            IntKernel::Avx512 => {
+        match (kernel, scales) {
+            (IntKernel::Avx512, ScaleRows::Flat(FlatRows { scales, mins })) => {
                 // SAFETY: AVX-512 F/BW/VNNI, AVX2 and FMA were detected at run time (the
                 // assertion above); the lengths checked above put every block of every
                 // row asked for in bounds.
@@ -1093,19 +1107,34 @@ mod simd {
                 }
                 return;
             }
-            IntKernel::Avx2 => {
+            (IntKernel::Avx2, ScaleRows::Flat(f)) => {
                 // SAFETY: AVX2 and FMA were detected at run time; the lengths checked
                 // above put every block of every row asked for in bounds.
                 unsafe {
                     if nibble {
-                        x86::dot_int_rows::<true>(nb, qs, scales, mins, x, rows, out);
+                        x86::dot_int_rows::<true, FlatRows<'_>>(nb, qs, f, x, rows, out);
                     } else {
-                        x86::dot_int_rows::<false>(nb, qs, scales, mins, x, rows, out);
+                        x86::dot_int_rows::<false, FlatRows<'_>>(nb, qs, f, x, rows, out);
                     }
                 }
                 return;
             }
-            IntKernel::Portable => {}
+            // Super-block scales take the AVX2 kernel on AVX-512 CPUs too: the same
+            // bits (see `IntKernel`).
+            (IntKernel::Avx2 | IntKernel::Avx512, ScaleRows::Super(k)) => {
+                // SAFETY: AVX2 and FMA were detected at run time (AVX-512 CPUs have
+                // them); the lengths checked above put every block of every row asked
+                // for in bounds, and rows hold whole super-blocks.
+                unsafe {
+                    if nibble {
+                        x86::dot_int_rows::<true, SuperRows<'_>>(nb, qs, k, x, rows, out);
+                    } else {
+                        x86::dot_int_rows::<false, SuperRows<'_>>(nb, qs, k, x, rows, out);
+                    }
+                }
+                return;
+            }
+            (IntKernel::Portable, _) => {}
         }
         let _ = (qz, ez);
         let qpb = if nibble { 16 } else { 32 };
@@ -1131,9 +1160,9 @@ mod simd {
                             .map(|(&q, &p)| i32::from(q as i8) * i32::from(p))
                             .sum()
                     };
-                    total += scales[wb] * xd[xb] * s as f32;
+                    total += scales.unit(wb) * xd[xb] * s as f32;
                     if nibble {
-                        total += mins[wb] * sums[xb];
+                        total += scales.min(wb) * sums[xb];
                     }
                 }
                 out[r * n + j] = total;
@@ -1201,6 +1230,8 @@ mod simd {
     #[cfg(target_arch = "x86_64")]
     pub(super) mod x86 {
         use std::arch::x86_64::*;
+
+        use crate::engine::llama::scales::x86::QuadScales;
 
         #[target_feature(enable = "avx2,fma")]
         pub(crate) fn hsum(v: __m256) -> f32 {
@@ -1291,40 +1322,35 @@ mod simd {
 
         /// The weights of blocks `b`, `b + 1` (the half `h` of a quad) as four vectors of
         /// sixteen i16, element groups 0..8, 8..16, 16..24 and 24..32 of block `b` in
-        /// the low eight and of block `b + 1` in the high eight, and their scales
-        /// (`d_b` ×4, `d_b+1` ×4). Block `b + 1` reads as zeros with scale 0 when `two`
-        /// is false.
+        /// the low eight and of block `b + 1` in the high eight (the scales come from
+        /// [`QuadScales::quad`]). Block `b + 1` reads as zeros when `two` is false.
         ///
         /// # Safety
-        /// Needs AVX2 and FMA; block `b` (and `b + 1` when `two`) inside `qs`, `scales`.
+        /// Needs AVX2 and FMA; block `b` (and `b + 1` when `two`) inside `qs`.
         #[inline]
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn widen_half<const NIBBLE: bool>(
-            qs: &[u8],
-            scales: &[f32],
-            b: usize,
-            two: bool,
-        ) -> ([__m256i; 4], __m256) {
+        unsafe fn widen_half<const NIBBLE: bool>(qs: &[u8], b: usize, two: bool) -> [__m256i; 4] {
             // SAFETY: the caller guarantees the blocks read are in bounds.
             unsafe {
-                let w = if NIBBLE {
+                if NIBBLE {
                     let p = qs.as_ptr().add(b * 16);
                     let v = if two {
                         _mm256_loadu_si256(p.cast())
                     } else {
                         _mm256_zextsi128_si256(_mm_loadu_si128(p.cast()))
                     };
-                    // Bytes 0..8 of both blocks, then bytes 8..16 of both: byte i holds
-                    // element i (low nibble) and i + 16 (high nibble).
-                    let v = _mm256_permute4x64_epi64::<0b11_01_10_00>(v);
-                    let a = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v));
-                    let c = _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(v));
-                    let low = _mm256_set1_epi16(0x0F);
+                    // Byte i holds element i (low nibble) and i + 16 (high nibble); each
+                    // 128-bit lane is one block, so widening bytes 0..8 and 8..16 of
+                    // the low and the high nibbles within lanes gives the four groups.
+                    let low = _mm256_set1_epi8(0x0F);
+                    let lo = _mm256_and_si256(v, low);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                    let zero = _mm256_setzero_si256();
                     [
-                        _mm256_and_si256(a, low),
-                        _mm256_and_si256(c, low),
-                        _mm256_srli_epi16(a, 4),
-                        _mm256_srli_epi16(c, 4),
+                        _mm256_unpacklo_epi8(lo, zero),
+                        _mm256_unpackhi_epi8(lo, zero),
+                        _mm256_unpacklo_epi8(hi, zero),
+                        _mm256_unpackhi_epi8(hi, zero),
                     ]
                 } else {
                     let p = qs.as_ptr().add(b * 32);
@@ -1343,14 +1369,7 @@ mod simd {
                         _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(even)),
                         _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(odd)),
                     ]
-                };
-                let d1 = if two {
-                    *scales.get_unchecked(b + 1)
-                } else {
-                    0.0
-                };
-                let d = _mm256_setr_m128(_mm_set1_ps(*scales.get_unchecked(b)), _mm_set1_ps(d1));
-                (w, d)
+                }
             }
         }
 
@@ -1365,10 +1384,9 @@ mod simd {
         #[inline]
         #[allow(clippy::needless_range_loop)] // `k` also offsets the input pointers
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn dot_int_half<const NIBBLE: bool, const R: usize>(
+        unsafe fn dot_int_half<const NIBBLE: bool, const R: usize, S: QuadScales>(
             qs: &[u8],
-            scales: &[f32],
-            mins: &[f32],
+            scales: S,
             x: QuadRows,
         ) -> [f32; R] {
             let nb = x.nb;
@@ -1378,22 +1396,27 @@ mod simd {
             // in bounds by the caller's contract.
             unsafe {
                 for q in 0..quads {
-                    for h in 0..2 {
+                    let ds = scales.quad(q, nb);
+                    // A quad is one line of 4-bit blocks, two of 8-bit ones.
+                    let bytes = if NIBBLE { 64 } else { 128 };
+                    for line in (0..bytes).step_by(64) {
+                        let ahead = q * bytes + line + 4096;
+                        _mm_prefetch::<_MM_HINT_T0>(qs.as_ptr().wrapping_add(ahead).cast());
+                    }
+                    if S::FLAT {
+                        let [sp, mp] = scales.ahead(4 * q + 256);
+                        _mm_prefetch::<_MM_HINT_T0>(sp.cast());
+                        if NIBBLE {
+                            _mm_prefetch::<_MM_HINT_T0>(mp.cast());
+                        }
+                    }
+                    for (h, &d) in ds.iter().enumerate() {
                         let b = 4 * q + 2 * h;
                         if b >= nb {
                             break;
                         }
-                        _mm_prefetch::<_MM_HINT_T0>(
-                            qs.as_ptr()
-                                .wrapping_add(b * if NIBBLE { 16 } else { 32 } + 4096)
-                                .cast(),
-                        );
-                        _mm_prefetch::<_MM_HINT_T0>(scales.as_ptr().wrapping_add(b + 256).cast());
-                        if NIBBLE {
-                            _mm_prefetch::<_MM_HINT_T0>(mins.as_ptr().wrapping_add(b + 256).cast());
-                        }
                         let two = b + 1 < nb;
-                        let (w, d) = widen_half::<NIBBLE>(qs, scales, b, two);
+                        let w = widen_half::<NIBBLE>(qs, b, two);
                         for k in 0..R {
                             let p = x.qz.add(128 * quads * k + 128 * q + 16 * h);
                             let mut s = _mm256_madd_epi16(w[0], _mm256_loadu_si256(p.cast()));
@@ -1415,7 +1438,7 @@ mod simd {
                     // past the row's end), as `dot_int_quad` adds them.
                     for c in 0..nb.div_ceil(16) {
                         for h in 0..2 {
-                            let mv = load_tail(mins.as_ptr(), 16 * c + 8 * h, nb);
+                            let mv = scales.mins8(16 * c + 8 * h, nb);
                             for k in 0..R {
                                 let sk = load_tail(x.sums.add(nb * k), 16 * c + 8 * h, nb);
                                 acc[h][k] = _mm256_fmadd_ps(mv, sk, acc[h][k]);
@@ -1461,16 +1484,15 @@ mod simd {
         /// Needs AVX2 and FMA; the lengths as [`super::dot_int_rows`] checks them.
         #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = "avx2,fma")]
-        pub unsafe fn dot_int_rows<const NIBBLE: bool>(
+        pub unsafe fn dot_int_rows<const NIBBLE: bool, S: QuadScales>(
             nb: usize,
             qs: &[u8],
-            scales: &[f32],
-            mins: &[f32],
+            scales: S,
             x: super::IntRows<'_>,
             rows: std::ops::Range<usize>,
             out: &mut [f32],
         ) {
-            let (m, n) = (scales.len() / nb, x.d.len() / nb);
+            let (m, n) = (scales.units() / nb, x.d.len() / nb);
             let qpb = if NIBBLE { 16 } else { 32 };
             for s0 in (0..m).step_by(super::WEIGHT_SLICE) {
                 let s1 = (s0 + super::WEIGHT_SLICE).min(m);
@@ -1483,17 +1505,12 @@ mod simd {
                         let inputs = QuadRows::at(x, nb, j, NIBBLE);
                         for r in s0..s1 {
                             let wq = qs.get_unchecked(qpb * nb * r..qpb * nb * (r + 1));
-                            let ws = scales.get_unchecked(nb * r..nb * (r + 1));
-                            let wm = if NIBBLE {
-                                mins.get_unchecked(nb * r..nb * (r + 1))
-                            } else {
-                                &[][..]
-                            };
+                            let ws = scales.slice(nb * r, nb * (r + 1), nb * r, nb * (r + 1));
                             let o = out.get_unchecked_mut(n * r + j..n * r + j + take);
                             if take == 4 {
-                                o.copy_from_slice(&dot_int_half::<NIBBLE, 4>(wq, ws, wm, inputs));
+                                o.copy_from_slice(&dot_int_half::<NIBBLE, 4, S>(wq, ws, inputs));
                             } else {
-                                o[0] = dot_int_half::<NIBBLE, 1>(wq, ws, wm, inputs)[0];
+                                o[0] = dot_int_half::<NIBBLE, 1, S>(wq, ws, inputs)[0];
                             }
                         }
                     }
@@ -2296,12 +2313,12 @@ pub(super) mod tests {
                 let r = 5;
                 let xs = &x[..cols];
                 let qs = &q.qs[r * bpr * qpb..(r + 1) * bpr * qpb];
-                let sc = &q.scales[r * bpr..(r + 1) * bpr];
+                let mut buf = Default::default();
+                let FlatRows { scales: sc, mins } = q.scales_of(r, r + 1).flat(&mut buf);
                 let portable = match q.kind {
                     QKind::Byte => simd::dot_byte(false, qs, sc, xs),
                     QKind::Nibble => {
                         let xsum: Vec<f32> = xs.chunks(32).map(|c| c.iter().sum()).collect();
-                        let mins = &q.mins[r * bpr..(r + 1) * bpr];
                         simd::dot_nibble(false, qs, sc, mins, xs, &xsum)
                     }
                     QKind::Five | QKind::Six => unreachable!("not made here"),
@@ -2379,6 +2396,19 @@ pub(super) mod tests {
         }
     }
 
+    /// The same matrix with its scales expanded to f32 (the form K-quant scales were
+    /// kept in before).
+    fn flat_scales(q: &Blocks) -> Blocks {
+        let mut out = q.clone();
+        let mut buf = Default::default();
+        let f = q.scales_of(0, q.rows).flat(&mut buf);
+        out.scales = Scales::Flat {
+            scales: f.scales.to_vec(),
+            mins: f.mins.to_vec(),
+        };
+        out
+    }
+
     /// The same matrix with 5-bit blocks as bytes: the form Q5_0 was kept in before
     /// being packed.
     fn unpacked(q: &Blocks) -> Blocks {
@@ -2413,13 +2443,15 @@ pub(super) mod tests {
             let q = Blocks::from_gguf(ty, rows, cols, &bytes)
                 .expect("repack")
                 .with_int_inputs(true);
-            // Bytes a weight: Q5_0 6 for the file's 5.5, Q6_K 8 for 6.56 (the values
-            // packed, a f32 scale for each 16), Q4_K 6 for 4.5 (f32 scales and minimums).
+            // Bits a weight: Q5_0 6 for the file's 5.5; Q6_K 6.625 for 6.5625 (the
+            // values packed, a byte for each 16 and an f32 `d` a super-block); Q4_K
+            // 4.75 for 4.5 (a byte each for a block's scale and minimum, f32 `d` and
+            // `dmin` a super-block).
             let per_weight = q.bytes() as f64 * 8.0 / (rows * cols) as f64;
             let want = match ty {
                 GgmlType::Q5_0 => 6.0,
-                GgmlType::Q6K => 8.0,
-                _ => 6.0,
+                GgmlType::Q6K => 6.625,
+                _ => 4.75,
             };
             assert_eq!(per_weight, want, "{ty:?}: bits a weight held");
             let n = 21;
@@ -2464,7 +2496,7 @@ pub(super) mod tests {
                 .map(|&kernel| {
                     let mut out = vec![0.0f32; rows * n];
                     let x = prep.int_inputs(&prep.sums);
-                    let (scales, mins) = q.scales_of(0, rows);
+                    let scales = q.scales_of(0, rows);
                     match q.kind {
                         QKind::Five | QKind::Six => packed::dot_int_rows(
                             kernel != simd::IntKernel::Portable,
@@ -2482,7 +2514,6 @@ pub(super) mod tests {
                             bpr,
                             &q.qs,
                             scales,
-                            mins,
                             x,
                             0..n,
                             &mut out,
@@ -2507,6 +2538,34 @@ pub(super) mod tests {
                     kernels[k],
                     kernels[1]
                 );
+            }
+            if ty != GgmlType::Q5_0 {
+                // Scales formed in the kernels from the super-blocks: bitwise the
+                // products of the expanded f32 scales, integer and f32 inputs, one row
+                // and many (dequantized tiles).
+                let flat = flat_scales(&q);
+                assert!(flat.bytes() > q.bytes());
+                let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                for m in [1, 4, 5, n] {
+                    let x = &x[..m * cols];
+                    assert_eq!(
+                        bits(&q.matmul(x, m)),
+                        bits(&flat.matmul(x, m)),
+                        "{ty:?} {m}"
+                    );
+                    let (qf, ff) = (
+                        q.clone().with_int_inputs(false),
+                        flat.clone().with_int_inputs(false),
+                    );
+                    assert_eq!(
+                        bits(&qf.matmul(x, m)),
+                        bits(&ff.matmul(x, m)),
+                        "{ty:?} f32 {m}"
+                    );
+                }
+                for r in [0, 17, rows - 1] {
+                    assert_eq!(bits(&q.row(r)), bits(&flat.row(r)), "{ty:?} row {r}");
+                }
             }
             if ty == GgmlType::Q5_0 {
                 let before = unpacked(&q).matmul(&x, n);
@@ -2592,8 +2651,7 @@ pub(super) mod tests {
                             q.kind,
                             bpr,
                             &q.qs,
-                            &q.scales,
-                            &q.mins,
+                            q.scales_of(0, rows),
                             prep.int_inputs(&prep.sums),
                             0..n,
                             &mut out,
