@@ -11,6 +11,8 @@
 //!   bit. The value is `q − 16`, one scale a block: the block sum is the one an 8-bit
 //!   block of the same values gives, so the products are bitwise those of Q5_0 kept as
 //!   bytes, in 6 bits a weight instead of 9.
+//! - 5-bit with a minimum ([`QKind::FiveMin`], Q5_1 and Q5_K): as 5-bit, the value
+//!   `q` itself and a minimum a block (`w = q·d + m`, added as 4-bit blocks add theirs).
 //! - 6-bit ([`QKind::Six`], Q6_K): 8 bytes; byte `l` holds the two high bits of
 //!   elements `l`, `l + 8`, `l + 16`, `l + 24` at bits 0, 2, 4, 6. The value is `q − 32`
 //!   and each half of a block (16 values) has its own scale (`d · sc`, exact in f32),
@@ -23,12 +25,13 @@
 //! every x86 worker gives these products the same bits.
 
 use super::qmatmul::{IntRows, QKind, BLOCK};
-use super::scales::{FlatRows, ScaleRows, SuperRows};
+use super::scales::{ScaleRows, SUPER_BLOCKS};
+use crate::engine::gguf::dequant::scale_min_k4;
 
 /// Bytes of one packed block of `kind` (values and high bits; scales apart).
 pub const fn block_bytes(kind: QKind) -> usize {
     match kind {
-        QKind::Five => 20,
+        QKind::Five | QKind::FiveMin => 20,
         QKind::Six => 24,
         QKind::Nibble => 16,
         QKind::Byte => 32,
@@ -44,7 +47,8 @@ pub const fn scales_per_block(kind: QKind) -> usize {
     }
 }
 
-/// The signed values of 32 elements packed as `kind` (5- or 6-bit).
+/// The values of 32 elements packed as `kind` (5- or 6-bit; signed but for
+/// [`QKind::FiveMin`]'s `0..32`).
 pub fn unpack(kind: QKind, block: &[u8]) -> [i8; BLOCK] {
     let mut v = [0i8; BLOCK];
     let (low, high) = block.split_at(16);
@@ -53,11 +57,12 @@ pub fn unpack(kind: QKind, block: &[u8]) -> [i8; BLOCK] {
         v[i + 16] = (low[i] >> 4) as i8;
     }
     match kind {
-        QKind::Five => {
+        QKind::Five | QKind::FiveMin => {
+            let bias = if kind == QKind::Five { 16 } else { 0 };
             for (e, v) in v.iter_mut().enumerate() {
                 let (g, l) = (e / 8, e % 8);
                 let bit = (high[l % 4] >> (4 * (l / 4) + g)) & 1;
-                *v = (*v | (bit << 4) as i8) - 16;
+                *v = (*v | (bit << 4) as i8) - bias;
             }
         }
         QKind::Six => {
@@ -76,7 +81,7 @@ pub fn unpack(kind: QKind, block: &[u8]) -> [i8; BLOCK] {
 fn pack(kind: QKind, q: &[u8; BLOCK], out: &mut Vec<u8>) {
     out.extend((0..16).map(|i| (q[i] & 0x0F) | ((q[i + 16] & 0x0F) << 4)));
     match kind {
-        QKind::Five => {
+        QKind::Five | QKind::FiveMin => {
             let mut high = [0u8; 4];
             for (e, &q) in q.iter().enumerate() {
                 let (g, l) = (e / 8, e % 8);
@@ -108,6 +113,56 @@ pub fn from_q5_0(bytes: &[u8], qs: &mut Vec<u8>, scales: &mut Vec<f32>) {
             q[j + 16] = (byte >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
         }
         pack(QKind::Five, &q, qs);
+    }
+}
+
+/// Q5_1 blocks (`d`, `m`, 32 fifth bits, 16 bytes of nibbles) packed as
+/// [`QKind::FiveMin`]: appends the values to `qs` and each block's scale and minimum
+/// to `scales` and `mins`.
+pub fn from_q5_1(bytes: &[u8], qs: &mut Vec<u8>, scales: &mut Vec<f32>, mins: &mut Vec<f32>) {
+    for b in bytes.chunks_exact(24) {
+        scales.push(f16_at(b, 0));
+        mins.push(f16_at(b, 2));
+        let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+        let mut q = [0u8; BLOCK];
+        for (j, &byte) in b[8..24].iter().enumerate() {
+            q[j] = (byte & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
+            q[j + 16] = (byte >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+        }
+        pack(QKind::FiveMin, &q, qs);
+    }
+}
+
+/// Q5_K super-blocks (`d`, `dmin`, 12 bytes of 6-bit scales and minimums, 32 bytes of
+/// fifth bits, 128 of nibbles, for 256 values in 8 sub-blocks of 32) packed as
+/// [`QKind::FiveMin`]: appends the values to `qs`, each sub-block's multipliers to
+/// `mul` (scale) and `mmul` (minimum), and each super-block's `d` and `−dmin` to
+/// `scales[0]` and `scales[1]` (as [`super::scales::Scales::Super`] keeps them).
+pub fn from_q5_k(
+    bytes: &[u8],
+    qs: &mut Vec<u8>,
+    [mul, mmul]: [&mut Vec<i8>; 2],
+    [d, dmin]: [&mut Vec<f32>; 2],
+) {
+    for b in bytes.chunks_exact(176) {
+        d.push(f16_at(b, 0));
+        dmin.push(-f16_at(b, 2));
+        let packed_scales = &b[4..16];
+        let (qh, ql) = (&b[16..48], &b[48..176]);
+        // Sub-block 2k: low nibbles of bytes 32k..32k + 32 and bit 2k of `qh`;
+        // sub-block 2k + 1: their high nibbles and bit 2k + 1.
+        for (k, ql) in ql.chunks_exact(32).enumerate() {
+            for (sub, shift) in [(2 * k, 0), (2 * k + 1, 4)] {
+                let (sc, mn) = scale_min_k4(sub, packed_scales);
+                // 6-bit values: below 64.
+                mul.push(sc as i8);
+                mmul.push(mn as i8);
+                let q: [u8; BLOCK] = std::array::from_fn(|l| {
+                    ((ql[l] >> shift) & 0x0F) | (((qh[l] >> sub) & 1) << 4)
+                });
+                pack(QKind::FiveMin, &q, qs);
+            }
+        }
     }
 }
 
@@ -146,25 +201,27 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
 }
 
 /// One row of `nb` packed blocks dequantized into `out` (`32 · nb` values), with the
-/// blocks' scales ([`scales_per_block`] each).
-pub fn dequant_row(kind: QKind, qs: &[u8], scales: &[f32], out: &mut [f32]) {
+/// blocks' scales ([`scales_per_block`] each) and minimums ([`QKind::FiveMin`]; empty
+/// otherwise): `v·d`, then `+ m`, two roundings as ggml's dequantization has them.
+pub fn dequant_row(kind: QKind, qs: &[u8], scales: &[f32], mins: &[f32], out: &mut [f32]) {
     let (bb, spb) = (block_bytes(kind), scales_per_block(kind));
     let nb = out.len() / BLOCK;
     assert!(
-        matches!(kind, QKind::Five | QKind::Six)
+        kind.is_packed()
             && out.len() == nb * BLOCK
             && qs.len() == nb * bb
-            && scales.len() == nb * spb,
+            && scales.len() == nb * spb
+            && mins.len() == if kind.has_mins() { nb } else { 0 },
         "block slices disagree"
     );
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
         // SAFETY: AVX2 and FMA were detected at run time; the lengths are checked above.
         unsafe {
-            if kind == QKind::Six {
-                x86::dequant_row::<true>(qs, scales, out);
-            } else {
-                x86::dequant_row::<false>(qs, scales, out);
+            match kind {
+                QKind::Six => x86::dequant_row::<true, false>(qs, scales, mins, out),
+                QKind::FiveMin => x86::dequant_row::<false, true>(qs, scales, mins, out),
+                _ => x86::dequant_row::<false, false>(qs, scales, mins, out),
             }
         }
         return;
@@ -177,6 +234,9 @@ pub fn dequant_row(kind: QKind, qs: &[u8], scales: &[f32], out: &mut [f32]) {
         let v = unpack(kind, block);
         for (i, (o, &v)) in o.iter_mut().zip(&v).enumerate() {
             *o = f32::from(v) * scales[spb * b + i * spb / BLOCK];
+            if let Some(m) = mins.get(b) {
+                *o += m;
+            }
         }
     }
 }
@@ -198,17 +258,15 @@ pub fn dot_int_rows(
     out: &mut [f32],
 ) {
     let (bb, spb) = (block_bytes(kind), scales_per_block(kind));
-    assert!(
-        matches!(kind, QKind::Five | QKind::Six),
-        "not a packed kind"
-    );
+    assert!(kind.is_packed(), "not a packed kind");
     let m = scales.units().checked_div(nb * spb).unwrap_or(0);
     let n = x.d.len().checked_div(nb).unwrap_or(0);
     assert!(
         nb > 0
             && scales.units() == m * nb * spb
-            && !scales.has_mins()
-            && (matches!(scales, ScaleRows::Flat(_)) || (nb * spb).is_multiple_of(16))
+            && scales.min_blocks() == if kind.has_mins() { m * nb } else { 0 }
+            && (!kind.has_mins() || x.sums.len() == x.d.len())
+            && (matches!(scales, ScaleRows::Flat(_)) || nb.is_multiple_of(SUPER_BLOCKS))
             && qs.len() == m * nb * bb
             && x.d.len() == n * nb
             && x.q.len() == 32 * x.d.len()
@@ -230,19 +288,9 @@ pub fn dot_int_rows(
         // SAFETY: AVX2 and FMA were detected at run time (above); the lengths checked
         // above put every block of every row asked for in bounds.
         unsafe {
-            match (kind == QKind::Six, scales) {
-                (true, ScaleRows::Flat(f)) => {
-                    x86::dot_int_rows::<true, FlatRows<'_>>(nb, qs, f, x, rows, out)
-                }
-                (false, ScaleRows::Flat(f)) => {
-                    x86::dot_int_rows::<false, FlatRows<'_>>(nb, qs, f, x, rows, out)
-                }
-                (true, ScaleRows::Super(k)) => {
-                    x86::dot_int_rows::<true, SuperRows<'_>>(nb, qs, k, x, rows, out)
-                }
-                (false, ScaleRows::Super(k)) => {
-                    x86::dot_int_rows::<false, SuperRows<'_>>(nb, qs, k, x, rows, out)
-                }
+            match scales {
+                ScaleRows::Flat(f) => x86::dot_int_rows_of(kind, nb, qs, f, x, rows, out),
+                ScaleRows::Super(k) => x86::dot_int_rows_of(kind, nb, qs, k, x, rows, out),
             }
         }
         return;
@@ -266,6 +314,9 @@ pub fn dot_int_rows(
                 } else {
                     total += scales.unit(wb) * x.d[xb] * (half(0) + half(1)) as f32;
                 }
+                if kind.has_mins() {
+                    total += scales.min(wb) * x.sums[xb];
+                }
             }
             out[r * n + j] = total;
         }
@@ -276,18 +327,23 @@ pub fn dot_int_rows(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::super::qmatmul::{hsum, IntRows, WEIGHT_SLICE};
+    use super::super::qmatmul::{hsum, load_tail, IntRows, QKind, WEIGHT_SLICE};
     use super::super::scales::x86::QuadScales;
 
     /// The weights of blocks `b`, `b + 1` as four vectors of sixteen i16 (element
     /// groups 0..4 of block `b` in the low eight lanes, of block `b + 1` in the high
-    /// eight), signed. Block `b + 1` reads as zeros when `two` is false.
+    /// eight), signed (5-bit values `q` as they are with `MINS`, else `q − 16`). Block
+    /// `b + 1` reads as zeros when `two` is false.
     ///
     /// # Safety
     /// Needs AVX2; block `b` (and `b + 1` when `two`) inside `qs`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn widen_pair<const SIX: bool>(qs: &[u8], b: usize, two: bool) -> [__m256i; 4] {
+    unsafe fn widen_pair<const SIX: bool, const MINS: bool>(
+        qs: &[u8],
+        b: usize,
+        two: bool,
+    ) -> [__m256i; 4] {
         let bb = if SIX { 24 } else { 20 };
         // SAFETY: the caller guarantees the blocks read are in bounds.
         unsafe {
@@ -346,34 +402,43 @@ mod x86 {
                     _mm256_setr_epi16(16, 16, 16, 16, 1, 1, 1, 1, 16, 16, 16, 16, 1, 1, 1, 1),
                 );
                 let m = _mm256_set1_epi16(0x10);
-                let bias = _mm256_set1_epi16(16);
+                let bias = _mm256_set1_epi16(if MINS { 0 } else { 16 });
                 let high = [
                     _mm256_and_si256(h, m),
                     _mm256_and_si256(_mm256_srli_epi16(h, 1), m),
                     _mm256_and_si256(_mm256_srli_epi16(h, 2), m),
                     _mm256_and_si256(_mm256_srli_epi16(h, 3), m),
                 ];
-                std::array::from_fn(|g| _mm256_sub_epi16(_mm256_or_si256(nib[g], high[g]), bias))
+                std::array::from_fn(|g| {
+                    let v = _mm256_or_si256(nib[g], high[g]);
+                    if MINS {
+                        v
+                    } else {
+                        _mm256_sub_epi16(v, bias)
+                    }
+                })
             }
         }
     }
 
     /// One weight row against `R` input rows starting at `x` (quad layout), a block
     /// pair at a time: the lanes of the 8-bit kernel, one sum a block (5-bit) or one
-    /// per half (6-bit, each scaled on its own).
+    /// per half (6-bit, each scaled on its own); with `MINS`, the minimum terms after
+    /// the quads, sixteen blocks at a time, as the 4-bit kernel adds them.
     ///
     /// # Safety
     /// Needs AVX2 and FMA; `qs` and `scales` hold `nb` blocks; `qz`, `ez` point at `R`
-    /// rows in the quad layout.
+    /// rows in the quad layout, and with `MINS` `sums` at their `R` rows of block sums.
     #[inline]
     #[allow(clippy::needless_range_loop)] // `k` also offsets the input pointers
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn dot_pairs<const SIX: bool, const R: usize, S: QuadScales>(
+    unsafe fn dot_pairs<const SIX: bool, const MINS: bool, const R: usize, S: QuadScales>(
         nb: usize,
         qs: &[u8],
         scales: S,
         qz: *const i16,
         ez: *const f32,
+        sums: *const f32,
     ) -> [f32; R] {
         let quads = nb.div_ceil(4);
         let mut acc = [[_mm256_setzero_ps(); R]; 2];
@@ -394,7 +459,7 @@ mod x86 {
                     let bb = if SIX { 24 } else { 20 };
                     _mm_prefetch::<_MM_HINT_T0>(qs.as_ptr().wrapping_add(b * bb + 4096).cast());
                     let two = b + 1 < nb;
-                    let w = widen_pair::<SIX>(qs, b, two);
+                    let w = widen_pair::<SIX, MINS>(qs, b, two);
                     for k in 0..R {
                         let p = qz.add(128 * quads * k + 128 * q + 16 * h);
                         let x = |g: usize| _mm256_loadu_si256(p.add(32 * g).cast());
@@ -424,17 +489,35 @@ mod x86 {
                     }
                 }
             }
+            if MINS {
+                for c in 0..nb.div_ceil(16) {
+                    for h in 0..2 {
+                        let at = 16 * c + 8 * h;
+                        let mv = scales.mins8(at, nb);
+                        for k in 0..R {
+                            let sk = load_tail(sums.add(nb * k), at, nb);
+                            acc[h][k] = _mm256_fmadd_ps(mv, sk, acc[h][k]);
+                        }
+                    }
+                }
+            }
         }
         std::array::from_fn(|k| hsum(_mm256_add_ps(acc[0][k], acc[1][k])))
     }
 
-    /// [`super::dequant_row`] on AVX2: each value times its scale, one rounding, as
-    /// the portable loop.
+    /// [`super::dequant_row`] on AVX2: each value times its scale (then plus its
+    /// minimum with `MINS`), the portable loop's roundings.
     ///
     /// # Safety
-    /// Needs AVX2 and FMA; `qs`, `scales` and `out` hold the same number of blocks.
+    /// Needs AVX2 and FMA; `qs`, `scales`, `out` (and `mins` with `MINS`) hold the same
+    /// number of blocks.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dequant_row<const SIX: bool>(qs: &[u8], scales: &[f32], out: &mut [f32]) {
+    pub unsafe fn dequant_row<const SIX: bool, const MINS: bool>(
+        qs: &[u8],
+        scales: &[f32],
+        mins: &[f32],
+        out: &mut [f32],
+    ) {
         let nb = out.len() / 32;
         let spb = if SIX { 2 } else { 1 };
         let mut b = 0;
@@ -442,7 +525,7 @@ mod x86 {
             let two = b + 1 < nb;
             // SAFETY: blocks `b` (and `b + 1` when `two`) are inside every slice.
             unsafe {
-                let w = widen_pair::<SIX>(qs, b, two);
+                let w = widen_pair::<SIX, MINS>(qs, b, two);
                 for (k, blk) in [(0usize, b), (1, b + 1)] {
                     if k == 1 && !two {
                         break;
@@ -456,7 +539,11 @@ mod x86 {
                         let v = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(half));
                         let d = *scales.get_unchecked(spb * blk + if SIX { g / 2 } else { 0 });
                         let o = out.as_mut_ptr().add(32 * blk + 8 * g);
-                        _mm256_storeu_ps(o, _mm256_mul_ps(v, _mm256_set1_ps(d)));
+                        let mut y = _mm256_mul_ps(v, _mm256_set1_ps(d));
+                        if MINS {
+                            y = _mm256_add_ps(y, _mm256_set1_ps(*mins.get_unchecked(blk)));
+                        }
+                        _mm256_storeu_ps(o, y);
                     }
                 }
             }
@@ -470,7 +557,7 @@ mod x86 {
     /// # Safety
     /// Needs AVX2 and FMA; the lengths as [`super::dot_int_rows`] checks them.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_int_rows<const SIX: bool, S: QuadScales>(
+    pub unsafe fn dot_int_rows<const SIX: bool, const MINS: bool, S: QuadScales>(
         nb: usize,
         qs: &[u8],
         scales: S,
@@ -491,18 +578,53 @@ mod x86 {
                 unsafe {
                     let qz = x.qz.as_ptr().add(128 * quads * j);
                     let ez = x.ez.as_ptr().add(16 * quads * j);
+                    let sums = if MINS {
+                        x.sums.as_ptr().add(nb * j)
+                    } else {
+                        x.sums.as_ptr()
+                    };
                     for r in s0..s1 {
                         let wq = qs.get_unchecked(bb * nb * r..bb * nb * (r + 1));
-                        let ws = scales.slice(spb * nb * r, spb * nb * (r + 1), 0, 0);
+                        let (u0, u1) = (spb * nb * r, spb * nb * (r + 1));
+                        let ws = if MINS {
+                            scales.slice(u0, u1, nb * r, nb * (r + 1))
+                        } else {
+                            scales.slice(u0, u1, 0, 0)
+                        };
                         let o = out.get_unchecked_mut(n * r + j..n * r + j + take);
                         if take == 4 {
-                            o.copy_from_slice(&dot_pairs::<SIX, 4, S>(nb, wq, ws, qz, ez));
+                            let v = dot_pairs::<SIX, MINS, 4, S>(nb, wq, ws, qz, ez, sums);
+                            o.copy_from_slice(&v);
                         } else {
-                            o[0] = dot_pairs::<SIX, 1, S>(nb, wq, ws, qz, ez)[0];
+                            o[0] = dot_pairs::<SIX, MINS, 1, S>(nb, wq, ws, qz, ez, sums)[0];
                         }
                     }
                 }
                 j += take;
+            }
+        }
+    }
+
+    /// [`dot_int_rows`] for the kind `kind`.
+    ///
+    /// # Safety
+    /// As [`dot_int_rows`].
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_int_rows_of<S: QuadScales>(
+        kind: QKind,
+        nb: usize,
+        qs: &[u8],
+        scales: S,
+        x: IntRows<'_>,
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match kind {
+                QKind::Six => dot_int_rows::<true, false, S>(nb, qs, scales, x, rows, out),
+                QKind::FiveMin => dot_int_rows::<false, true, S>(nb, qs, scales, x, rows, out),
+                _ => dot_int_rows::<false, false, S>(nb, qs, scales, x, rows, out),
             }
         }
     }
@@ -515,7 +637,7 @@ mod tests {
     /// The vector dequantization gives the portable loop's bits.
     #[test]
     fn dequantized_rows_are_the_same_bits_everywhere() {
-        for kind in [QKind::Five, QKind::Six] {
+        for kind in [QKind::Five, QKind::Six, QKind::FiveMin] {
             for nb in [1, 2, 3, 8] {
                 let qs: Vec<u8> = (0..nb * block_bytes(kind))
                     .map(|i| (i as u32).wrapping_mul(2654435761).rotate_left(7) as u8)
@@ -523,14 +645,22 @@ mod tests {
                 let scales: Vec<f32> = (0..nb * scales_per_block(kind))
                     .map(|i| 0.01 + i as f32 * 0.37e-3)
                     .collect();
+                let mins: Vec<f32> = if kind.has_mins() {
+                    (0..nb).map(|i| -0.3 + i as f32 * 0.071).collect()
+                } else {
+                    Vec::new()
+                };
                 let mut fast = vec![0.0f32; nb * BLOCK];
-                dequant_row(kind, &qs, &scales, &mut fast);
+                dequant_row(kind, &qs, &scales, &mins, &mut fast);
                 for (b, block) in qs.chunks_exact(block_bytes(kind)).enumerate() {
                     let v = unpack(kind, block);
                     for i in 0..BLOCK {
                         let d =
                             scales[b * scales_per_block(kind) + i * scales_per_block(kind) / BLOCK];
-                        let want = f32::from(v[i]) * d;
+                        let mut want = f32::from(v[i]) * d;
+                        if let Some(m) = mins.get(b) {
+                            want += m;
+                        }
                         assert_eq!(fast[b * BLOCK + i].to_bits(), want.to_bits(), "{kind:?}");
                     }
                 }
@@ -540,7 +670,7 @@ mod tests {
 
     #[test]
     fn packing_round_trips() {
-        for (kind, range) in [(QKind::Five, 32u32), (QKind::Six, 64)] {
+        for (kind, range) in [(QKind::Five, 32u32), (QKind::Six, 64), (QKind::FiveMin, 32)] {
             for seed in 0..50u32 {
                 let q: [u8; BLOCK] = std::array::from_fn(|i| {
                     ((i as u32 * 2654435761).wrapping_add(seed * 40503) >> 7) as u8 % range as u8
@@ -548,7 +678,11 @@ mod tests {
                 let mut packed = Vec::new();
                 pack(kind, &q, &mut packed);
                 assert_eq!(packed.len(), block_bytes(kind));
-                let bias = (range / 2) as i8;
+                let bias = if kind.has_mins() {
+                    0
+                } else {
+                    (range / 2) as i8
+                };
                 let want: Vec<i8> = q.iter().map(|&v| v as i8 - bias).collect();
                 assert_eq!(unpack(kind, &packed).to_vec(), want, "{kind:?}");
             }

@@ -63,6 +63,21 @@ pub enum QKind {
     /// 6-bit values packed as the file has them, `w = (q − 32)·d`, a scale for each
     /// half block (GGUF Q6_K; see [`super::packed`]).
     Six,
+    /// 5-bit values packed as [`QKind::Five`] with a scale and a minimum per block:
+    /// `w = q·d + m` (GGUF Q5_1, Q5_K).
+    FiveMin,
+}
+
+impl QKind {
+    /// Whether blocks have minimums (and so products need the inputs' block sums).
+    pub fn has_mins(self) -> bool {
+        matches!(self, QKind::Nibble | QKind::FiveMin)
+    }
+
+    /// Whether the values are packed 5- or 6-bit ([`super::packed`]).
+    pub fn is_packed(self) -> bool {
+        matches!(self, QKind::Five | QKind::Six | QKind::FiveMin)
+    }
 }
 
 /// A `rows × cols` weight matrix in block form; row `o` holds output `o`'s weights.
@@ -169,16 +184,18 @@ impl Blocks {
                 | GgmlType::Q4_1
                 | GgmlType::Q8_0
                 | GgmlType::Q5_0
+                | GgmlType::Q5_1
                 | GgmlType::Q4K
+                | GgmlType::Q5K
                 | GgmlType::Q6K
         )
     }
 
     /// Repacks `rows` rows of GGUF blocks of type `ty`, each value kept exactly:
-    /// Q4_0, Q4_1 and Q4_K (each 32-value sub-block with its scale `d·sc` and minimum
-    /// `−dmin·m` as f32, exact products of an f16 and a 6-bit integer) as 4-bit
-    /// blocks; Q8_0 as 8-bit blocks; Q5_0 and Q6_K packed as 5- and 6-bit blocks
-    /// ([`super::packed`]).
+    /// Q4_0, Q4_1 and Q4_K as 4-bit blocks; Q8_0 as 8-bit blocks; Q5_0, Q5_1, Q5_K and
+    /// Q6_K packed as 5- and 6-bit blocks ([`super::packed`]). K-quants keep their
+    /// sub-blocks' 6- or 8-bit multipliers and super-blocks' scales ([`Scales::Super`]),
+    /// the others an f32 scale (and minimum) a block.
     /// Returns `None` for other types, a `cols` that is not a multiple of 32, or bytes
     /// of the wrong length.
     pub fn from_gguf(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Option<Self> {
@@ -197,6 +214,7 @@ impl Blocks {
         let kind = match ty {
             GgmlType::Q8_0 => QKind::Byte,
             GgmlType::Q5_0 => QKind::Five,
+            GgmlType::Q5_1 | GgmlType::Q5K => QKind::FiveMin,
             GgmlType::Q6K => QKind::Six,
             _ => QKind::Nibble,
         };
@@ -232,6 +250,19 @@ impl Blocks {
             }
             (GgmlType::Q5_0, Scales::Flat { scales, .. }) => {
                 packed::from_q5_0(bytes, &mut qs, scales)
+            }
+            (GgmlType::Q5_1, Scales::Flat { scales, mins }) => {
+                packed::from_q5_1(bytes, &mut qs, scales, mins)
+            }
+            (GgmlType::Q5K, _) => {
+                scales = Scales::super_blocks(SUPER_BLOCKS);
+                let Scales::Super {
+                    mul, d, mmul, dmin, ..
+                } = &mut scales
+                else {
+                    unreachable!("made above")
+                };
+                packed::from_q5_k(bytes, &mut qs, [mul, mmul], [d, dmin]);
             }
             (GgmlType::Q6K, _) => {
                 scales = Scales::super_blocks(2 * SUPER_BLOCKS);
@@ -423,8 +454,8 @@ impl Blocks {
         let qs = &self.qs[r * bpr * qpb..(r + 1) * bpr * qpb];
         let mut buf = Default::default();
         let FlatRows { scales, mins } = self.scales_of(r, r + 1).flat(&mut buf);
-        if matches!(self.kind, QKind::Five | QKind::Six) {
-            packed::dequant_row(self.kind, qs, scales, out);
+        if self.kind.is_packed() {
+            packed::dequant_row(self.kind, qs, scales, mins, out);
         } else if simd::available() {
             simd::dequant_row(self.kind, qs, scales, mins, out);
         } else {
@@ -465,7 +496,7 @@ impl Blocks {
     /// Every block is prepared on its own, so a row's preparation does not depend on the
     /// rows beside it.
     pub fn prepare(&self, x: &[f32], int_rows: &[bool], out: &mut Prepared) {
-        self.prepare_with(x, int_rows, self.kind == QKind::Nibble, out);
+        self.prepare_with(x, int_rows, self.kind.has_mins(), out);
     }
 
     /// [`Blocks::prepare`], with the block sums when `sums` (for a stack of matrices
@@ -668,7 +699,7 @@ impl Blocks {
         for (i, o) in out.chunks_exact_mut(n).enumerate() {
             let r = r0 + i;
             let qs = &self.qs[r * bpr * qpb..(r + 1) * bpr * qpb];
-            if matches!(self.kind, QKind::Five | QKind::Six) {
+            if self.kind.is_packed() {
                 // Few f32 rows against packed blocks (the `native` weights' decode):
                 // the row dequantized once, then plain dot products.
                 row.resize(self.cols, 0.0);
@@ -721,7 +752,7 @@ impl Blocks {
         let scales = self.scales_of(r0, r1);
         for g0 in (0..n).step_by(GROUP) {
             let rows = g0..(g0 + GROUP).min(n);
-            if matches!(self.kind, QKind::Five | QKind::Six) {
+            if self.kind.is_packed() {
                 let vector = kernel != simd::IntKernel::Portable;
                 packed::dot_int_rows(vector, self.kind, bpr, qs, scales, x, rows, out);
             } else {
@@ -748,7 +779,7 @@ fn scatter(part: &[f32], cols: &[usize], n: usize, out: &mut [f32]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use simd::x86::hsum;
+pub(super) use simd::x86::{hsum, load_tail};
 pub(super) use simd::{IntRows, WEIGHT_SLICE};
 
 mod simd {
@@ -1460,7 +1491,7 @@ mod simd {
         /// Needs AVX2; `p` points at `nb` readable floats.
         #[inline]
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn load_tail(p: *const f32, at: usize, nb: usize) -> __m256 {
+        pub(crate) unsafe fn load_tail(p: *const f32, at: usize, nb: usize) -> __m256 {
             // SAFETY: a full load stays below `nb`; a partial one reads lanes below `nb`
             // alone (the mask's other lanes load nothing).
             unsafe {
@@ -2321,14 +2352,14 @@ pub(super) mod tests {
                         let xsum: Vec<f32> = xs.chunks(32).map(|c| c.iter().sum()).collect();
                         simd::dot_nibble(false, qs, sc, mins, xs, &xsum)
                     }
-                    QKind::Five | QKind::Six => unreachable!("not made here"),
+                    QKind::Five | QKind::Six | QKind::FiveMin => unreachable!("not made here"),
                 };
                 assert!((portable - want[r]).abs() < 1e-4);
             }
         }
     }
 
-    /// `n` valid blocks of `ty` (Q5_0, Q4_K or Q6_K) from a seed: random bytes with
+    /// `n` valid blocks of `ty` (Q5_0, Q5_1, Q4_K, Q5_K or Q6_K) from a seed: random bytes with
     /// sane f16 scales.
     fn random_blocks(ty: GgmlType, n: usize, seed: u64) -> Vec<u8> {
         let size = ty.block_bytes().expect("known size");
@@ -2351,7 +2382,8 @@ pub(super) mod tests {
             } else {
                 b[0..2].copy_from_slice(&scale(next()));
             }
-            if ty == GgmlType::Q4K {
+            if matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q5_1) {
+                // The minimum's scale (`dmin`, or Q5_1's `m`).
                 b[2..4].copy_from_slice(&scale(next()));
             }
             out.extend(b);
@@ -2360,9 +2392,16 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn q5_0_q4_k_and_q6_k_repack_without_rounding() {
+    fn packed_and_k_quant_blocks_repack_without_rounding() {
         let (rows, cols) = (12, 512);
-        for ty in [GgmlType::Q5_0, GgmlType::Q4K, GgmlType::Q6K] {
+        let types = [
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q4K,
+            GgmlType::Q5K,
+            GgmlType::Q6K,
+        ];
+        for ty in types {
             let per = ty.block_size().expect("block size");
             let bytes = random_blocks(ty, rows * cols / per, ty.id().into());
             let deq = dequantize(ty, &bytes, rows * cols).expect("dequantize");
@@ -2423,16 +2462,20 @@ pub(super) mod tests {
         out
     }
 
-    /// Q5_0, Q4_K and Q6_K kept in their blocks, with integer inputs: within the inputs'
-    /// rounding of the dequantized product; the vector kernels bitwise alike and the
-    /// portable loop within float rounding; every row as it is alone; and Q5_0 bitwise
-    /// what it gave as bytes.
+    /// Q5_0, Q5_1, Q4_K, Q5_K and Q6_K kept in their blocks, with integer inputs: within
+    /// the inputs' rounding of the dequantized product; the vector kernels bitwise alike
+    /// and the portable loop within float rounding; every row as it is alone; K-quant
+    /// scales formed in the kernels bitwise the expanded ones'; and Q5_0 bitwise what it
+    /// gave as bytes.
     #[test]
     fn packed_and_k_quant_integer_products() {
         for (ty, cols) in [
             (GgmlType::Q5_0, 160),
             (GgmlType::Q5_0, 576),
+            (GgmlType::Q5_1, 160),
+            (GgmlType::Q5_1, 576),
             (GgmlType::Q4K, 512),
+            (GgmlType::Q5K, 768),
             (GgmlType::Q6K, 512),
             (GgmlType::Q6K, 768),
         ] {
@@ -2443,14 +2486,17 @@ pub(super) mod tests {
             let q = Blocks::from_gguf(ty, rows, cols, &bytes)
                 .expect("repack")
                 .with_int_inputs(true);
-            // Bits a weight: Q5_0 6 for the file's 5.5; Q6_K 6.625 for 6.5625 (the
-            // values packed, a byte for each 16 and an f32 `d` a super-block); Q4_K
-            // 4.75 for 4.5 (a byte each for a block's scale and minimum, f32 `d` and
-            // `dmin` a super-block).
+            // Bits a weight: Q5_0 6 for the file's 5.5, Q5_1 7 for 6 (f32 scales and
+            // minimums); Q6_K 6.625 for 6.5625 (the values packed, a byte for each 16
+            // and an f32 `d` a super-block); Q4_K 4.75 for 4.5 and Q5_K 5.75 for 5.5 (a
+            // byte each for a block's scale and minimum, f32 `d` and `dmin` a
+            // super-block).
             let per_weight = q.bytes() as f64 * 8.0 / (rows * cols) as f64;
             let want = match ty {
                 GgmlType::Q5_0 => 6.0,
+                GgmlType::Q5_1 => 7.0,
                 GgmlType::Q6K => 6.625,
+                GgmlType::Q5K => 5.75,
                 _ => 4.75,
             };
             assert_eq!(per_weight, want, "{ty:?}: bits a weight held");
@@ -2498,7 +2544,7 @@ pub(super) mod tests {
                     let x = prep.int_inputs(&prep.sums);
                     let scales = q.scales_of(0, rows);
                     match q.kind {
-                        QKind::Five | QKind::Six => packed::dot_int_rows(
+                        k if k.is_packed() => packed::dot_int_rows(
                             kernel != simd::IntKernel::Portable,
                             q.kind,
                             bpr,
@@ -2539,7 +2585,7 @@ pub(super) mod tests {
                     kernels[1]
                 );
             }
-            if ty != GgmlType::Q5_0 {
+            if matches!(q.scales, Scales::Super { .. }) {
                 // Scales formed in the kernels from the super-blocks: bitwise the
                 // products of the expanded f32 scales, integer and f32 inputs, one row
                 // and many (dequantized tiles).

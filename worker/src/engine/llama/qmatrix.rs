@@ -138,7 +138,7 @@ impl QMatrix {
     /// Prepares the input rows `x: [n, cols]` for [`QMatrix::product_rows`], once for
     /// every run ([`Blocks::prepare`]).
     pub fn prepare(&self, x: &[f32], int_rows: &[bool], out: &mut Prepared) {
-        let sums = self.parts.iter().any(|p| p.kind() == QKind::Nibble);
+        let sums = self.parts.iter().any(|p| p.kind().has_mins());
         self.parts[0].prepare_with(x, int_rows, sums, out);
     }
 
