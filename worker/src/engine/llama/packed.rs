@@ -330,6 +330,79 @@ mod x86 {
     use super::super::qmatmul::{hsum, load_tail, IntRows, QKind, WEIGHT_SLICE};
     use super::super::scales::x86::QuadScales;
 
+    /// [`widen_pair`] for 5-bit blocks, in bytes: block `b` in the low 128-bit lane and
+    /// `b + 1` in the high one, each byte's fifth bit picked from the high bytes by a
+    /// shuffle and a mask (byte `i` of the nibbles is element `i`, or `16 + i` for the
+    /// high nibbles; its bit is bit `4·(l / 4) + g` of high byte `l % 4`, `l = i % 8`,
+    /// `g` its element group), then widened within lanes. Without `MINS` a clear fifth
+    /// bit makes the byte `q − 16 < 0`: the nibble with its top four bits set, and a
+    /// sign byte of ones.
+    ///
+    /// # Safety
+    /// Needs AVX2; `p0` (and `p1` when `two`) point at whole blocks; `lo0`, `lo1` are
+    /// their nibbles (`lo1` zero when not `two`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn widen_five<const MINS: bool>(
+        p0: *const u8,
+        p1: *const u8,
+        lo0: __m128i,
+        lo1: __m128i,
+        two: bool,
+    ) -> [__m256i; 4] {
+        // SAFETY: the caller guarantees the blocks read are in bounds.
+        unsafe {
+            let v = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo0), lo1);
+            let h0 = std::ptr::read_unaligned(p0.add(16).cast::<i32>());
+            let h1 = if two {
+                std::ptr::read_unaligned(p1.add(16).cast::<i32>())
+            } else {
+                0
+            };
+            let h = _mm256_inserti128_si256::<1>(
+                _mm256_castsi128_si256(_mm_cvtsi32_si128(h0)),
+                _mm_cvtsi32_si128(h1),
+            );
+            let h = _mm256_shuffle_epi8(
+                h,
+                _mm256_setr_epi8(
+                    0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1,
+                    2, 3, 0, 1, 2, 3,
+                ),
+            );
+            let low = _mm256_set1_epi8(0x0F);
+            let nib = [
+                _mm256_and_si256(v, low),
+                _mm256_and_si256(_mm256_srli_epi16(v, 4), low),
+            ];
+            // Bit of byte i: 4·((i % 8) / 4) + i / 8, plus 2 for the high nibbles.
+            let bit = |i: i8, up: i8| 1i8.wrapping_shl((4 * ((i % 8) / 4) + i / 8 + up) as u32);
+            let masks = [0i8, 2].map(|up| {
+                let m: [i8; 16] = std::array::from_fn(|i| bit(i as i8, up));
+                let m = _mm_loadu_si128(m.as_ptr().cast());
+                _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(m), m)
+            });
+            let zero = _mm256_setzero_si256();
+            let mut out = [zero; 4];
+            for k in 0..2 {
+                let t = _mm256_and_si256(h, masks[k]);
+                if MINS {
+                    let set = _mm256_cmpeq_epi8(t, masks[k]);
+                    let y = _mm256_or_si256(nib[k], _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+                    out[2 * k] = _mm256_unpacklo_epi8(y, zero);
+                    out[2 * k + 1] = _mm256_unpackhi_epi8(y, zero);
+                } else {
+                    let clear = _mm256_cmpeq_epi8(t, zero);
+                    let f0 = _mm256_set1_epi8(0xF0u8 as i8);
+                    let y = _mm256_or_si256(nib[k], _mm256_and_si256(clear, f0));
+                    out[2 * k] = _mm256_unpacklo_epi8(y, clear);
+                    out[2 * k + 1] = _mm256_unpackhi_epi8(y, clear);
+                }
+            }
+            out
+        }
+    }
+
     /// The weights of blocks `b`, `b + 1` as four vectors of sixteen i16 (element
     /// groups 0..4 of block `b` in the low eight lanes, of block `b + 1` in the high
     /// eight), signed (5-bit values `q` as they are with `MINS`, else `q − 16`). Block
@@ -355,6 +428,9 @@ mod x86 {
             } else {
                 _mm_setzero_si128()
             };
+            if !SIX {
+                return widen_five::<MINS>(p0, p1, lo0, lo1, two);
+            }
             // Bytes 0..8 of both blocks (groups 0 and 2), then bytes 8..16 (1 and 3).
             let a = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(lo0, lo1));
             let c = _mm256_cvtepu8_epi16(_mm_unpackhi_epi64(lo0, lo1));
