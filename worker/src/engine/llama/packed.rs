@@ -101,18 +101,25 @@ fn pack(kind: QKind, q: &[u8; BLOCK], out: &mut Vec<u8>) {
     }
 }
 
+/// The 5-bit values of a Q5_0 or Q5_1 block: 32 fifth bits (`qh`, little-endian, bit
+/// `e` for element `e`) and 16 bytes of nibbles (`lo`, byte `j` holding elements `j`
+/// and `j + 16`).
+fn q5_values(qh: &[u8], lo: &[u8]) -> [u8; BLOCK] {
+    let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    let mut q = [0u8; BLOCK];
+    for (j, &byte) in lo.iter().enumerate() {
+        q[j] = (byte & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
+        q[j + 16] = (byte >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+    }
+    q
+}
+
 /// Q5_0 blocks (`d`, 32 fifth bits, 16 bytes of nibbles) packed as [`QKind::Five`]:
 /// appends the values to `qs` and each block's scale to `scales`.
 pub fn from_q5_0(bytes: &[u8], qs: &mut Vec<u8>, scales: &mut Vec<f32>) {
     for b in bytes.chunks_exact(22) {
         scales.push(f16_at(b, 0));
-        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-        let mut q = [0u8; BLOCK];
-        for (j, &byte) in b[6..22].iter().enumerate() {
-            q[j] = (byte & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
-            q[j + 16] = (byte >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
-        }
-        pack(QKind::Five, &q, qs);
+        pack(QKind::Five, &q5_values(&b[2..6], &b[6..22]), qs);
     }
 }
 
@@ -123,13 +130,7 @@ pub fn from_q5_1(bytes: &[u8], qs: &mut Vec<u8>, scales: &mut Vec<f32>, mins: &m
     for b in bytes.chunks_exact(24) {
         scales.push(f16_at(b, 0));
         mins.push(f16_at(b, 2));
-        let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-        let mut q = [0u8; BLOCK];
-        for (j, &byte) in b[8..24].iter().enumerate() {
-            q[j] = (byte & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
-            q[j + 16] = (byte >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
-        }
-        pack(QKind::FiveMin, &q, qs);
+        pack(QKind::FiveMin, &q5_values(&b[4..8], &b[8..24]), qs);
     }
 }
 

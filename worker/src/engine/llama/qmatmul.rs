@@ -1,11 +1,12 @@
 //! Matrix products against weights kept in GGUF's 32-element block formats, on the CPU.
 //!
-//! Decoding one token reads every weight once, so its speed is bound by memory traffic:
-//! keeping the file's 4- or 8-bit blocks (≈ 0.6–1.1 bytes a weight) instead of f32 (4
-//! bytes) is what brings the CPU within reach of its bandwidth. Blocks are repacked at
-//! load into struct-of-arrays form — scales and minimums as f32 beside the packed
-//! integers — so the inner loop converts no f16 and reads contiguous bytes; 5- and
-//! 6-bit blocks stay packed ([`super::packed`]).
+//! Decoding one token reads every weight once, so its speed is bound by memory traffic
+//! and by the instructions that unpack each weight: keeping the file's 4- to 8-bit
+//! blocks (≈ 0.6–1.1 bytes a weight) instead of f32 (4 bytes) is what brings the CPU
+//! within reach of its bandwidth. Blocks are repacked at load into struct-of-arrays
+//! form — scales beside the packed integers, as f32 or as K-quant super-blocks' integer
+//! multipliers ([`super::scales`]) — so the inner loop converts no f16 and reads
+//! contiguous bytes; 5- and 6-bit blocks stay packed ([`super::packed`]).
 //!
 //! By default activations stay f32 and products accumulate in f32, so results match a
 //! dequantize-then-multiply reference up to the order of additions. A matrix may
@@ -254,34 +255,19 @@ impl Blocks {
             (GgmlType::Q5_1, Scales::Flat { scales, mins }) => {
                 packed::from_q5_1(bytes, &mut qs, scales, mins)
             }
-            (GgmlType::Q5K, _) => {
-                scales = Scales::super_blocks(SUPER_BLOCKS);
-                let Scales::Super {
-                    mul, d, mmul, dmin, ..
-                } = &mut scales
-                else {
-                    unreachable!("made above")
-                };
+            (GgmlType::Q5K, s) => {
+                let (mul, d, mmul, dmin) = s.fill_super(SUPER_BLOCKS);
                 packed::from_q5_k(bytes, &mut qs, [mul, mmul], [d, dmin]);
             }
-            (GgmlType::Q6K, _) => {
-                scales = Scales::super_blocks(2 * SUPER_BLOCKS);
-                let Scales::Super { mul, d, .. } = &mut scales else {
-                    unreachable!("made above")
-                };
+            (GgmlType::Q6K, s) => {
+                let (mul, d, _, _) = s.fill_super(2 * SUPER_BLOCKS);
                 packed::from_q6_k(bytes, &mut qs, mul, d);
             }
-            (GgmlType::Q4K, _) => {
+            (GgmlType::Q4K, s) => {
                 // 256 values a super-block: d, dmin, 12 bytes of 6-bit scales and
                 // minimums, then 128 bytes whose low nibbles are sub-block 2k and high
                 // nibbles sub-block 2k + 1 (32 bytes for each k).
-                scales = Scales::super_blocks(SUPER_BLOCKS);
-                let Scales::Super {
-                    mul, d, mmul, dmin, ..
-                } = &mut scales
-                else {
-                    unreachable!("made above")
-                };
+                let (mul, d, mmul, dmin) = s.fill_super(SUPER_BLOCKS);
                 mul.reserve(n_blocks);
                 mmul.reserve(n_blocks);
                 for b in bytes.chunks_exact(144) {

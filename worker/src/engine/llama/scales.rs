@@ -50,6 +50,21 @@ impl Scales {
         }
     }
 
+    /// Super-block scales made empty with `units` units a super-block, and their parts
+    /// to fill: `mul`, `d`, `mmul`, `dmin` (see [`Scales::Super`]).
+    pub fn fill_super(
+        &mut self,
+        units: usize,
+    ) -> (&mut Vec<i8>, &mut Vec<f32>, &mut Vec<i8>, &mut Vec<f32>) {
+        *self = Scales::super_blocks(units);
+        match self {
+            Scales::Super {
+                mul, d, mmul, dmin, ..
+            } => (mul, d, mmul, dmin),
+            Scales::Flat { .. } => unreachable!("made above"),
+        }
+    }
+
     /// Whether 4-bit minimums are kept.
     pub fn has_mins(&self) -> bool {
         match self {
@@ -402,6 +417,7 @@ impl ScaleRows<'_> {
 pub mod x86 {
     use std::arch::x86_64::*;
 
+    use super::super::qmatmul::load_tail;
     use super::{FlatRows, SuperRows, UnitScales};
 
     /// Lanes of block scales for the AVX2 kernels.
@@ -477,20 +493,8 @@ pub mod x86 {
         #[inline]
         #[target_feature(enable = "avx2,fma")]
         unsafe fn mins8(self, at: usize, nb: usize) -> __m256 {
-            let p = self.mins.as_ptr();
-            // SAFETY: a full load stays below `nb`; a partial one reads lanes below
-            // `nb` alone (the mask's other lanes load nothing).
-            unsafe {
-                if at + 8 <= nb {
-                    _mm256_loadu_ps(p.add(at))
-                } else if at >= nb {
-                    _mm256_setzero_ps()
-                } else {
-                    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-                    let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((nb - at) as i32), lanes);
-                    _mm256_maskload_ps(p.add(at), mask)
-                }
-            }
+            // SAFETY: the minimums of the `nb` blocks are held.
+            unsafe { load_tail(self.mins.as_ptr(), at, nb) }
         }
     }
 
