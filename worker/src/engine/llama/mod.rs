@@ -10,7 +10,9 @@
 //! - [`linear`]: a weight matrix in the dtype the worker keeps in memory.
 //! - [`qmatrix`]: a weight matrix as runs of rows, each in its file's block format.
 //! - [`qmatmul`]: CPU products against weights kept in GGUF block formats.
-//! - [`packed`]: 5- and 6-bit blocks (Q5_0, Q6_K) kept packed, and their products.
+//! - [`packed`]: 5- and 6-bit blocks (Q5_0, Q5_1, Q5_K, Q6_K) kept packed, and their
+//!   products.
+//! - [`float16`]: F16 and BF16 matrices kept in 16 bits, and their products.
 //! - [`scales`]: block scales, flat or as K-quant super-blocks.
 //! - [`rope`]: rotary position embeddings.
 //! - [`attention`]: grouped-query self-attention against a [`cache::KvCache`].
@@ -24,6 +26,7 @@
 pub mod attention;
 pub mod cache;
 pub mod config;
+pub mod float16;
 pub mod host;
 pub mod linear;
 pub mod load;

@@ -35,15 +35,17 @@ pub const fn block_bytes(kind: QKind) -> usize {
         QKind::Six => 24,
         QKind::Nibble => 16,
         QKind::Byte => 32,
+        // 32 values of 16 bits.
+        QKind::F16 | QKind::Bf16 => 64,
     }
 }
 
-/// Scales per block: one, or one per half for 6-bit blocks.
+/// Scales per block: one, or one per half for 6-bit blocks (none for 16-bit floats).
 pub const fn scales_per_block(kind: QKind) -> usize {
-    if matches!(kind, QKind::Six) {
-        2
-    } else {
-        1
+    match kind {
+        QKind::Six => 2,
+        QKind::F16 | QKind::Bf16 => 0,
+        _ => 1,
     }
 }
 
@@ -72,7 +74,7 @@ pub fn unpack(kind: QKind, block: &[u8]) -> [i8; BLOCK] {
                 *v = (*v | (bits << 4) as i8) - 32;
             }
         }
-        QKind::Nibble | QKind::Byte => unreachable!("not a packed kind"),
+        _ => unreachable!("not a packed kind"),
     }
     v
 }
@@ -97,7 +99,7 @@ fn pack(kind: QKind, q: &[u8; BLOCK], out: &mut Vec<u8>) {
             }
             out.extend_from_slice(&high);
         }
-        QKind::Nibble | QKind::Byte => unreachable!("not a packed kind"),
+        _ => unreachable!("not a packed kind"),
     }
 }
 

@@ -43,6 +43,7 @@
 
 use half::f16;
 
+use super::float16;
 use super::packed;
 use super::scales::{FlatRows, ScaleRows, Scales, SuperRows, SUPER_BLOCKS};
 use crate::engine::gguf::{dequant::scale_min_k4, GgmlType};
@@ -67,6 +68,10 @@ pub enum QKind {
     /// 5-bit values packed as [`QKind::Five`] with a scale and a minimum per block:
     /// `w = q·d + m` (GGUF Q5_1, Q5_K).
     FiveMin,
+    /// IEEE half-precision floats as the file has them (GGUF F16; [`super::float16`]).
+    F16,
+    /// bfloat16 as the file has them (GGUF BF16; [`super::float16`]).
+    Bf16,
 }
 
 impl QKind {
@@ -78,6 +83,11 @@ impl QKind {
     /// Whether the values are packed 5- or 6-bit ([`super::packed`]).
     pub fn is_packed(self) -> bool {
         matches!(self, QKind::Five | QKind::Six | QKind::FiveMin)
+    }
+
+    /// Whether the values are 16-bit floats, without scales ([`super::float16`]).
+    pub fn is_float(self) -> bool {
+        matches!(self, QKind::F16 | QKind::Bf16)
     }
 }
 
@@ -189,6 +199,8 @@ impl Blocks {
                 | GgmlType::Q4K
                 | GgmlType::Q5K
                 | GgmlType::Q6K
+                | GgmlType::F16
+                | GgmlType::BF16
         )
     }
 
@@ -196,7 +208,8 @@ impl Blocks {
     /// Q4_0, Q4_1 and Q4_K as 4-bit blocks; Q8_0 as 8-bit blocks; Q5_0, Q5_1, Q5_K and
     /// Q6_K packed as 5- and 6-bit blocks ([`super::packed`]). K-quants keep their
     /// sub-blocks' 6- or 8-bit multipliers and super-blocks' scales ([`Scales::Super`]),
-    /// the others an f32 scale (and minimum) a block.
+    /// the others an f32 scale (and minimum) a block. F16 and BF16 keep their 16-bit
+    /// values ([`super::float16`]).
     /// Returns `None` for other types, a `cols` that is not a multiple of 32, or bytes
     /// of the wrong length.
     pub fn from_gguf(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Option<Self> {
@@ -217,6 +230,8 @@ impl Blocks {
             GgmlType::Q5_0 => QKind::Five,
             GgmlType::Q5_1 | GgmlType::Q5K => QKind::FiveMin,
             GgmlType::Q6K => QKind::Six,
+            GgmlType::F16 => QKind::F16,
+            GgmlType::BF16 => QKind::Bf16,
             _ => QKind::Nibble,
         };
         let mut qs = Vec::with_capacity(n_blocks * packed::block_bytes(kind));
@@ -249,6 +264,8 @@ impl Blocks {
                     qs.extend_from_slice(&b[2..18]);
                 }
             }
+            // No scales: the values as they are.
+            (GgmlType::F16 | GgmlType::BF16, _) => qs.extend_from_slice(bytes),
             (GgmlType::Q5_0, Scales::Flat { scales, .. }) => {
                 packed::from_q5_0(bytes, &mut qs, scales)
             }
@@ -438,6 +455,10 @@ impl Blocks {
         let bpr = self.cols / BLOCK;
         let qpb = self.qs_per_block();
         let qs = &self.qs[r * bpr * qpb..(r + 1) * bpr * qpb];
+        if self.kind.is_float() {
+            float16::to_f32(self.kind == QKind::Bf16, qs, out);
+            return;
+        }
         let mut buf = Default::default();
         let FlatRows { scales, mins } = self.scales_of(r, r + 1).flat(&mut buf);
         if self.kind.is_packed() {
@@ -572,7 +593,24 @@ impl Blocks {
             "product shapes disagree"
         );
         let n_int = prep.int_rows.len();
-        if n_int == 0 {
+        if self.kind.is_float() && n_int > 0 {
+            // 16-bit floats take the generated rows' f32 inputs as they are, each dot
+            // product in one fixed order; prompt rows beside them go as f32 rows do.
+            let brain = self.kind == QKind::Bf16;
+            let (cols, bytes) = (self.cols, 2 * self.cols);
+            for (i, o) in out.chunks_exact_mut(n).enumerate() {
+                let w = &self.qs[(r0 + i) * bytes..(r0 + i + 1) * bytes];
+                for &j in &prep.int_rows {
+                    o[j] = float16::dot(brain, w, &x[j * cols..(j + 1) * cols]);
+                }
+            }
+            if n_int < n {
+                let mut part = vec![0.0f32; (r1 - r0) * (n - n_int)];
+                let (fx, fsums, panels) = (&prep.fx, &prep.fsums, &prep.panels);
+                self.product_rows_f32(fx, n - n_int, fsums, panels, r0, r1, tile, &mut part);
+                scatter(&part, &prep.f_rows, n, out);
+            }
+        } else if n_int == 0 {
             self.product_rows_f32(x, n, &prep.sums, &prep.panels, r0, r1, tile, out);
         } else if n_int == n {
             self.product_rows_int(n, prep.int_inputs(&prep.sums), r0, out);
@@ -685,6 +723,13 @@ impl Blocks {
         for (i, o) in out.chunks_exact_mut(n).enumerate() {
             let r = r0 + i;
             let qs = &self.qs[r * bpr * qpb..(r + 1) * bpr * qpb];
+            if self.kind.is_float() {
+                let brain = self.kind == QKind::Bf16;
+                for (j, y) in o.iter_mut().enumerate() {
+                    *y = float16::dot(brain, qs, &x[j * self.cols..(j + 1) * self.cols]);
+                }
+                continue;
+            }
             if self.kind.is_packed() {
                 // Few f32 rows against packed blocks (the `native` weights' decode):
                 // the row dequantized once, then plain dot products.
@@ -2338,7 +2383,7 @@ pub(super) mod tests {
                         let xsum: Vec<f32> = xs.chunks(32).map(|c| c.iter().sum()).collect();
                         simd::dot_nibble(false, qs, sc, mins, xs, &xsum)
                     }
-                    QKind::Five | QKind::Six | QKind::FiveMin => unreachable!("not made here"),
+                    _ => unreachable!("not made here"),
                 };
                 assert!((portable - want[r]).abs() < 1e-4);
             }
@@ -2938,6 +2983,65 @@ pub(super) mod tests {
         assert!(Blocks::concat_rows(vec![q, q8.clone()]).is_none());
         for (a, b) in q8.row(2).iter().zip(&w[2 * cols..3 * cols]) {
             assert!((a - b).abs() < 0.01);
+        }
+    }
+
+    /// F16 and BF16 matrices keep their 16-bit values: rows are the file's values
+    /// exactly, products within f32 rounding of the exact ones, and a generated row's
+    /// product is bitwise the same alone, in a batch, and beside prompt rows.
+    #[test]
+    fn sixteen_bit_float_matrices_keep_their_values() {
+        let (rows, cols) = (37, 96);
+        let w = values(rows * cols, 23);
+        for (ty, kind) in [(GgmlType::F16, QKind::F16), (GgmlType::BF16, QKind::Bf16)] {
+            let bytes: Vec<u8> = w
+                .iter()
+                .flat_map(|&v| {
+                    if ty == GgmlType::F16 {
+                        f16::from_f32(v).to_le_bytes()
+                    } else {
+                        half::bf16::from_f32(v).to_le_bytes()
+                    }
+                })
+                .collect();
+            let deq = dequantize(ty, &bytes, rows * cols).expect("dequantize");
+            let q = Blocks::from_gguf(ty, rows, cols, &bytes).expect("kept");
+            assert_eq!(q.kind(), kind);
+            assert_eq!(q.bytes(), 2 * rows * cols, "{ty:?}: 16 bits a weight");
+            for r in [0, 20, rows - 1] {
+                let row = q.row(r);
+                assert_eq!(
+                    row,
+                    deq[r * cols..(r + 1) * cols].to_vec(),
+                    "{ty:?} row {r}"
+                );
+            }
+            let n = 9;
+            let x = values(n * cols, 5);
+            let want = reference(&deq, rows, cols, &x, n);
+            for int in [false, true] {
+                let m = q.clone().with_int_inputs(int);
+                for k in [1, 3, n] {
+                    let got = m.matmul(&x[..k * cols], k);
+                    for (a, b) in got.iter().zip(&want[..k * rows]) {
+                        assert!((a - b).abs() < 1e-5, "{ty:?} int={int} n={k}: {a} vs {b}");
+                    }
+                }
+            }
+            // A generated row alone, in a batch, and beside prompt rows.
+            let m = q.clone().with_int_inputs(true);
+            let alone = m.matmul(&x[4 * cols..5 * cols], 1);
+            let batch = m.matmul(&x, n);
+            let mut prep = Prepared::default();
+            let marks: Vec<bool> = (0..n).map(|j| j == 4 || j == 7).collect();
+            m.prepare(&x, &marks, &mut prep);
+            let mut mixed = vec![0.0f32; rows * n];
+            m.product_rows(&x, n, &prep, 0, rows, &mut Vec::new(), &mut mixed);
+            for r in 0..rows {
+                assert_eq!(alone[r].to_bits(), batch[4 * rows + r].to_bits(), "{ty:?}");
+                assert_eq!(alone[r].to_bits(), mixed[r * n + 4].to_bits(), "{ty:?}");
+                assert!((mixed[r * n] - want[r]).abs() < 1e-5, "{ty:?}: prompt row");
+            }
         }
     }
 
