@@ -3,11 +3,12 @@
 //!
 //! A scale unit is a block of 32 values, or half a block for 6-bit blocks. Most formats
 //! give each unit an f16 scale, kept as f32 ([`Scales::Flat`]). K-quant files (Q4_K,
-//! Q6_K) give each unit a small integer multiplier of one f16 scale per super-block of
-//! 256 values; they are kept that way ([`Scales::Super`]): a byte a unit and four bytes
-//! a super-block instead of four bytes a unit, which is a quarter of a Q4_K weight's
-//! bits. The kernels form `d · mul` as they go: an f16 times an integer below 2⁷ is
-//! exact in f32, so every product is bitwise the one the expanded scales give.
+//! Q5_K, Q6_K) give each unit a small integer multiplier of one f16 scale per
+//! super-block of 256 values (and Q4_K, Q5_K each block a multiplier of one f16
+//! minimum); they are kept that way ([`Scales::Super`]): a byte a unit and four bytes a
+//! super-block instead of four bytes a unit — Q4_K at 4.75 bits a weight instead of 6.
+//! The kernels form `d · mul` as they go: an f16 times an integer below 2⁷ is exact in
+//! f32, so every product is bitwise the one the expanded scales give.
 
 /// Blocks (and so units of 4-bit blocks, and their minimums) in a K-quant super-block.
 pub const SUPER_BLOCKS: usize = 8;
