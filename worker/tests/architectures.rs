@@ -8,14 +8,16 @@
 //! Each file runs on the burn engine (weights as f32 tensors) and the Q8_0 file on the
 //! host engine too (the file's blocks, the CPU kernels), with an f32 KV cache where the
 //! logits are compared at 1e-3, and with the defaults (16-bit integer activations for
-//! generated tokens, an f16 cache) where the greedy tokens must still agree.
+//! generated tokens, an f16 cache) where the greedy tokens must still agree. The F32
+//! files rewritten with F16 and BF16 matrices run on the host engine in their 16-bit
+//! values, against the burn engine on the same values.
 
 use std::path::{Path, PathBuf};
 
 use baton_worker::{
     backend::CpuBackend as B,
     engine::{
-        gguf::GgufFile,
+        gguf::{GgmlType, GgufFile, GgufWriter},
         llama::{
             load::load_llama, preflight::preflight, Arch, KvDtype, Llama, SeqInput, WeightDtype,
         },
@@ -220,6 +222,67 @@ fn every_architecture_matches_transformers() {
             &r.q8_0,
             None,
         );
+    }
+}
+
+/// The F32 fixture rewritten with every matrix in `ty` (F16 or BF16), norms in F32.
+fn sixteen_bit_copy(file: &str, ty: GgmlType, out: &Path) {
+    let gguf = GgufFile::open(&dir().join(file)).expect("fixture opens");
+    let mut w = GgufWriter::new();
+    for (key, value) in gguf.metadata() {
+        w.add_metadata(key.clone(), value.clone())
+            .expect("metadata");
+    }
+    for info in gguf.tensors() {
+        if info.dims.len() == 2 {
+            let values = gguf.dequantize_tensor(info).expect("f32 values");
+            w.add_tensor(info.name.clone(), &info.dims, ty, &values)
+                .expect("16-bit tensor");
+        } else {
+            let bytes = gguf.tensor_bytes(info).to_vec();
+            w.add_tensor_bytes(info.name.clone(), &info.dims, info.ggml_type, bytes)
+                .expect("tensor");
+        }
+    }
+    w.write_to(out).expect("written");
+}
+
+/// F16 and BF16 files on the host engine keep their 16-bit values: every family's
+/// logits within 1e-3 of the burn engine's on the same file's exact f32 values, and the
+/// same greedy tokens, with the default 16-bit activations (the 16-bit matrices take
+/// generated rows' f32 inputs as they are).
+#[test]
+fn sixteen_bit_float_files_run_as_their_values() {
+    let fixture = fixture();
+    let tmp = tempfile::tempdir().expect("temporary directory");
+    for m in &fixture.models {
+        for ty in [GgmlType::F16, GgmlType::BF16] {
+            let path = tmp.path().join(format!("{}.{ty:?}.gguf", m.name));
+            sixteen_bit_copy(&m.files.f32, ty, &path);
+            let open = |dtype| {
+                let gguf = GgufFile::open(&path).expect("copy opens");
+                let mut model = load_llama::<B>(&gguf, dtype, &Default::default(), &mut |_, _| {})
+                    .expect("loads");
+                model.set_kv_dtype(KvDtype::F32);
+                model
+            };
+            let host = open(WeightDtype::NativeI16);
+            assert!(host.host_path(), "{} {ty:?}: the host engine", m.name);
+            let held = host.held_formats();
+            let kind = if ty == GgmlType::F16 { "F16" } else { "Bf16" };
+            assert!(
+                held.contains(kind) && !held.contains("Byte"),
+                "{} {ty:?}: held {held}",
+                m.name
+            );
+            let dense = open(WeightDtype::F32);
+            let n = 12;
+            let (want, greedy) = run(&dense, &m.prompt_ids, n, None);
+            let (got, tokens) = run(&host, &m.prompt_ids, n, None);
+            let d = max_diff(&got[0], &want[0]);
+            assert!(d <= 1e-3, "{} {ty:?}: logits differ by {d}", m.name);
+            assert_eq!(tokens, greedy, "{} {ty:?}: greedy tokens differ", m.name);
+        }
     }
 }
 
