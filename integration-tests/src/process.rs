@@ -279,6 +279,12 @@ impl Nats {
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline && process.try_status().is_none() {
                 if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    // Another test's server may have taken the port (and answered this
+                    // connection): ours then exits as it binds. Give it that moment.
+                    std::thread::sleep(Duration::from_millis(150));
+                    if process.try_status().is_some() {
+                        break;
+                    }
                     return Some(Nats {
                         url: format!("nats://127.0.0.1:{port}"),
                         process,

@@ -39,8 +39,8 @@ pub struct NatsServer {
 impl NatsServer {
     /// Starts one on a free port, or `None` when `nats-server` is not installed. Waits
     /// until it accepts connections (up to 10 s: tests start many at once on a loaded
-    /// machine), and starts again on another port if it exits first (another process
-    /// took the port between picking it and binding it).
+    /// machine), and starts again on another port if it exits first or just after
+    /// (another process took the port between picking it and binding it).
     pub fn start() -> Option<Self> {
         init_logs();
         for _ in 0..5 {
@@ -63,6 +63,13 @@ impl NatsServer {
             };
             for _ in 0..500 {
                 if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    // Another test's server may have taken the port we picked (and
+                    // answered this connection): ours then exits as it binds. Give it
+                    // that moment before trusting the port.
+                    std::thread::sleep(Duration::from_millis(150));
+                    if matches!(child.try_wait(), Ok(Some(_))) {
+                        break;
+                    }
                     return Some(Self {
                         child,
                         url: format!("nats://127.0.0.1:{port}"),
