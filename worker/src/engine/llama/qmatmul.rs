@@ -816,7 +816,7 @@ pub(super) use simd::{IntRows, WEIGHT_SLICE};
 mod simd {
     //! Block dot products, vectorised where the CPU allows.
 
-    use super::{FlatRows, ScaleRows, SuperRows, SUPER_BLOCKS};
+    use super::{FlatRows, ScaleRows, SUPER_BLOCKS};
 
     /// Whether the AVX2+FMA kernels can run on this CPU.
     pub fn available() -> bool {
@@ -1172,13 +1172,7 @@ mod simd {
             (IntKernel::Avx2, ScaleRows::Flat(f)) => {
                 // SAFETY: AVX2 and FMA were detected at run time; the lengths checked
                 // above put every block of every row asked for in bounds.
-                unsafe {
-                    if nibble {
-                        x86::dot_int_rows::<true, FlatRows<'_>>(nb, qs, f, x, rows, out);
-                    } else {
-                        x86::dot_int_rows::<false, FlatRows<'_>>(nb, qs, f, x, rows, out);
-                    }
-                }
+                unsafe { x86::dot_int_rows_of(nibble, nb, qs, f, x, rows, out) };
                 return;
             }
             // Super-block scales take the AVX2 kernel on AVX-512 CPUs too: the same
@@ -1187,13 +1181,7 @@ mod simd {
                 // SAFETY: AVX2 and FMA were detected at run time (AVX-512 CPUs have
                 // them); the lengths checked above put every block of every row asked
                 // for in bounds, and rows hold whole super-blocks.
-                unsafe {
-                    if nibble {
-                        x86::dot_int_rows::<true, SuperRows<'_>>(nb, qs, k, x, rows, out);
-                    } else {
-                        x86::dot_int_rows::<false, SuperRows<'_>>(nb, qs, k, x, rows, out);
-                    }
-                }
+                unsafe { x86::dot_int_rows_of(nibble, nb, qs, k, x, rows, out) };
                 return;
             }
             (IntKernel::Portable, _) => {}
@@ -1577,6 +1565,31 @@ mod simd {
                         }
                     }
                     j += take;
+                }
+            }
+        }
+
+        /// [`dot_int_rows`] for 4-bit (`nibble`) or 8-bit blocks.
+        ///
+        /// # Safety
+        /// As [`dot_int_rows`].
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = "avx2,fma")]
+        pub unsafe fn dot_int_rows_of<S: QuadScales>(
+            nibble: bool,
+            nb: usize,
+            qs: &[u8],
+            scales: S,
+            x: super::IntRows<'_>,
+            rows: std::ops::Range<usize>,
+            out: &mut [f32],
+        ) {
+            // SAFETY: the caller's contract.
+            unsafe {
+                if nibble {
+                    dot_int_rows::<true, S>(nb, qs, scales, x, rows, out);
+                } else {
+                    dot_int_rows::<false, S>(nb, qs, scales, x, rows, out);
                 }
             }
         }
