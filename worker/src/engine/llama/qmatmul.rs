@@ -45,7 +45,7 @@ use half::f16;
 
 use super::float16;
 use super::packed;
-use super::scales::{FlatRows, ScaleRows, Scales, SuperRows, SUPER_BLOCKS};
+use super::scales::{FlatRows, ScaleRows, Scales, SUPER_BLOCKS};
 use crate::engine::gguf::{dequant::scale_min_k4, GgmlType};
 
 /// Elements per block in every format here.
