@@ -82,8 +82,8 @@ pub struct BenchArgs {
 /// `--kernels`: single-thread speed of the products of generated-token and prompt rows.
 fn kernel_speeds(reps: usize) -> anyhow::Result<()> {
     use crate::engine::{
+        cpu::qmatrix::{Prepared, QMatrix},
         gguf::{writer::quantize, GgmlType},
-        llama::qmatrix::{Prepared, QMatrix},
     };
     let (rows, cols, slice) = (1536, 576, 96);
     // Deterministic values in [-1, 1).

@@ -21,8 +21,9 @@ use baton_worker::{
     backend::CpuBackend as B,
     engine::{
         chat::{ChatMessage, ChatTemplate},
+        cpu::qmatrix::QMatrix,
         gguf::GgufFile,
-        llama::{load::load_llama, qmatrix::QMatrix, KvDtype, Llama, SeqInput, WeightDtype},
+        llama::{load::load_llama, KvDtype, Llama, SeqInput, WeightDtype},
         sampler::argmax,
         tokenizer::Tokenizer,
     },

@@ -5,6 +5,8 @@
 //! - [`tokenizer`]: byte-level BPE and SentencePiece vocabularies of the GGUF, on HF
 //!   `tokenizers`.
 //! - [`chat`]: the model's own chat template, rendered with minijinja.
+//! - [`cpu`]: weight matrices in their block formats and the CPU kernels of their
+//!   products.
 //! - [`llama`]: the Llama-family forward pass (llama, qwen2, qwen3, gemma3, phi3), the preflight
 //!   of a file, and the KV cache.
 //! - [`sampler`]: greedy and seeded sampling, counter-based per position.
@@ -13,6 +15,7 @@
 //! - [`generate`]: sequences, stop conditions, the batched step and the decode loop.
 
 pub mod chat;
+pub mod cpu;
 pub mod generate;
 pub mod gguf;
 pub mod llama;

@@ -14,6 +14,8 @@
 use burn_tensor::{backend::Backend, Tensor};
 use half::f16;
 
+use crate::engine::cpu::attention::KvValue;
+
 /// How the host store keeps keys and values (`worker.kv_dtype`).
 ///
 /// f16 is what llama.cpp and the GPU servers keep by default: each key and value is
@@ -64,13 +66,7 @@ impl std::str::FromStr for KvDtype {
 }
 
 /// An element type of the host store.
-pub(crate) trait KvElem: Copy + Default + Send + Sync + std::fmt::Debug + 'static {
-    /// Whether elements are f16 (widened to f32 at every read).
-    const HALF: bool;
-    /// The value as f32 (exact).
-    fn to_f32(self) -> f32;
-    /// `src` rounded into `dst` (as long) to this type, to nearest, ties to even.
-    fn store(dst: &mut [Self], src: &[f32]);
+pub(crate) trait KvElem: KvValue {
     /// The layers of `store` when it holds this type.
     fn layers(store: &mut HostStore) -> Option<&mut Vec<HostKv<Self>>>;
     /// A packed span of this type as a prefix-cache block, and back.
@@ -79,13 +75,6 @@ pub(crate) trait KvElem: Copy + Default + Send + Sync + std::fmt::Debug + 'stati
 }
 
 impl KvElem for f32 {
-    const HALF: bool = false;
-    fn to_f32(self) -> f32 {
-        self
-    }
-    fn store(dst: &mut [Self], src: &[f32]) {
-        dst.copy_from_slice(src);
-    }
     fn layers(store: &mut HostStore) -> Option<&mut Vec<HostKv<Self>>> {
         match store {
             HostStore::F32(l) => Some(l),
@@ -104,14 +93,6 @@ impl KvElem for f32 {
 }
 
 impl KvElem for f16 {
-    const HALF: bool = true;
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-    fn store(dst: &mut [Self], src: &[f32]) {
-        // Vector conversions (F16C) where the CPU has them, the same rounding.
-        half::slice::HalfFloatSliceExt::convert_from_f32_slice(dst, src);
-    }
     fn layers(store: &mut HostStore) -> Option<&mut Vec<HostKv<Self>>> {
         match store {
             HostStore::F16(l) => Some(l),

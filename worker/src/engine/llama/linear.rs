@@ -5,7 +5,7 @@ use std::sync::Arc;
 use burn_tensor::{backend::Backend, DType, Tensor, TensorData};
 use half::f16;
 
-use super::qmatrix::QMatrix;
+use crate::engine::cpu::qmatrix::QMatrix;
 
 /// The format weights are kept in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -15,7 +15,7 @@ pub enum WeightDtype {
     /// 16-bit floats, as burn tensors on the device: half the traffic of f32.
     F16,
     /// The file's own 32-element blocks (Q4_0, Q4_1, Q8_0; other types converted to
-    /// Q8_0), multiplied by the CPU kernels of [`super::qmatmul`]: the least memory
+    /// Q8_0), multiplied by the CPU kernels of [`crate::engine::cpu::blocks`]: the least memory
     /// traffic per token. CPU only.
     Native,
     /// The file's blocks as [`WeightDtype::Native`], with the inputs of generated
@@ -29,7 +29,7 @@ pub enum WeightDtype {
 
 impl WeightDtype {
     /// Whether weights stay in the file's blocks (the CPU kernels of
-    /// [`super::qmatmul`]).
+    /// [`crate::engine::cpu::blocks`]).
     pub fn is_native(self) -> bool {
         matches!(self, WeightDtype::Native | WeightDtype::NativeI16)
     }

@@ -13,9 +13,9 @@ use super::{
     mlp::Mlp,
     model::{Block, Embedding, Llama, RmsNorm},
     preflight::{expected_tensors, preflight, Plan},
-    qmatrix::QMatrix,
     rope::{Rope, RopeSpec},
 };
+use crate::engine::cpu::qmatrix::QMatrix;
 use crate::engine::gguf::{GgufError, GgufFile, TensorInfo};
 use burn_tensor::{backend::Backend, Tensor, TensorData};
 use std::sync::Arc;

@@ -11,9 +11,9 @@ use super::{
     host::HostLogits,
     linear::{to_host, Linear},
     mlp::Mlp,
-    qmatrix::QMatrix,
     rope::Rope,
 };
+use crate::engine::cpu::qmatrix::QMatrix;
 
 /// Why a forward pass was refused. Checked before any tensor work.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -7,8 +7,8 @@
 //! file's blocks, and a product over a range of rows runs each run's kernel on its part
 //! of the range; the inputs are prepared once for all of them.
 
-use super::qmatmul::Blocks;
-pub use super::qmatmul::{Prepared, QKind};
+use super::Blocks;
+pub use super::{Prepared, QKind};
 use crate::engine::gguf::GgmlType;
 use rayon::prelude::*;
 
@@ -206,7 +206,7 @@ impl QMatrix {
 
 #[cfg(test)]
 mod tests {
-    use super::super::qmatmul::tests::values;
+    use super::super::blocks::tests::values;
     use super::*;
     use crate::engine::gguf::{dequant::dequantize, writer::quantize};
 

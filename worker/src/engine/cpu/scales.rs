@@ -418,7 +418,7 @@ impl ScaleRows<'_> {
 pub mod x86 {
     use std::arch::x86_64::*;
 
-    use super::super::qmatmul::load_tail;
+    use super::super::load_tail;
     use super::{FlatRows, SuperRows, UnitScales};
 
     /// Lanes of block scales for the AVX2 kernels.

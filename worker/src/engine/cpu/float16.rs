@@ -103,7 +103,7 @@ fn portable(brain: bool, w: &[u8], x: &[f32]) -> f32 {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::super::qmatmul::hsum;
+    use super::super::hsum;
 
     /// Eight values from `p` as f32.
     ///

@@ -4,7 +4,7 @@
 //! A 32-value block is its low nibbles (16 bytes: byte `i` holds element `i` in its low
 //! nibble and element `i + 16` in its high one, as 4-bit blocks do) followed by its high
 //! bits, laid out so that one widening puts them in the lanes the quad layout of the
-//! inputs gives each element ([`super::qmatmul::Prepared`]: element group `g` of a block
+//! inputs gives each element ([`super::Prepared`]: element group `g` of a block
 //! is elements `8g..8g + 8`):
 //! - 5-bit ([`QKind::Five`], Q5_0): 4 bytes; byte `k` holds lanes `l = k` (low nibble)
 //!   and `l = k + 4` (high nibble), bit `g` of the nibble being element `8g + l`'s fifth
@@ -21,11 +21,11 @@
 //!   rounding).
 //!
 //! On x86-64 with AVX2 a block pair is unpacked to 16-bit lanes and multiplied as the
-//! 8-bit kernel does ([`super::qmatmul`]); CPUs with AVX-512 run the same AVX2 code, so
+//! 8-bit kernel does ([`super::blocks`]); CPUs with AVX-512 run the same AVX2 code, so
 //! every x86 worker gives these products the same bits.
 
-use super::qmatmul::{IntRows, QKind, BLOCK};
 use super::scales::{ScaleRows, SUPER_BLOCKS};
+use super::{IntRows, QKind, BLOCK};
 use crate::engine::gguf::dequant::scale_min_k4;
 
 /// Bytes of one packed block of `kind` (values and high bits; scales apart).
@@ -244,7 +244,7 @@ pub fn dequant_row(kind: QKind, qs: &[u8], scales: &[f32], mins: &[f32], out: &m
     }
 }
 
-/// [`super::qmatmul`]'s integer product for packed weight rows: `m` rows of `nb` blocks
+/// [`super::blocks`]'s integer product for packed weight rows: `m` rows of `nb` blocks
 /// (`qs`, `scales` with [`scales_per_block`] a block) against input rows `rows` of `x`,
 /// into `out: [m, n]`. With `vector` (AVX2 and FMA detected; inputs in the quad layout)
 /// every row's result is bitwise the same on every x86 CPU and whatever rows run beside
@@ -330,8 +330,8 @@ pub fn dot_int_rows(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::super::qmatmul::{hsum, load_tail, IntRows, QKind, WEIGHT_SLICE};
     use super::super::scales::x86::QuadScales;
+    use super::super::{hsum, load_tail, IntRows, QKind, WEIGHT_SLICE};
 
     /// [`widen_pair`] for 5-bit blocks, in bytes: block `b` in the low 128-bit lane and
     /// `b + 1` in the high one, each byte's fifth bit picked from the high bytes by a
