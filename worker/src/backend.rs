@@ -1,8 +1,9 @@
 //! The burn backends a worker runs on.
 //!
 //! `flex` (CPU, with its `rayon` and `simd` features) is always built. `cuda` is built
-//! with the `cuda` cargo feature; its driver library is loaded at run time, and burn
-//! panics on first use when it is absent, so [`cuda_available`] checks for it first.
+//! with the `cuda` cargo feature; its driver library and NVRTC are loaded at run time and
+//! its kernels compiled against the CUDA headers, and burn panics on first use when one
+//! is absent, so [`cuda_available`] checks for all three first.
 
 /// The CPU backend.
 pub type CpuBackend = burn_flex::Flex;
@@ -42,21 +43,149 @@ pub enum BackendError {
     /// The CUDA driver library could not be loaded.
     #[error("the CUDA driver library (libcuda.so.1) could not be loaded: {0}")]
     NoCudaDriver(String),
+    /// No NVRTC library, which compiles the backend's kernels at run time, could be loaded.
+    #[error(
+        "the CUDA runtime compiler (NVRTC) could not be loaded: tried {}; install the CUDA \
+         toolkit's NVRTC and put its directory on LD_LIBRARY_PATH",
+        .0.join(", ")
+    )]
+    NoNvrtc(Vec<String>),
+    /// The CUDA headers that NVRTC compiles the kernels against were not found.
+    #[error(
+        "the CUDA headers ({HEADER}) were not found in {}; set CUDA_PATH to the CUDA \
+         toolkit's directory",
+        .0.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+    )]
+    NoCudaHeaders(Vec<std::path::PathBuf>),
 }
 
-/// Checks that the CUDA driver library can be loaded, so the backend will not panic.
+/// The header every kernel NVRTC compiles for the CUDA backend includes.
+const HEADER: &str = "cuda_runtime.h";
+
+/// The names NVRTC goes by on Linux, as the CUDA backend's loader tries them.
+pub const NVRTC_NAMES: &[&str] = &[
+    "libnvrtc.so",
+    "libnvrtc.so.13",
+    "libnvrtc.so.12",
+    "libnvrtc.so.11",
+    "libnvrtc.so.1",
+];
+
+/// The directory holding the CUDA headers, where the CUDA backend looks for it:
+/// `$CUDA_PATH/include`, else `/usr/local/cuda/include`, `/opt/cuda/include` or, with
+/// `nvcc` in `/usr/bin`, `/usr/include`. The places looked in when none has them.
+pub fn cuda_include_dir(
+    cuda_path: Option<&std::path::Path>,
+    exists: impl Fn(&std::path::Path) -> bool,
+) -> Result<std::path::PathBuf, Vec<std::path::PathBuf>> {
+    use std::path::{Path, PathBuf};
+    let roots: Vec<PathBuf> = match cuda_path {
+        Some(p) => vec![p.to_path_buf()],
+        None => {
+            let mut r = vec![PathBuf::from("/usr/local/cuda"), PathBuf::from("/opt/cuda")];
+            if exists(Path::new("/usr/bin/nvcc")) {
+                r.push(PathBuf::from("/usr"));
+            }
+            r
+        }
+    };
+    let dirs: Vec<PathBuf> = roots.into_iter().map(|r| r.join("include")).collect();
+    match dirs.iter().find(|d| exists(&d.join(HEADER))) {
+        Some(d) => Ok(d.clone()),
+        None => Err(dirs),
+    }
+}
+
+/// Checks what the CUDA backend needs before it is used, since burn panics on the first
+/// kernel without it: the driver library, NVRTC and the CUDA headers; the error names the
+/// one missing.
 pub fn cuda_available() -> Result<(), BackendError> {
     #[cfg(feature = "cuda")]
     {
-        // SAFETY: loading the system CUDA driver runs its initialisers, which is what
-        // the CUDA backend would do anyway; nothing is called through the handle.
-        match unsafe { libloading::Library::new("libcuda.so.1") } {
-            Ok(_) => Ok(()),
-            Err(e) => Err(BackendError::NoCudaDriver(e.to_string())),
+        // SAFETY: loading the system CUDA libraries runs their initialisers, which is what
+        // the CUDA backend would do anyway; nothing is called through the handles.
+        if let Err(e) = unsafe { libloading::Library::new("libcuda.so.1") } {
+            return Err(BackendError::NoCudaDriver(e.to_string()));
         }
+        // SAFETY: as above.
+        if !NVRTC_NAMES
+            .iter()
+            .any(|n| unsafe { libloading::Library::new(n) }.is_ok())
+        {
+            return Err(BackendError::NoNvrtc(
+                NVRTC_NAMES.iter().map(|n| n.to_string()).collect(),
+            ));
+        }
+        let cuda_path = std::env::var_os("CUDA_PATH").map(std::path::PathBuf::from);
+        cuda_include_dir(cuda_path.as_deref(), |p| p.exists())
+            .map_err(BackendError::NoCudaHeaders)?;
+        Ok(())
     }
     #[cfg(not(feature = "cuda"))]
     {
         Err(BackendError::CudaNotBuilt)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+
+    /// The headers are looked for where the CUDA backend looks, and a missing install
+    /// names every place tried.
+    #[test]
+    fn cuda_headers_are_found_where_the_backend_looks() {
+        let dir = tempfile::TempDir::new().expect("tempdir");
+        let include = dir.path().join("include");
+        std::fs::create_dir_all(&include).expect("mkdir");
+        let missing = cuda_include_dir(Some(dir.path()), |p| p.exists()).expect_err("no header");
+        assert_eq!(missing, vec![include.clone()]);
+        std::fs::write(include.join(HEADER), "").expect("header");
+        assert_eq!(
+            cuda_include_dir(Some(dir.path()), |p| p.exists()),
+            Ok(include)
+        );
+
+        // Without CUDA_PATH: the distribution's places, `/usr` only with its nvcc.
+        let none = cuda_include_dir(None, |_| false).expect_err("nothing installed");
+        assert_eq!(
+            none,
+            vec![
+                PathBuf::from("/usr/local/cuda/include"),
+                PathBuf::from("/opt/cuda/include")
+            ]
+        );
+        let usr = cuda_include_dir(None, |p| {
+            p == Path::new("/usr/bin/nvcc") || p == Path::new("/usr/include/cuda_runtime.h")
+        });
+        assert_eq!(usr, Ok(PathBuf::from("/usr/include")));
+        let message = BackendError::NoCudaHeaders(none).to_string();
+        assert!(message.contains("cuda_runtime.h") && message.contains("/opt/cuda/include"));
+        assert!(message.contains("CUDA_PATH"), "{message}");
+    }
+
+    /// Without the feature the check says how to get it; with it, on a host that lacks a
+    /// part, the error names that part.
+    #[test]
+    fn the_cuda_check_names_what_is_missing() {
+        let result = cuda_available();
+        if cfg!(feature = "cuda") {
+            if let Err(e) = result {
+                let message = e.to_string();
+                assert!(
+                    ["libcuda.so.1", "NVRTC", "cuda_runtime.h"]
+                        .iter()
+                        .any(|p| message.contains(p)),
+                    "{message}"
+                );
+            }
+        } else {
+            let message = result.expect_err("built without CUDA").to_string();
+            assert!(message.contains("--features cuda"), "{message}");
+        }
+        let nvrtc = BackendError::NoNvrtc(NVRTC_NAMES.iter().map(|n| n.to_string()).collect());
+        assert!(nvrtc.to_string().contains("libnvrtc.so.12"), "{nvrtc}");
     }
 }
