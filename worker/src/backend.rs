@@ -3,7 +3,10 @@
 //! `flex` (CPU, with its `rayon` and `simd` features) is always built. `cuda` is built
 //! with the `cuda` cargo feature; its driver library and NVRTC are loaded at run time and
 //! its kernels compiled against the CUDA headers, and burn panics on first use when one
-//! is absent, so [`cuda_available`] checks for all three first.
+//! is absent, so [`cuda_available`] checks for all three first. `wgpu` is built with the
+//! `wgpu` cargo feature: any GPU through Vulkan, or a CPU adapter (Mesa's llvmpipe, chosen
+//! with `CUBECL_WGPU_DEFAULT_DEVICE=Cpu`), which is how the device engine is tested on
+//! hosts without a GPU; [`wgpu_available`] checks for the Vulkan loader.
 
 /// The CPU backend.
 pub type CpuBackend = burn_flex::Flex;
@@ -11,6 +14,10 @@ pub type CpuBackend = burn_flex::Flex;
 /// The CUDA backend.
 #[cfg(feature = "cuda")]
 pub type CudaBackend = burn_cuda::Cuda;
+
+/// The wgpu backend.
+#[cfg(feature = "wgpu")]
+pub type WgpuBackend = burn_wgpu::Wgpu;
 
 /// Which backend to run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -20,6 +27,92 @@ pub enum BackendKind {
     Cpu,
     /// NVIDIA GPU (`burn-cuda`), when built with the `cuda` feature.
     Cuda,
+    /// Any GPU through wgpu (Vulkan), or a software adapter, when built with the `wgpu`
+    /// feature.
+    Wgpu,
+}
+
+impl BackendKind {
+    /// Whether the backend is a device (GPU or software adapter) rather than the host.
+    pub fn is_device(self) -> bool {
+        !matches!(self, BackendKind::Cpu)
+    }
+
+    /// Checks that this build and host can run the backend (see [`cuda_available`] and
+    /// [`wgpu_available`]).
+    pub fn available(self) -> Result<(), BackendError> {
+        match self {
+            BackendKind::Cpu => Ok(()),
+            BackendKind::Cuda => cuda_available(),
+            BackendKind::Wgpu => wgpu_available(),
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+            BackendKind::Wgpu => "wgpu",
+        })
+    }
+}
+
+/// The weight format a backend serves when `asked` was asked for: the file's blocks
+/// (`native`, `native-i16`) run on the host engine's CPU kernels only, so a device backend
+/// asked for them gets f16 tensors instead, which the log says; every other pair as asked.
+pub fn serving_weights(
+    backend: BackendKind,
+    asked: crate::engine::llama::WeightDtype,
+) -> crate::engine::llama::WeightDtype {
+    use crate::engine::llama::WeightDtype;
+    if backend.is_device() && asked.is_native() {
+        tracing::warn!(
+            %backend,
+            asked = %asked,
+            serving = %WeightDtype::F16,
+            "the file's blocks run on the host engine only: the device engine keeps the \
+             weights as f16 tensors"
+        );
+        WeightDtype::F16
+    } else {
+        asked
+    }
+}
+
+/// Runs `$body` with `$b` the burn backend type of `$kind` (a [`BackendKind`]), after
+/// checking the backend can run here (`?` on a [`BackendError`]).
+#[macro_export]
+macro_rules! with_backend {
+    ($kind:expr, $b:ident => $body:expr) => {{
+        let kind: $crate::backend::BackendKind = $kind;
+        kind.available()?;
+        match kind {
+            $crate::backend::BackendKind::Cpu => {
+                type $b = $crate::backend::CpuBackend;
+                $body
+            }
+            $crate::backend::BackendKind::Cuda => {
+                #[cfg(feature = "cuda")]
+                {
+                    type $b = $crate::backend::CudaBackend;
+                    $body
+                }
+                #[cfg(not(feature = "cuda"))]
+                unreachable!("the CUDA check fails without the cuda feature")
+            }
+            $crate::backend::BackendKind::Wgpu => {
+                #[cfg(feature = "wgpu")]
+                {
+                    type $b = $crate::backend::WgpuBackend;
+                    $body
+                }
+                #[cfg(not(feature = "wgpu"))]
+                unreachable!("the wgpu check fails without the wgpu feature")
+            }
+        }
+    }};
 }
 
 impl std::str::FromStr for BackendKind {
@@ -29,7 +122,10 @@ impl std::str::FromStr for BackendKind {
         match s {
             "cpu" | "flex" => Ok(BackendKind::Cpu),
             "cuda" | "gpu" => Ok(BackendKind::Cuda),
-            other => Err(format!("unknown backend {other:?} (expected cpu or cuda)")),
+            "wgpu" | "vulkan" => Ok(BackendKind::Wgpu),
+            other => Err(format!(
+                "unknown backend {other:?} (expected cpu, cuda or wgpu)"
+            )),
         }
     }
 }
@@ -57,6 +153,15 @@ pub enum BackendError {
         .0.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
     )]
     NoCudaHeaders(Vec<std::path::PathBuf>),
+    /// The binary was built without the `wgpu` feature.
+    #[error("this binary was built without wgpu support (rebuild with --features wgpu)")]
+    WgpuNotBuilt,
+    /// The Vulkan loader could not be loaded.
+    #[error(
+        "the Vulkan loader (libvulkan.so.1) could not be loaded: {0}; install a Vulkan \
+         driver (on Debian: apt-get install libvulkan1 mesa-vulkan-drivers)"
+    )]
+    NoVulkan(String),
 }
 
 /// The header every kernel NVRTC compiles for the CUDA backend includes.
@@ -127,6 +232,24 @@ pub fn cuda_available() -> Result<(), BackendError> {
     }
 }
 
+/// Checks that the wgpu backend can find a Vulkan driver, since burn panics on first use
+/// without one.
+pub fn wgpu_available() -> Result<(), BackendError> {
+    #[cfg(feature = "wgpu")]
+    {
+        // SAFETY: loading the system Vulkan loader runs its initialisers, which is what
+        // the wgpu backend would do anyway; nothing is called through the handle.
+        match unsafe { libloading::Library::new("libvulkan.so.1") } {
+            Ok(_) => Ok(()),
+            Err(e) => Err(BackendError::NoVulkan(e.to_string())),
+        }
+    }
+    #[cfg(not(feature = "wgpu"))]
+    {
+        Err(BackendError::WgpuNotBuilt)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::{Path, PathBuf};
@@ -164,6 +287,28 @@ mod tests {
         let message = BackendError::NoCudaHeaders(none).to_string();
         assert!(message.contains("cuda_runtime.h") && message.contains("/opt/cuda/include"));
         assert!(message.contains("CUDA_PATH"), "{message}");
+    }
+
+    /// A device backend never serves the file's blocks (the host engine's), and says so;
+    /// the host keeps what it was asked.
+    #[test]
+    fn device_backends_serve_tensors() {
+        use crate::engine::llama::WeightDtype;
+        for kind in [BackendKind::Cuda, BackendKind::Wgpu] {
+            assert!(kind.is_device());
+            assert_eq!(
+                serving_weights(kind, WeightDtype::NativeI16),
+                WeightDtype::F16
+            );
+            assert_eq!(serving_weights(kind, WeightDtype::Native), WeightDtype::F16);
+            assert_eq!(serving_weights(kind, WeightDtype::F32), WeightDtype::F32);
+            assert_eq!(kind.to_string().parse::<BackendKind>(), Ok(kind));
+        }
+        assert_eq!(
+            serving_weights(BackendKind::Cpu, WeightDtype::NativeI16),
+            WeightDtype::NativeI16
+        );
+        assert!("tpu".parse::<BackendKind>().is_err());
     }
 
     /// Without the feature the check says how to get it; with it, on a host that lacks a

@@ -27,6 +27,9 @@ pub struct BenchArgs {
     /// How the host KV store keeps keys and values: f16 or f32.
     #[arg(long, default_value_t = crate::engine::llama::KvDtype::default())]
     pub kv_dtype: crate::engine::llama::KvDtype,
+    /// Backend: cpu, cuda or wgpu (a device backend serves `native*` as f16 tensors).
+    #[arg(long, default_value = "cpu")]
+    pub backend: crate::backend::BackendKind,
     /// Prompt length of the prefill test.
     #[arg(long, default_value_t = 128)]
     pub prompt_tokens: usize,
@@ -154,6 +157,9 @@ pub fn run<B: Backend>(args: &BenchArgs, device: &B::Device) -> anyhow::Result<(
         "dtype={} kv={} threads={threads}",
         args.dtype, args.kv_dtype
     );
+    if args.backend.is_device() {
+        tag.push_str(&format!(" backend={}", args.backend));
+    }
     if args.temperature > 0.0 {
         tag.push_str(&format!(" temperature={}", args.temperature));
     }

@@ -7,7 +7,7 @@ use burn_tensor::backend::Backend;
 use clap::{Args, Parser, Subcommand};
 
 use crate::{
-    backend::{BackendKind, CpuBackend},
+    backend::BackendKind,
     engine::llama::WeightDtype,
     engine::sampler::SamplingParams,
     engine::{chat::ChatMessage, Engine, GenerateParams, Prompt},
@@ -46,6 +46,10 @@ pub enum SynthShape {
     /// 8 KV heads) with a 32k vocabulary, Q4_1: about 0.7 GiB.
     #[value(name = "1b")]
     Llama1b,
+    /// The default model's shape, SmolLM2-135M (30 layers, hidden 576, a 49k
+    /// vocabulary), Q4_1: about 90 MiB.
+    #[value(name = "135m")]
+    Smollm2,
     /// 2 layers, hidden 64: what tests use.
     Tiny,
 }
@@ -108,7 +112,8 @@ pub struct GenerateArgs {
     /// How the host KV store keeps keys and values: f16 or f32.
     #[arg(long, default_value_t = crate::engine::llama::KvDtype::default())]
     pub kv_dtype: crate::engine::llama::KvDtype,
-    /// Backend: cpu or cuda.
+    /// Backend: cpu, cuda or wgpu (a device backend keeps the weights as f16 or f32
+    /// tensors: `native*` is served as f16).
     #[arg(long, env = baton_common::env::BACKEND, default_value = "cpu")]
     pub backend: BackendKind,
     /// Print token ids and timings to stderr.
@@ -119,21 +124,14 @@ pub struct GenerateArgs {
 /// Runs the command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Generate(args) => match args.backend {
-            BackendKind::Cpu => generate::<CpuBackend>(&args, &Default::default()),
-            BackendKind::Cuda => {
-                crate::backend::cuda_available()?;
-                #[cfg(feature = "cuda")]
-                {
-                    generate::<crate::backend::CudaBackend>(&args, &Default::default())
-                }
-                #[cfg(not(feature = "cuda"))]
-                {
-                    unreachable!("cuda_available fails without the cuda feature")
-                }
-            }
-        },
-        Command::Bench(args) => crate::bench::run::<CpuBackend>(&args, &Default::default()),
+        Command::Generate(mut args) => {
+            args.dtype = crate::backend::serving_weights(args.backend, args.dtype);
+            crate::with_backend!(args.backend, B => generate::<B>(&args, &Default::default()))
+        }
+        Command::Bench(mut args) => {
+            args.dtype = crate::backend::serving_weights(args.backend, args.dtype);
+            crate::with_backend!(args.backend, B => crate::bench::run::<B>(&args, &Default::default()))
+        }
         Command::Serve(args) => crate::serve::run(*args),
         Command::BenchServe(args) => crate::bench::run_serve(&args),
         Command::Synth(args) => synth(&args),
@@ -144,6 +142,7 @@ fn synth(args: &SynthArgs) -> anyhow::Result<()> {
     use crate::engine::llama::synthetic::{write_synthetic_llama, SyntheticSpec};
     let spec = match args.shape {
         SynthShape::Llama1b => SyntheticSpec::llama_1b(args.seed),
+        SynthShape::Smollm2 => SyntheticSpec::smollm2_135m(args.seed),
         SynthShape::Tiny => SyntheticSpec::tiny(args.seed),
     };
     write_synthetic_llama(&args.out, &spec)
@@ -240,8 +239,12 @@ mod tests {
             seed: 3,
         })
         .expect("synth");
-        let engine = Engine::<CpuBackend>::load(&out, WeightDtype::default(), &Default::default())
-            .expect("the written model loads");
+        let engine = Engine::<crate::backend::CpuBackend>::load(
+            &out,
+            WeightDtype::default(),
+            &Default::default(),
+        )
+        .expect("the written model loads");
         let ids = engine
             .encode_prompt(&Prompt::Text("hello".into()))
             .expect("encode");

@@ -95,10 +95,13 @@ fn run(
     let mut cache = model.new_cache();
     let mut step = |tokens: &[u32]| {
         let (logits, _) = model
-            .forward_greedy(&mut [SeqInput {
-                tokens,
-                cache: &mut cache,
-            }])
+            .forward_greedy(
+                &mut [SeqInput {
+                    tokens,
+                    cache: &mut cache,
+                }],
+                true,
+            )
             .expect("forward");
         logits
     };

@@ -89,10 +89,13 @@ fn decode(model: &Llama<B>, prompt: &[u32], n: usize, forced: Option<&[u32]>) ->
     let mut cache = model.new_cache();
     let mut step = |tokens: &[u32]| {
         let (logits, argmax_found) = model
-            .forward_greedy(&mut [SeqInput {
-                tokens,
-                cache: &mut cache,
-            }])
+            .forward_greedy(
+                &mut [SeqInput {
+                    tokens,
+                    cache: &mut cache,
+                }],
+                true,
+            )
             .expect("forward");
         argmax_found
             .map(|a| a[0])

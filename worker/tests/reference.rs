@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 
 use baton_worker::{
-    backend::CpuBackend as B,
+    backend::CpuBackend,
     engine::{
         chat::ChatMessage,
         llama::{KvDtype, Llama, SeqInput, WeightDtype},
@@ -20,6 +20,7 @@ use baton_worker::{
         Engine, GenerateParams, Prompt,
     },
 };
+use burn_tensor::backend::Backend;
 use serde_json::Value;
 
 /// Largest allowed difference between our logits and the reference's, with an f32 cache
@@ -116,6 +117,27 @@ fn native_weights_with_an_f32_cache_match_the_reference() {
 }
 
 fn check_against_reference(dtype: WeightDtype, kv: KvDtype) {
+    check_on::<CpuBackend>(dtype, kv, usize::MAX);
+}
+
+/// The device engine on a wgpu adapter (in CI Mesa's software Vulkan driver, where a
+/// token of the default model in f32 takes most of a second): f32 weights with an f32
+/// cache, the first raw and the first chat case. The whole set passes there too (about
+/// 17 minutes with both caches).
+#[cfg(feature = "wgpu")]
+#[test]
+fn f32_weights_on_a_wgpu_device_match_the_reference() {
+    use baton_worker::backend::WgpuBackend;
+    let per_kind = std::env::var("BATON_WGPU_REFERENCE_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    check_on::<WgpuBackend>(WeightDtype::F32, KvDtype::F32, per_kind);
+}
+
+/// Checks the first `per_kind` cases of each kind (raw, chat); the engine's own loop
+/// runs again over each case only when all are checked.
+fn check_on<B: Backend>(dtype: WeightDtype, kv: KvDtype, per_kind: usize) {
     let Some(model_file) = model_path() else {
         return;
     };
@@ -132,11 +154,15 @@ fn check_against_reference(dtype: WeightDtype, kv: KvDtype) {
     let model = engine.model();
     let cases = fixture["cases"].as_array().expect("cases");
     assert!(cases.len() >= 4);
-    let mut kinds = std::collections::BTreeSet::new();
+    let mut kinds = std::collections::BTreeMap::<String, usize>::new();
     for case in cases {
         let name = case["name"].as_str().expect("name");
         let kind = case["kind"].as_str().expect("kind");
-        kinds.insert(kind.to_owned());
+        let seen = kinds.entry(kind.to_owned()).or_default();
+        *seen += 1;
+        if *seen > per_kind {
+            continue;
+        }
         let prompt_ids = ids(&case["prompt_ids"]);
         let expected = ids(&case["generated_ids"]);
         assert!(expected.len() >= 32, "{name}: fixture too short");
@@ -202,6 +228,13 @@ fn check_against_reference(dtype: WeightDtype, kv: KvDtype) {
             eprintln!("{dtype:?} (KV {kv}) {name}: after the tokens, max logit diff {after:.2e}");
         }
         // The engine's own loop (sampler at temperature 0) gives the same tokens.
+        if per_kind < usize::MAX {
+            eprintln!(
+                "{dtype:?} (KV {kv}) {name}: {} tokens match",
+                expected.len()
+            );
+            continue;
+        }
         let params = GenerateParams {
             max_tokens: expected.len(),
             ignore_eos: true,
@@ -216,7 +249,7 @@ fn check_against_reference(dtype: WeightDtype, kv: KvDtype) {
             expected.len()
         );
     }
-    assert!(kinds.contains("raw") && kinds.contains("chat"));
+    assert!(kinds.contains_key("raw") && kinds.contains_key("chat"));
 }
 
 /// 16-bit integer activations at decode (`native-i16`): the same agreement as the exact

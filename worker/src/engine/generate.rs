@@ -28,7 +28,7 @@ use super::{
     gguf::{GgufError, GgufFile},
     llama::{
         load::load_planned, model::ForwardError, preflight::preflight, KvCache, KvDtype, Llama,
-        LoadError, WeightDtype,
+        LoadError, SeqInput, WeightDtype,
     },
     prefix::{PrefixCache, PrefixStats, BLOCK_TOKENS},
     sampler::{SamplingError, SamplingParams},
@@ -82,6 +82,15 @@ pub enum EngineError {
         /// Tokens in the resume.
         tokens: usize,
     },
+    /// The device failed while the weights were put on it or the first kernels were
+    /// compiled (a missing adapter, a broken driver or toolkit).
+    #[error("the device {device} failed at load: {message}")]
+    Device {
+        /// The device, as the backend names it.
+        device: String,
+        /// What the backend said.
+        message: String,
+    },
 }
 
 impl EngineError {
@@ -99,6 +108,7 @@ impl EngineError {
             EngineError::ZeroMaxTokens => "invalid_max_tokens",
             EngineError::Forward(_) => "forward",
             EngineError::ResumePastEnd { .. } => "resume_past_end",
+            EngineError::Device { .. } => "device",
         }
     }
 }
@@ -208,16 +218,25 @@ pub struct Engine<B: Backend> {
 
 /// [`Engine::fingerprint`] from the hash of the weight file and tokenizer.
 fn numerics_fingerprint<B: Backend>(weights: u64, dtype: WeightDtype, model: &Llama<B>) -> u64 {
-    let kv = if model.host_path() {
-        model.kv_dtype().to_string()
-    } else {
-        "tensors".into()
-    };
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     hasher.update(&weights.to_le_bytes());
-    hasher.update(format!("weights={dtype} kv={kv}").as_bytes());
+    hasher.update(format!("weights={dtype} kv={}", model.kv_dtype()).as_bytes());
     if model.host_path() {
         hasher.update(format!(" held={}", model.held_formats()).as_bytes());
+    } else {
+        // The device engine's arithmetic is its backend's kernels on its kind of device
+        // (the device's index left out: two alike devices compute alike).
+        let device: String = format!("{:?}", model.device())
+            .chars()
+            .filter(|c| !c.is_ascii_digit())
+            .collect();
+        hasher.update(
+            format!(
+                " engine=device backend={} device={device}",
+                B::name(model.device())
+            )
+            .as_bytes(),
+        );
     }
     hasher.digest()
 }
@@ -244,7 +263,37 @@ impl<B: Backend> Engine<B> {
         let plan = preflight(&gguf)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let chat = ChatTemplate::from_gguf(&gguf)?;
-        let model = load_planned::<B>(&gguf, &plan, dtype, device, &mut progress)?;
+        let model = if dtype.is_native() {
+            load_planned::<B>(&gguf, &plan, dtype, device, &mut progress)?
+        } else {
+            // The device engine: burn panics when the device cannot run (no adapter, a
+            // driver or toolkit that fails a kernel's compile), so the upload and one
+            // token through the network (which compiles the forward pass's kernels now,
+            // not at the first request) are run where such a panic becomes the error.
+            let run = || -> Result<Llama<B>, EngineError> {
+                let model = load_planned::<B>(&gguf, &plan, dtype, device, &mut progress)?;
+                let mut cache = model.new_cache();
+                model.forward_greedy(
+                    &mut [SeqInput {
+                        tokens: &[0],
+                        cache: &mut cache,
+                    }],
+                    false,
+                )?;
+                Ok(model)
+            };
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).map_err(|panic| {
+                // Not `B::name`: it would ask the failed device again.
+                EngineError::Device {
+                    device: format!("{device:?}"),
+                    message: panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "a panic without a message".into()),
+                }
+            })??
+        };
         let mut end_tokens: Vec<u32> = tokenizer.eos_id().into_iter().collect();
         for t in [
             "<|endoftext|>",
@@ -455,7 +504,7 @@ impl<B: Backend> Engine<B> {
         if active.is_empty() {
             return Ok(events);
         }
-        let prefix = self.model.host_path() && self.prefix_cache().enabled();
+        let prefix = self.prefix_cache().enabled();
         // Sequences looked up in the prefix cache now: positions reused, and positions
         // that could have been (counted once it runs or reuses something; a prompt that
         // found nothing and waits under the step budget is looked up again next step,
@@ -476,7 +525,7 @@ impl<B: Backend> Engine<B> {
                 let mut loaded = 0;
                 for &h in &hashes[..found] {
                     let kv = cache.get(h).expect("lookup found it");
-                    if !s.cache.push_host_span(BLOCK_TOKENS, BLOCK_TOKENS, kv) {
+                    if !s.cache.push_span(BLOCK_TOKENS, BLOCK_TOKENS, kv) {
                         break;
                     }
                     loaded += BLOCK_TOKENS;
@@ -490,7 +539,7 @@ impl<B: Backend> Engine<B> {
                     };
                     if let Some((h, n)) = cache.partial(parent, &s.pending[loaded..candidates]) {
                         let kv = cache.get(h).expect("partial found it");
-                        if s.cache.push_host_span(BLOCK_TOKENS, n, kv) {
+                        if s.cache.push_span(BLOCK_TOKENS, n, kv) {
                             loaded += n;
                         }
                     }
@@ -541,6 +590,11 @@ impl<B: Backend> Engine<B> {
             let prompts = runs.iter().filter(|r| r.1 > 1).count();
             tracing::debug!(rows, generating, prompts, "forward");
         }
+        // Where every row that draws is greedy, the device engine downloads ids only.
+        let want_logits = runs.iter().any(|&(i, _)| {
+            let p = &seqs[i].params.sampling;
+            p.temperature != 0.0 || p.repetition_penalty != 1.0
+        });
         let (mut logits, greedy) = {
             let mut inputs: Vec<SeqInput<'_, B>> = Vec::with_capacity(runs.len());
             let mut rest: Vec<Option<&mut Sequence<B>>> =
@@ -552,9 +606,14 @@ impl<B: Backend> Engine<B> {
                     cache: &mut s.cache,
                 });
             }
-            self.model.forward_greedy(&mut inputs)?
+            self.model.forward_greedy(&mut inputs, want_logits)?
         };
         let vocab = logits.len() / runs.len();
+        let mut rows: Vec<&mut [f32]> = if vocab == 0 {
+            runs.iter().map(|_| &mut [][..]).collect()
+        } else {
+            logits.chunks_exact_mut(vocab).collect()
+        };
         // Every draw depends only on its own row, parameters, history and position, so
         // several run in parallel on the compute threads (a draw at temperature > 0 sorts
         // most of the vocabulary); the commits then run in order. A prompt that ran only
@@ -573,7 +632,7 @@ impl<B: Backend> Engine<B> {
             );
             let mut jobs: Vec<Job<'_>> = runs
                 .iter()
-                .zip(logits.chunks_exact_mut(vocab))
+                .zip(rows.iter_mut())
                 .enumerate()
                 .filter(|(_, ((i, take), _))| *take == seqs[*i].pending.len())
                 .map(|(r, (&(i, _), row))| {
@@ -583,7 +642,7 @@ impl<B: Backend> Engine<B> {
                         .as_ref()
                         .filter(|_| p.temperature == 0.0 && p.repetition_penalty == 1.0)
                         .and_then(|g| g.get(r).copied());
-                    (i, p, s.history(), s.position(), row, known)
+                    (i, p, s.history(), s.position(), &mut **row, known)
                 })
                 .collect();
             let draw = |(i, p, history, position, row, known): &mut Job<'_>| match known {
@@ -649,7 +708,7 @@ fn store_blocks<B: Backend>(
     let full = (kv.len() / BLOCK_TOKENS).min(hashes.len());
     for (b, &h) in hashes[..full].iter().enumerate().rev() {
         if !cache.touch(h) {
-            if let Some(values) = kv.host_span(b * BLOCK_TOKENS, BLOCK_TOKENS) {
+            if let Some(values) = kv.span(b * BLOCK_TOKENS, BLOCK_TOKENS) {
                 let parent = match b {
                     0 => root(fingerprint),
                     b => hashes[b - 1],

@@ -312,12 +312,11 @@ mod tests {
         // A lookup of 2 then 1 leaves 3 the oldest, then 2: 1 was touched last.
         assert_eq!(c.lookup(&[1, 2]), 2);
         put(&mut c, 4, 3);
-        assert_eq!(c.get(3), None);
+        assert!(c.get(3).is_none());
         assert!(c.get(1).is_some() && c.get(2).is_some() && c.get(4).is_some());
         put(&mut c, 5, 4);
-        assert_eq!(
-            c.get(2),
-            None,
+        assert!(
+            c.get(2).is_none(),
             "the later block of a run goes before the first"
         );
         assert!(c.get(1).is_some());
@@ -330,7 +329,7 @@ mod tests {
             [6; BLOCK_TOKENS],
             KvBlock::F32(vec![0.0; 100].into_boxed_slice()),
         );
-        assert_eq!(c.get(6), None);
+        assert!(c.get(6).is_none());
         assert_eq!(c.stats().blocks, 3);
     }
 

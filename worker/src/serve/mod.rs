@@ -32,7 +32,7 @@ use clap::Args;
 use futures::StreamExt;
 
 use crate::{
-    backend::{BackendKind, CpuBackend},
+    backend::BackendKind,
     compute::{self, ComputePriority},
     engine::{llama::WeightDtype, Engine},
 };
@@ -215,47 +215,27 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             load.clone(),
         )?
     } else {
-        match backend {
-            BackendKind::Cpu => spawn_engine(
-                move || {
-                    let mut engine =
-                        Engine::<CpuBackend>::load(&model_path, weights, &Default::default())?;
-                    engine.set_kv_dtype(kv_dtype);
-                    engine.set_prefix_cache(prefix_bytes);
-                    engine.set_step_tokens(step_tokens);
-                    Ok(real::RealEngine::new(engine, name))
-                },
-                limits,
-                cmd_rx,
-                out_tx,
-                load.clone(),
-            )?,
-            BackendKind::Cuda => {
-                crate::backend::cuda_available()?;
-                #[cfg(feature = "cuda")]
-                {
-                    spawn_engine(
-                        move || {
-                            let mut engine = Engine::<crate::backend::CudaBackend>::load(
-                                &model_path,
-                                weights,
-                                &Default::default(),
-                            )?;
-                            engine.set_kv_dtype(kv_dtype);
-                            engine.set_prefix_cache(prefix_bytes);
-                            engine.set_step_tokens(step_tokens);
-                            Ok(real::RealEngine::new(engine, name))
-                        },
-                        limits,
-                        cmd_rx,
-                        out_tx,
-                        load.clone(),
-                    )?
-                }
-                #[cfg(not(feature = "cuda"))]
-                unreachable!("cuda_available fails without the cuda feature")
-            }
-        }
+        let weights = crate::backend::serving_weights(backend, weights);
+        crate::with_backend!(backend, B => spawn_engine(
+            move || {
+                let mut engine = Engine::<B>::load(&model_path, weights, &Default::default())?;
+                engine.set_kv_dtype(kv_dtype);
+                engine.set_prefix_cache(prefix_bytes);
+                engine.set_step_tokens(step_tokens);
+                tracing::info!(
+                    %backend,
+                    engine = if engine.model().host_path() { "host" } else { "device" },
+                    %weights,
+                    kv = %kv_dtype,
+                    "engine loaded"
+                );
+                Ok(real::RealEngine::new(engine, name))
+            },
+            limits,
+            cmd_rx,
+            out_tx,
+            load.clone(),
+        )?)
     };
 
     let system = actix_rt::System::new();

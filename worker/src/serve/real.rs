@@ -36,7 +36,9 @@ fn wire_error(e: EngineError) -> WireError {
         | EngineError::Tokenizer(_)
         | EngineError::Forward(_)
         | EngineError::ResumePastEnd { .. } => ErrorKind::InvalidRequest,
-        EngineError::Gguf(_) | EngineError::Load(_) => ErrorKind::Internal,
+        EngineError::Gguf(_) | EngineError::Load(_) | EngineError::Device { .. } => {
+            ErrorKind::Internal
+        }
     };
     WireError {
         kind,

@@ -1,10 +1,15 @@
 //! Grouped-query self-attention.
 
 use burn_tensor::{
-    backend::Backend, module::attention, ops::AttentionModuleOptions, Tensor, TensorData,
+    backend::Backend, module::attention, ops::AttentionModuleOptions, DType, Tensor, TensorData,
 };
 
-use super::{cache::KvCache, linear::Linear, model::RmsNorm, rope::Rope};
+use super::{
+    cache::{KvCache, LayerKv},
+    linear::Linear,
+    model::RmsNorm,
+    rope::Rope,
+};
 
 /// A bias added to a product's outputs (Qwen2's Q/K/V biases).
 #[derive(Debug, Clone)]
@@ -92,8 +97,12 @@ impl<B: Backend> Attention<B> {
             }
             None => t,
         };
-        let mut outs = Vec::with_capacity(spans.len());
-        for (span, cache) in spans.iter().zip(caches.iter_mut()) {
+        // Each sequence's new keys and values go into its store; the queries of its
+        // single generated token (a decode row) wait to be attended together with the
+        // others', in one call; a prompt's rows are attended on their own.
+        let mut outs: Vec<Option<Tensor<B, 2>>> = vec![None; spans.len()];
+        let mut decode: Vec<(usize, Tensor<B, 3>, LayerKv<B>, usize)> = Vec::new();
+        for (i, (span, cache)) in spans.iter().zip(caches.iter_mut()).enumerate() {
             let rows = qkv.clone().narrow(0, span.row, span.len);
             let q = rows.clone().narrow(1, 0, h * d).reshape([span.len, h, d]);
             let k = rows
@@ -109,15 +118,110 @@ impl<B: Backend> Attention<B> {
                 span.pos,
             );
             // [len, heads, d] → [heads, len, d]
-            let (keys, values) = cache.append(layer, k.swap_dims(0, 1), v.swap_dims(0, 1));
-            outs.push(self.attend(q, keys, values, span.pos, how));
+            let store = cache.append(layer, k.swap_dims(0, 1), v.swap_dims(0, 1));
+            let total = span.pos + span.len;
+            if span.len == 1 {
+                decode.push((i, q, store, total));
+            } else {
+                let keys = store.k.narrow(1, 0, total).cast(DType::F32);
+                let values = store.v.narrow(1, 0, total).cast(DType::F32);
+                outs[i] = Some(self.attend(q, keys, values, span.pos, how));
+            }
         }
+        if !decode.is_empty() {
+            let rows =
+                self.attend_decode(decode.iter().map(|(_, q, s, t)| (q.clone(), s, *t)), how);
+            for ((i, ..), row) in decode.iter().zip(rows) {
+                outs[*i] = Some(row);
+            }
+        }
+        let mut outs: Vec<Tensor<B, 2>> = outs.into_iter().flatten().collect();
         let merged = if outs.len() == 1 {
             outs.pop().expect("one output")
         } else {
             Tensor::cat(outs, 0)
         };
         self.out.forward(merged)
+    }
+
+    /// The decode rows of a step, one per sequence — `q: [1, heads, d]` at position
+    /// `total − 1` against its store's first `total` positions — in one attention call:
+    /// the stores are read up to the longest `total` (a shorter one is padded), and a
+    /// mask hides each row's keys past its own `total` and before its window. Returns
+    /// each row's `[1, heads·d]`, in order.
+    fn attend_decode<'s>(
+        &self,
+        rows: impl ExactSizeIterator<Item = (Tensor<B, 3>, &'s LayerKv<B>, usize)>,
+        how: &AttendWith<'_, B>,
+    ) -> Vec<Tensor<B, 2>> {
+        let (h, kvh, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
+        let group = h / kvh;
+        let rows: Vec<_> = rows.collect();
+        let n = rows.len();
+        let longest = rows.iter().map(|r| r.2).max().unwrap_or(0);
+        // Keys before `first` are outside every row's window: none is read.
+        let first = how.window.map_or(0, |w| {
+            rows.iter()
+                .map(|r| r.2.saturating_sub(w))
+                .min()
+                .unwrap_or(0)
+        });
+        let span = longest - first;
+        let take = |t: &Tensor<B, 3>| {
+            let room = t.dims()[1];
+            let t = t.clone().narrow(1, first, span.min(room - first));
+            if room - first >= span {
+                t
+            } else {
+                let pad = Tensor::<B, 3>::zeros(
+                    [kvh, span - (room - first), d],
+                    (&t.device(), t.dtype()),
+                );
+                Tensor::cat(vec![t, pad], 1)
+            }
+        };
+        let device = rows[0].0.device();
+        let mut q = Vec::with_capacity(n);
+        let (mut keys, mut values) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut hidden = Vec::with_capacity(n * span);
+        for (row_q, store, total) in &rows {
+            // The `group` query heads sharing a KV head become `group` query rows of it
+            // (head h reads KV head h / group), so keys are never repeated.
+            q.push(row_q.clone().reshape([1, kvh, group, d]));
+            keys.push(take(&store.k).unsqueeze_dim::<4>(0));
+            values.push(take(&store.v).unsqueeze_dim::<4>(0));
+            let pos = total - 1;
+            for key in first..longest {
+                let past = how.window.is_some_and(|w| pos >= key + w);
+                hidden.push(key > pos || past);
+            }
+        }
+        let cat = |t: Vec<Tensor<B, 4>>| {
+            if t.len() == 1 {
+                t.into_iter().next().expect("one")
+            } else {
+                Tensor::cat(t, 0)
+            }
+        };
+        let (keys, values) = (cat(keys).cast(DType::F32), cat(values).cast(DType::F32));
+        let mask = (hidden.iter().any(|&x| x)).then(|| {
+            Tensor::<B, 2, burn_tensor::Bool>::from_data(
+                TensorData::new(hidden, [n, span]),
+                &device,
+            )
+            .reshape([n, 1, 1, span])
+            .expand([n, kvh, group, span])
+        });
+        let options = AttentionModuleOptions {
+            scale: Some(f64::from(how.scale)),
+            ..Default::default()
+        };
+        let out = attention(cat(q), keys, values, mask, None, options).reshape([n, h * d]);
+        if n == 1 {
+            vec![out]
+        } else {
+            (0..n).map(|i| out.clone().narrow(0, i, 1)).collect()
+        }
     }
 
     /// `q: [len, heads, d]` (positions `start..start + len`) against the cached
@@ -139,30 +243,6 @@ impl<B: Backend> Attention<B> {
             scale: Some(f64::from(how.scale)),
             ..Default::default()
         };
-        if len == 1 {
-            // One query: the `group` query heads sharing a KV head become `group` query
-            // rows of that KV head, so keys are never repeated and no mask is needed
-            // (head h reads KV head h / group); a window only shortens the keys.
-            let first = how.window.map_or(0, |w| total.saturating_sub(w));
-            let (keys, values) = if first > 0 {
-                (
-                    keys.narrow(1, first, total - first),
-                    values.narrow(1, first, total - first),
-                )
-            } else {
-                (keys, values)
-            };
-            let q = q.reshape([1, kvh, group, d]);
-            let out = attention(
-                q,
-                keys.unsqueeze_dim::<4>(0),
-                values.unsqueeze_dim::<4>(0),
-                None,
-                None,
-                options,
-            );
-            return out.reshape([1, h * d]);
-        }
         // Several queries (a prompt, or a chunk of one after cached positions): repeat
         // each KV head for its query heads, and mask what query `i` (position
         // `start + i`) may not see: later positions, and those past its window. The mask

@@ -3,15 +3,18 @@
 //! A cache belongs to one sequence; the weights are shared by all sequences
 //! (`forward(&self, …, &mut cache)`). Keys are stored after RoPE.
 //!
-//! Two stores, one per forward path: burn tensors for weights kept as tensors, and plain
-//! host vectors for weights kept in block form (the host path of
+//! Two stores, one per forward path: burn tensors for weights kept as tensors (the device
+//! store: per layer one `[kv_heads, room, head_dim]` tensor each for keys and values, in
+//! [`KvDtype`], with room for the positions the sequence is expected to reach, written in
+//! place with `slice_assign`; nothing is concatenated or copied as the sequence grows),
+//! and plain host vectors for weights kept in block form (the host path of
 //! [`super::host`]), where a step appends its keys and values in place (the vectors take
 //! room for the positions their sequence is expected to reach when they first grow, so a
 //! step copies nothing that is already cached). The host store keeps
 //! its elements as [`KvDtype`] says: f16 by default (half the memory, and half the bytes
 //! attention reads at every step), or f32.
 
-use burn_tensor::{backend::Backend, Tensor};
+use burn_tensor::{backend::Backend, DType, Tensor};
 use half::f16;
 
 use crate::engine::cpu::attention::KvValue;
@@ -87,7 +90,7 @@ impl KvElem for f32 {
     fn unblock(block: &KvBlock) -> Option<&[Self]> {
         match block {
             KvBlock::F32(v) => Some(v),
-            KvBlock::F16(_) => None,
+            _ => None,
         }
     }
 }
@@ -105,17 +108,23 @@ impl KvElem for f16 {
     fn unblock(block: &KvBlock) -> Option<&[Self]> {
         match block {
             KvBlock::F16(v) => Some(v),
-            KvBlock::F32(_) => None,
+            _ => None,
         }
     }
 }
 
-/// Keys and values of consecutive positions of every layer, packed for the prefix
-/// cache: per layer, the keys then the values, position-major.
-#[derive(Debug, Clone, PartialEq)]
+/// Keys and values of consecutive positions of every layer, for the prefix cache: on
+/// the host packed per layer, the keys then the values, position-major; on the device a
+/// copy of each layer's span (`[kv_heads, n, head_dim]` keys and values, a
+/// `Vec<LayerKv<B>>` of the engine's backend), which stays on the device.
+#[derive(Debug, Clone)]
 pub enum KvBlock {
     F32(Box<[f32]>),
     F16(Box<[f16]>),
+    Device {
+        layers: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+        bytes: usize,
+    },
 }
 
 impl KvBlock {
@@ -124,6 +133,7 @@ impl KvBlock {
         match self {
             KvBlock::F32(v) => std::mem::size_of_val(&**v),
             KvBlock::F16(v) => std::mem::size_of_val(&**v),
+            KvBlock::Device { bytes, .. } => *bytes,
         }
     }
 }
@@ -145,11 +155,19 @@ macro_rules! each_store {
     };
 }
 
-/// Keys and values of one layer: `[kv_heads, len, head_dim]` each.
+/// Keys and values of one layer on the device: `[kv_heads, room, head_dim]` each, of
+/// which the first `len` positions are written.
 #[derive(Debug, Clone)]
-struct LayerKv<B: Backend> {
-    k: Tensor<B, 3>,
-    v: Tensor<B, 3>,
+pub(crate) struct LayerKv<B: Backend> {
+    pub(crate) k: Tensor<B, 3>,
+    pub(crate) v: Tensor<B, 3>,
+}
+
+impl<B: Backend> LayerKv<B> {
+    /// Positions there is room for.
+    pub(crate) fn room(&self) -> usize {
+        self.k.dims()[1]
+    }
 }
 
 /// Keys and values of one layer on the host: position-major, `[len, kv_heads·head_dim]`
@@ -184,6 +202,8 @@ pub struct KvCache<B: Backend> {
     decode_from: Option<usize>,
     /// Positions the sequence is expected to reach ([`KvCache::expect_positions`]).
     expected: usize,
+    /// How many times the device store was allocated (see [`KvCache::device_allocations`]).
+    allocations: usize,
 }
 
 impl<B: Backend> KvCache<B> {
@@ -198,6 +218,7 @@ impl<B: Backend> KvCache<B> {
             len: 0,
             decode_from: None,
             expected: 0,
+            allocations: 0,
         }
     }
 
@@ -246,25 +267,55 @@ impl<B: Backend> KvCache<B> {
         self.len == 0
     }
 
-    /// Appends `k`, `v` (`[kv_heads, new, head_dim]`) to `layer` and returns the
-    /// layer's whole keys and values.
-    pub(crate) fn append(
-        &mut self,
-        layer: usize,
-        k: Tensor<B, 3>,
-        v: Tensor<B, 3>,
-    ) -> (Tensor<B, 3>, Tensor<B, 3>) {
-        let slot = &mut self.layers[layer];
-        let next = match slot.take() {
-            None => LayerKv { k, v },
-            Some(prev) => LayerKv {
-                k: Tensor::cat(vec![prev.k, k], 1),
-                v: Tensor::cat(vec![prev.v, v], 1),
-            },
+    /// Writes `k`, `v` (`[kv_heads, new, head_dim]`, positions `len()..len() + new`) into
+    /// `layer`'s device store and returns the store, whose first `len() + new` positions
+    /// are then written. The store is allocated once with room for the expected positions
+    /// (or what is needed), and only when a sequence outruns it again, doubling; the
+    /// write is in place while nothing else holds the store.
+    pub(crate) fn append(&mut self, layer: usize, k: Tensor<B, 3>, v: Tensor<B, 3>) -> LayerKv<B> {
+        let [kvh, new, d] = k.dims();
+        let (start, end) = (self.len, self.len + new);
+        let dtype = match self.kv_dtype() {
+            KvDtype::F16 => DType::F16,
+            KvDtype::F32 => DType::F32,
         };
-        let out = (next.k.clone(), next.v.clone());
-        *slot = Some(next);
-        out
+        let slot = &mut self.layers[layer];
+        let mut kv = match slot.take() {
+            Some(kv) if kv.room() >= end => kv,
+            prev => {
+                let room = end
+                    .max(self.expected)
+                    .max(prev.as_ref().map_or(0, |p| 2 * p.room()));
+                let device = k.device();
+                let zeros = || Tensor::<B, 3>::zeros([kvh, room, d], (&device, dtype));
+                let mut fresh = LayerKv {
+                    k: zeros(),
+                    v: zeros(),
+                };
+                if let Some(p) = prev.filter(|_| start > 0) {
+                    fresh.k = fresh
+                        .k
+                        .slice_assign([0..kvh, 0..start, 0..d], p.k.narrow(1, 0, start));
+                    fresh.v = fresh
+                        .v
+                        .slice_assign([0..kvh, 0..start, 0..d], p.v.narrow(1, 0, start));
+                }
+                if layer == 0 {
+                    self.allocations += 1;
+                }
+                fresh
+            }
+        };
+        kv.k = kv.k.slice_assign([0..kvh, start..end, 0..d], k.cast(dtype));
+        kv.v = kv.v.slice_assign([0..kvh, start..end, 0..d], v.cast(dtype));
+        *slot = Some(kv.clone());
+        kv
+    }
+
+    /// How many times layer 0's device store was allocated: once for a sequence that
+    /// stays within the positions it was expected to reach, however many steps it runs.
+    pub fn device_allocations(&self) -> usize {
+        self.allocations
     }
 
     /// The host store of every layer (the host forward path appends to it), when it
@@ -292,12 +343,40 @@ impl<B: Backend> KvCache<B> {
         self.layers.iter().all(Option::is_none)
     }
 
-    /// Keys and values of positions `start..start + n` of every layer, packed for the
-    /// prefix cache: per layer, the keys then the values, position-major. `None` when
-    /// the positions are not cached or the store is the burn one.
-    pub(crate) fn host_span(&self, start: usize, n: usize) -> Option<KvBlock> {
-        if start + n > self.len || n == 0 || !self.host_backed() {
+    /// Keys and values of positions `start..start + n` of every layer, for the prefix
+    /// cache: packed from the host store (per layer, the keys then the values,
+    /// position-major), or copied on the device from the device store. `None` when the
+    /// positions are not cached.
+    pub(crate) fn span(&self, start: usize, n: usize) -> Option<KvBlock> {
+        if start + n > self.len || n == 0 {
             return None;
+        }
+        if !self.host_backed() {
+            // A copy, not a view: a view would hold the sequence's whole store.
+            let copy = |t: &Tensor<B, 3>| {
+                let [kvh, _, d] = t.dims();
+                Tensor::<B, 3>::zeros([kvh, n, d], (&t.device(), t.dtype()))
+                    .slice_assign([0..kvh, 0..n, 0..d], t.clone().narrow(1, start, n))
+            };
+            let layers: Vec<LayerKv<B>> = self
+                .layers
+                .iter()
+                .map(|kv| {
+                    kv.as_ref().map(|kv| LayerKv {
+                        k: copy(&kv.k),
+                        v: copy(&kv.v),
+                    })
+                })
+                .collect::<Option<_>>()?;
+            let bytes = layers
+                .iter()
+                .map(|kv| 2 * kv.k.shape().num_elements())
+                .sum::<usize>()
+                * self.kv_dtype().bytes();
+            return Some(KvBlock::Device {
+                layers: std::sync::Arc::new(layers),
+                bytes,
+            });
         }
         fn pack<E: KvElem>(
             host: &[HostKv<E>],
@@ -316,12 +395,40 @@ impl<B: Backend> KvCache<B> {
         each_store!(&self.host, l => pack(l, self.len, start, n))
     }
 
-    /// Appends the first `take` of `n` positions packed by [`KvCache::host_span`] to the
-    /// host store of every layer. Returns false, changing nothing, when the values do not
-    /// fit this cache's shape, `take` is 0 or over `n`, or the cache is not on the host
-    /// store.
-    /// A block of the other element type changes nothing either.
-    pub(crate) fn push_host_span(&mut self, n: usize, take: usize, block: &KvBlock) -> bool {
+    /// Appends the first `take` of `n` positions made by [`KvCache::span`] to the store
+    /// of every layer, the host's or the device's as the block is. Returns false,
+    /// changing nothing, when the values do not fit this cache's shape or store, `take`
+    /// is 0 or over `n`. A block of the other element type changes nothing either.
+    pub(crate) fn push_span(&mut self, n: usize, take: usize, block: &KvBlock) -> bool {
+        if let KvBlock::Device { layers, .. } = block {
+            let Some(layers) = layers.downcast_ref::<Vec<LayerKv<B>>>() else {
+                return false;
+            };
+            let fits = layers.len() == self.layers.len()
+                && layers.iter().all(|kv| kv.room() == n)
+                && take > 0
+                && take <= n
+                && (self.len == 0 || !self.host_backed());
+            if !fits {
+                return false;
+            }
+            let dtype = match self.kv_dtype() {
+                KvDtype::F16 => DType::F16,
+                KvDtype::F32 => DType::F32,
+            };
+            if layers.iter().any(|kv| kv.k.dtype() != dtype) {
+                return false;
+            }
+            for (layer, kv) in layers.iter().enumerate() {
+                self.append(
+                    layer,
+                    kv.k.clone().narrow(1, 0, take),
+                    kv.v.clone().narrow(1, 0, take),
+                );
+            }
+            self.len += take;
+            return true;
+        }
         fn push<E: KvElem>(
             host: &mut [HostKv<E>],
             len: usize,
@@ -365,15 +472,9 @@ impl<B: Backend> KvCache<B> {
         if len >= self.len {
             return;
         }
-        for slot in &mut self.layers {
-            if let Some(kv) = slot.take() {
-                if len > 0 {
-                    *slot = Some(LayerKv {
-                        k: kv.k.narrow(1, 0, len),
-                        v: kv.v.narrow(1, 0, len),
-                    });
-                }
-            }
+        // The device store keeps its room: positions past `len` are written over.
+        if len == 0 {
+            self.layers.iter_mut().for_each(|slot| *slot = None);
         }
         let old = self.len;
         each_store!(&mut self.host, l => {
@@ -386,9 +487,9 @@ impl<B: Backend> KvCache<B> {
         self.len = len;
     }
 
-    /// Bytes held, for KV budgets (the elements of the cached positions; the host
-    /// store's room for the positions still expected is not counted: it is not touched
-    /// until they are written).
+    /// Bytes held, for KV budgets: the device store's whole room (allocated up front),
+    /// and the host store's cached positions (its room for the positions still expected
+    /// is not counted: it is not touched until they are written).
     pub fn bytes(&self) -> usize {
         let tensors: usize = self
             .layers
@@ -398,6 +499,6 @@ impl<B: Backend> KvCache<B> {
             .sum();
         let host: usize =
             each_store!(&self.host, l => l.iter().map(|kv| kv.k.len() + kv.v.len()).sum());
-        tensors * 4 + host * self.kv_dtype().bytes()
+        (tensors + host) * self.kv_dtype().bytes()
     }
 }

@@ -201,13 +201,16 @@ impl<B: Backend> Llama<B> {
     /// (the host path hands over its own buffer; nothing is copied), and the index of
     /// each row's largest logit (the lowest among equals, what
     /// [`crate::engine::sampler::argmax`] gives) where the forward pass found it as it
-    /// wrote the logits (the host path), so that greedy decoding need not read them again.
+    /// wrote the logits (the host path) or where `logits` is false (the device path
+    /// then finds it on the device and downloads the ids alone: the logits are empty).
     pub fn forward_greedy(
         &self,
         seqs: &mut [SeqInput<'_, B>],
+        logits: bool,
     ) -> Result<(Vec<f32>, Option<Vec<u32>>), ForwardError> {
         Ok(match self.forward_any(seqs)? {
             Logits::Host(HostLogits { logits, argmax }) => (logits, Some(argmax)),
+            Logits::Device(t) if !logits => (Vec::new(), Some(device_argmax(t))),
             Logits::Device(t) => (to_host(t), None),
         })
     }
@@ -332,6 +335,21 @@ impl<B: Backend> Llama<B> {
             .map(|i| flat.get(i * vocab..(i + 1) * vocab).unwrap_or(&[]).to_vec())
             .collect()
     }
+}
+
+/// Each row's largest logit's index, found on the device: only the ids are downloaded.
+pub(crate) fn device_argmax<B: Backend>(logits: Tensor<B, 2>) -> Vec<u32> {
+    let [n, _] = logits.dims();
+    logits
+        .argmax(1)
+        .reshape([n])
+        .into_data()
+        .convert::<i64>()
+        .to_vec::<i64>()
+        .expect("argmax ids")
+        .into_iter()
+        .map(|i| i as u32)
+        .collect()
 }
 
 /// Logits where a forward pass left them.

@@ -239,7 +239,7 @@ fn the_forward_pass_argmax_is_the_samplers() {
     let (_dir, model) = load(GgmlType::Q4_1, 9, WeightDtype::NativeI16);
     let vocab = model.config().vocab;
     let check = |seqs: &mut [SeqInput<'_, B>], what: &str| {
-        let (logits, greedy) = model.forward_greedy(seqs).expect("forward");
+        let (logits, greedy) = model.forward_greedy(seqs, true).expect("forward");
         let greedy = greedy.expect("the host path finds the argmax");
         assert_eq!(greedy.len(), seqs.len(), "{what}");
         for (r, row) in logits.chunks_exact(vocab).enumerate() {

@@ -1,0 +1,394 @@
+//! The device engine (weights as burn tensors, keys and values in the device store) on
+//! every backend this build has: `flex` on the host always, and with the `wgpu` feature
+//! the same checks on a wgpu adapter (in CI Mesa's software Vulkan driver, chosen with
+//! `CUBECL_WGPU_DEFAULT_DEVICE=Cpu`). Tiny random-weight models written for the test.
+
+use std::path::{Path, PathBuf};
+
+use baton_worker::engine::{
+    llama::{
+        synthetic::{write_synthetic_llama, SyntheticSpec},
+        Llama, SeqInput, WeightDtype,
+    },
+    sampler::argmax,
+    Engine, GenerateParams, Prompt, TokenEvent,
+};
+use burn_tensor::backend::Backend;
+use tempfile::TempDir;
+
+/// A tiny model with room for the longer runs here.
+fn tiny(dir: &TempDir, seed: u64) -> PathBuf {
+    let path = dir.path().join("tiny.gguf");
+    let mut spec = SyntheticSpec::tiny(seed);
+    spec.config.context_length = 256;
+    write_synthetic_llama(&path, &spec).expect("write tiny model");
+    path
+}
+
+fn engine<B: Backend>(path: &Path) -> Engine<B> {
+    let engine = Engine::<B>::load(path, WeightDtype::F32, &Default::default()).expect("load");
+    assert!(
+        !engine.model().host_path(),
+        "f32 weights run on the device engine"
+    );
+    engine
+}
+
+fn logits<B: Backend>(model: &Llama<B>, seqs: &mut [SeqInput<'_, B>]) -> Vec<Vec<f32>> {
+    Llama::<B>::logits_to_host(model.forward(seqs).expect("forward"))
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn prompt(i: u32, len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|j| (i * 53 + j * 37) % 300 + 3)
+        .collect()
+}
+
+/// A prompt run in chunks (each chunk's queries fewer than the keys they see: the
+/// causal mask must line up with the cached positions) gives the logits and the tokens
+/// of the whole prompt run at once.
+fn chunked_prefill_equals_whole<B: Backend>() {
+    let dir = TempDir::new().expect("tempdir");
+    let engine = engine::<B>(&tiny(&dir, 11));
+    let model = engine.model();
+    let tokens = prompt(1, 40);
+    let mut whole_cache = model.new_cache();
+    let whole = logits(
+        model,
+        &mut [SeqInput {
+            tokens: &tokens,
+            cache: &mut whole_cache,
+        }],
+    );
+    for chunk in [7, 16, 39] {
+        let mut cache = model.new_cache();
+        let mut last = Vec::new();
+        for part in tokens.chunks(chunk) {
+            last = logits(
+                model,
+                &mut [SeqInput {
+                    tokens: part,
+                    cache: &mut cache,
+                }],
+            );
+        }
+        let d = max_diff(&whole[0], &last[0]);
+        assert!(d < 1e-3, "chunks of {chunk}: logits differ by {d}");
+    }
+    let params = GenerateParams {
+        max_tokens: 16,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let run = |step_tokens: usize| {
+        engine.set_step_tokens(step_tokens);
+        let mut out = Vec::new();
+        engine
+            .generate(tokens.clone(), params.clone(), &mut |ev| out.push(ev.id))
+            .expect("generate");
+        out
+    };
+    let at_once = run(0);
+    for step_tokens in [5, 16] {
+        assert_eq!(run(step_tokens), at_once, "steps of {step_tokens} tokens");
+    }
+}
+
+/// Eight sequences of different lengths decoding together (one attention call for all
+/// their decode rows) each get the tokens they get alone.
+fn a_batch_of_eight_decodes_what_each_decodes_alone<B: Backend>() {
+    let dir = TempDir::new().expect("tempdir");
+    let engine = engine::<B>(&tiny(&dir, 12));
+    let params = |i: u64| {
+        let mut p = GenerateParams {
+            max_tokens: 12 + i as usize,
+            ignore_eos: true,
+            ..Default::default()
+        };
+        if i % 2 == 1 {
+            p.sampling.temperature = 0.8;
+            p.sampling.seed = 100 + i;
+        }
+        p
+    };
+    let prompts: Vec<Vec<u32>> = (0..8).map(|i| prompt(i, 3 + 5 * i as usize)).collect();
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut out = Vec::new();
+            engine
+                .generate(p.clone(), params(i as u64), &mut |ev| out.push(ev.id))
+                .expect("generate");
+            out
+        })
+        .collect();
+    let mut seqs: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| engine.start(p.clone(), params(i as u64)).expect("start"))
+        .collect();
+    while seqs.iter().any(|s| s.finish_reason().is_none()) {
+        let mut live: Vec<_> = seqs
+            .iter_mut()
+            .filter(|s| s.finish_reason().is_none())
+            .collect();
+        engine.step(&mut live).expect("step");
+    }
+    for (i, (seq, want)) in seqs.iter().zip(&alone).enumerate() {
+        assert_eq!(seq.generated(), &want[..], "sequence {i}");
+    }
+}
+
+/// A sequence's keys and values are written in place: the device store is allocated
+/// once, with room for the positions the sequence is expected to reach, and 100 decode
+/// steps later it is still that one allocation; past the expected room it grows (and
+/// what it held is kept).
+fn kv_is_written_in_place<B: Backend>() {
+    let dir = TempDir::new().expect("tempdir");
+    let engine = engine::<B>(&tiny(&dir, 13));
+    let model = engine.model();
+    let tokens = prompt(2, 8);
+    let mut cache = model.new_cache();
+    cache.expect_positions(120);
+    let mut last = logits(
+        model,
+        &mut [SeqInput {
+            tokens: &tokens,
+            cache: &mut cache,
+        }],
+    );
+    let bytes = cache.bytes();
+    let mut all = tokens.clone();
+    for _ in 0..100 {
+        let t = argmax(&last[0]);
+        all.push(t);
+        last = logits(
+            model,
+            &mut [SeqInput {
+                tokens: &[t],
+                cache: &mut cache,
+            }],
+        );
+    }
+    assert_eq!(cache.len(), 108);
+    assert_eq!(cache.device_allocations(), 1, "the store was reallocated");
+    assert_eq!(cache.bytes(), bytes, "the store's room changed");
+    // Past the room: one more allocation, and the positions before it are intact.
+    for _ in 0..16 {
+        let t = argmax(&last[0]);
+        all.push(t);
+        last = logits(
+            model,
+            &mut [SeqInput {
+                tokens: &[t],
+                cache: &mut cache,
+            }],
+        );
+    }
+    assert_eq!(cache.device_allocations(), 2);
+    all.pop();
+    let mut fresh = model.new_cache();
+    let whole = logits(
+        model,
+        &mut [SeqInput {
+            tokens: &all,
+            cache: &mut fresh,
+        }],
+    );
+    let mut again = cache.clone();
+    again.truncate(all.len() - 1);
+    let step = logits(
+        model,
+        &mut [SeqInput {
+            tokens: &all[all.len() - 1..],
+            cache: &mut again,
+        }],
+    );
+    let d = max_diff(&whole[0], &step[0]);
+    assert!(d < 1e-3, "after growing, logits differ by {d}");
+}
+
+/// Greedy steps find each row's largest logit on the device and download the ids
+/// alone: the same ids the host finds in the downloaded logits.
+fn device_argmax_is_the_host_argmax<B: Backend>() {
+    let dir = TempDir::new().expect("tempdir");
+    let engine = engine::<B>(&tiny(&dir, 14));
+    let model = engine.model();
+    let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt(i, 4 + i as usize)).collect();
+    let mut with: Vec<_> = prompts.iter().map(|_| model.new_cache()).collect();
+    let mut without: Vec<_> = prompts.iter().map(|_| model.new_cache()).collect();
+    let mut next: Vec<Vec<u32>> = prompts.clone();
+    for _ in 0..12 {
+        let mut inputs: Vec<SeqInput<'_, B>> = next
+            .iter()
+            .zip(with.iter_mut())
+            .map(|(t, c)| SeqInput {
+                tokens: t,
+                cache: c,
+            })
+            .collect();
+        let (rows, _) = model.forward_greedy(&mut inputs, true).expect("forward");
+        let mut inputs: Vec<SeqInput<'_, B>> = next
+            .iter()
+            .zip(without.iter_mut())
+            .map(|(t, c)| SeqInput {
+                tokens: t,
+                cache: c,
+            })
+            .collect();
+        let (none, ids) = model.forward_greedy(&mut inputs, false).expect("forward");
+        assert!(none.is_empty(), "logits were downloaded");
+        let ids = ids.expect("ids found on the device");
+        let vocab = model.config().vocab;
+        let host: Vec<u32> = rows.chunks_exact(vocab).map(argmax).collect();
+        assert_eq!(ids, host);
+        next = ids.iter().map(|&t| vec![t]).collect();
+    }
+}
+
+fn events<B: Backend>(engine: &Engine<B>, ids: &[u32], params: &GenerateParams) -> Vec<TokenEvent> {
+    let mut out = Vec::new();
+    engine
+        .generate(ids.to_vec(), params.clone(), &mut |ev| out.push(ev.clone()))
+        .expect("generate");
+    out
+}
+
+/// A stream resumed mid-way on the device engine (its prompt and the tokens so far
+/// replayed into a new cache) goes on as the original did, greedy and sampled.
+fn a_resumed_stream_goes_on_identically<B: Backend>() {
+    let dir = TempDir::new().expect("tempdir");
+    let engine = engine::<B>(&tiny(&dir, 15));
+    let ids = engine
+        .encode_prompt(&Prompt::Text("once upon".into()))
+        .expect("encode");
+    let greedy = GenerateParams {
+        max_tokens: 20,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let mut sampled = greedy.clone();
+    sampled.sampling.temperature = 1.1;
+    sampled.sampling.top_p = 0.9;
+    sampled.sampling.seed = 77;
+    for params in [&greedy, &sampled] {
+        let original = events(&engine, &ids, params);
+        for cut in [1, 7, 19] {
+            let done: Vec<u32> = original[..cut].iter().map(|e| e.id).collect();
+            let mut seq = engine
+                .resume(ids.clone(), &done, params.clone())
+                .expect("resume");
+            let mut rest = Vec::new();
+            while seq.finish_reason().is_none() {
+                if let Some(ev) = engine.step(&mut [&mut seq]).expect("step").pop().flatten() {
+                    rest.push(ev);
+                }
+            }
+            assert_eq!(rest, original[cut..], "resumed at {cut}");
+        }
+    }
+}
+
+/// The prefix cache serves the device engine too, its blocks copied on the device:
+/// prompts sharing a long start reuse its keys and values, and every stream gets the
+/// tokens it gets from a cold start, greedy and sampled, fresh and resumed.
+fn the_prefix_cache_serves_the_device_engine<B: Backend>() {
+    let dir = TempDir::new().expect("tempdir");
+    let engine = engine::<B>(&tiny(&dir, 16));
+    let shared = prompt(5, 40);
+    let prompts: Vec<Vec<u32>> = [vec![7, 8, 9], vec![10, 11], vec![12]]
+        .into_iter()
+        .map(|tail| shared.iter().copied().chain(tail).collect())
+        .collect();
+    let mut sampled = GenerateParams {
+        max_tokens: 10,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    sampled.sampling.temperature = 0.9;
+    sampled.sampling.seed = 5;
+    let greedy = GenerateParams {
+        max_tokens: 10,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let run = |p: &[u32], params: &GenerateParams| -> Vec<u32> {
+        events(&engine, p, params).iter().map(|e| e.id).collect()
+    };
+    let cold: Vec<Vec<u32>> = prompts
+        .iter()
+        .flat_map(|p| [run(p, &greedy), run(p, &sampled)])
+        .collect();
+    assert_eq!(
+        engine.prefix_stats().stored_blocks,
+        0,
+        "disabled by default"
+    );
+    engine.set_prefix_cache(64 << 20);
+    let warm: Vec<Vec<u32>> = prompts
+        .iter()
+        .flat_map(|p| [run(p, &greedy), run(p, &sampled)])
+        .collect();
+    assert_eq!(warm, cold);
+    let stats = engine.prefix_stats();
+    assert!(stats.stored_blocks >= 2, "{stats:?}");
+    assert!(stats.reused_tokens >= 5 * 32, "{stats:?}");
+    assert!(stats.bytes > 0, "{stats:?}");
+    // A resume replays the prompt and the tokens so far: the cached blocks serve it.
+    let done = &cold[1][..4];
+    let mut seq = engine
+        .resume(prompts[0].clone(), done, sampled.clone())
+        .expect("resume");
+    let mut rest = Vec::new();
+    while seq.finish_reason().is_none() {
+        if let Some(ev) = engine.step(&mut [&mut seq]).expect("step").pop().flatten() {
+            rest.push(ev.id);
+        }
+    }
+    assert_eq!(rest, cold[1][4..]);
+}
+
+/// The suite, for one backend.
+macro_rules! device_suite {
+    ($name:ident, $backend:ty) => {
+        mod $name {
+            #[test]
+            fn chunked_prefill_equals_whole() {
+                super::chunked_prefill_equals_whole::<$backend>();
+            }
+            #[test]
+            fn a_batch_of_eight_decodes_what_each_decodes_alone() {
+                super::a_batch_of_eight_decodes_what_each_decodes_alone::<$backend>();
+            }
+            #[test]
+            fn kv_is_written_in_place() {
+                super::kv_is_written_in_place::<$backend>();
+            }
+            #[test]
+            fn device_argmax_is_the_host_argmax() {
+                super::device_argmax_is_the_host_argmax::<$backend>();
+            }
+            #[test]
+            fn the_prefix_cache_serves_the_device_engine() {
+                super::the_prefix_cache_serves_the_device_engine::<$backend>();
+            }
+            #[test]
+            fn a_resumed_stream_goes_on_identically() {
+                super::a_resumed_stream_goes_on_identically::<$backend>();
+            }
+        }
+    };
+}
+
+device_suite!(flex, baton_worker::backend::CpuBackend);
+#[cfg(feature = "wgpu")]
+device_suite!(wgpu, baton_worker::backend::WgpuBackend);
