@@ -2,7 +2,10 @@
 //!
 //! Requests keep the loosely typed fields (`prompt`, `stop`, message `content`) as
 //! [`serde_json::Value`]: the validator ([`super::validate`]) turns them into precise
-//! errors instead of serde's "did not match any variant". Unknown fields are ignored.
+//! errors instead of serde's "did not match any variant". Unknown fields are ignored;
+//! fields of OpenAI's API (and vLLM's extensions) that Baton does not do yet are read
+//! into [`NotSupported`], so that asking for one is a 400 naming it, never a 200 that
+//! quietly ignores it.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -42,6 +45,33 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
+/// Fields Baton does not do yet, as the client sent them: each is refused unless its
+/// value asks for nothing (see `validate::refuse_unsupported`).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct NotSupported {
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<Value>,
+    pub echo: Option<Value>,
+    pub presence_penalty: Option<Value>,
+    pub frequency_penalty: Option<Value>,
+    pub min_p: Option<Value>,
+    pub logit_bias: Option<Value>,
+    pub min_tokens: Option<Value>,
+    pub stop_token_ids: Option<Value>,
+    pub best_of: Option<Value>,
+    pub suffix: Option<Value>,
+    pub response_format: Option<Value>,
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub functions: Option<Value>,
+    pub function_call: Option<Value>,
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<Value>,
+    pub guided_choice: Option<Value>,
+    pub guided_grammar: Option<Value>,
+    pub prompt_logprobs: Option<Value>,
+}
+
 /// `POST /v1/completions`.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct CompletionRequest {
@@ -52,6 +82,9 @@ pub struct CompletionRequest {
     /// Sampling and streaming fields.
     #[serde(flatten)]
     pub sampling: SamplingFields,
+    /// Fields asked for that Baton does not do.
+    #[serde(flatten)]
+    pub unsupported: NotSupported,
 }
 
 /// `POST /v1/chat/completions`.
@@ -66,6 +99,9 @@ pub struct ChatRequest {
     /// Sampling and streaming fields.
     #[serde(flatten)]
     pub sampling: SamplingFields,
+    /// Fields asked for that Baton does not do.
+    #[serde(flatten)]
+    pub unsupported: NotSupported,
 }
 
 /// One message of a chat request.
@@ -75,6 +111,8 @@ pub struct ChatMessageIn {
     pub role: Option<String>,
     /// A string, an array of `{"type": "text", "text": …}` parts, or null.
     pub content: Option<Value>,
+    /// An assistant's tool calls: not rendered yet, so refused unless empty.
+    pub tool_calls: Option<Value>,
 }
 
 /// Token counts of one request.

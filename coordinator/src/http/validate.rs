@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::error::ApiError;
-use super::openai::{ChatMessageIn, ChatRequest, CompletionRequest, SamplingFields};
+use super::openai::{ChatMessageIn, ChatRequest, CompletionRequest, NotSupported, SamplingFields};
 
 /// Most stop strings a request may give.
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -60,6 +60,7 @@ impl ValidRequest {
     pub fn chat(body: &[u8], config: &CoordinatorConfig) -> Result<Self, ApiError> {
         let request: ChatRequest = parse_json(body)?;
         let model = model(request.model)?;
+        refuse_unsupported(&request.unsupported)?;
         let messages = request.messages.ok_or(ApiError::MissingField("messages"))?;
         if messages.is_empty() {
             return Err(ApiError::invalid(
@@ -89,6 +90,7 @@ impl ValidRequest {
     pub fn completion(body: &[u8], config: &CoordinatorConfig) -> Result<Self, ApiError> {
         let request: CompletionRequest = parse_json(body)?;
         let model = model(request.model)?;
+        refuse_unsupported(&request.unsupported)?;
         let prompt = prompt(request.prompt.ok_or(ApiError::MissingField("prompt"))?)?;
         let max_tokens = request.sampling.max_tokens;
         Self::finish(
@@ -145,10 +147,14 @@ impl ValidRequest {
                 format!("`top_p` must be in (0, 1] and not round to 0 as an f32, got {top_p}"),
             ));
         }
+        // vLLM's clients write −1 for "off", as 0 is here.
         let top_k = match s.top_k {
-            None => 0,
+            None | Some(-1) => 0,
             Some(k) => u32::try_from(k).map_err(|_| {
-                ApiError::invalid("top_k", format!("`top_k` must be ≥ 0 (0 is off), got {k}"))
+                ApiError::invalid(
+                    "top_k",
+                    format!("`top_k` must be ≥ 0 (0 or −1 is off), got {k}"),
+                )
             })?,
         };
         let repetition_penalty = s.repetition_penalty.unwrap_or(1.0);
@@ -212,6 +218,68 @@ impl ValidRequest {
     }
 }
 
+/// Whether `v` asks for nothing: null, false, 0, an empty string, array or object.
+fn neutral(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+    }
+}
+
+/// Refuses a request that asks for something Baton does not do yet, naming the field;
+/// values that ask for nothing (`logprobs: false`, `tools: []`, `best_of: 1`,
+/// `response_format: {"type": "text"}`, `tool_choice: "none"` or `"auto"` without tools)
+/// pass, as do keys no API defines.
+pub fn refuse_unsupported(f: &NotSupported) -> Result<(), ApiError> {
+    let no_tools = f.tools.as_ref().is_none_or(neutral) && f.functions.as_ref().is_none_or(neutral);
+    let checks: [(&'static str, &Option<Value>, &dyn Fn(&Value) -> bool); 21] = [
+        ("logprobs", &f.logprobs, &neutral),
+        ("top_logprobs", &f.top_logprobs, &neutral),
+        ("echo", &f.echo, &neutral),
+        ("presence_penalty", &f.presence_penalty, &neutral),
+        ("frequency_penalty", &f.frequency_penalty, &neutral),
+        ("min_p", &f.min_p, &neutral),
+        ("logit_bias", &f.logit_bias, &neutral),
+        ("min_tokens", &f.min_tokens, &neutral),
+        ("stop_token_ids", &f.stop_token_ids, &neutral),
+        ("best_of", &f.best_of, &|v| {
+            neutral(v) || v.as_f64() == Some(1.0)
+        }),
+        ("suffix", &f.suffix, &neutral),
+        ("response_format", &f.response_format, &|v| {
+            neutral(v) || v.get("type").and_then(Value::as_str) == Some("text")
+        }),
+        ("tools", &f.tools, &neutral),
+        ("functions", &f.functions, &neutral),
+        ("tool_choice", &f.tool_choice, &|v| {
+            neutral(v) || v == "none" || (v == "auto" && no_tools)
+        }),
+        ("function_call", &f.function_call, &|v| {
+            neutral(v) || v == "none" || (v == "auto" && no_tools)
+        }),
+        ("guided_json", &f.guided_json, &neutral),
+        ("guided_regex", &f.guided_regex, &neutral),
+        ("guided_choice", &f.guided_choice, &neutral),
+        ("guided_grammar", &f.guided_grammar, &neutral),
+        ("prompt_logprobs", &f.prompt_logprobs, &neutral),
+    ];
+    for (field, value, passes) in checks {
+        if let Some(v) = value {
+            if !passes(v) {
+                return Err(ApiError::invalid(
+                    field,
+                    format!("`{field}` is not supported by this server yet; leave it out"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn model(model: Option<String>) -> Result<String, ApiError> {
     match model {
         None => Err(ApiError::MissingField("model")),
@@ -265,6 +333,12 @@ fn turn(i: usize, m: ChatMessageIn) -> Result<ChatTurn, ApiError> {
             ))
         }
     };
+    if m.tool_calls.as_ref().is_some_and(|v| !neutral(v)) {
+        return Err(ApiError::invalid(
+            "messages",
+            format!("`messages[{i}].tool_calls`: tool calls are not supported by this server yet"),
+        ));
+    }
     let content = match m.content {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s,
@@ -498,7 +572,8 @@ mod tests {
         );
         assert_eq!(param(with(json!({"top_p": 0}))), Some("top_p"));
         assert_eq!(param(with(json!({"top_p": 1.01}))), Some("top_p"));
-        assert_eq!(param(with(json!({"top_k": -1}))), Some("top_k"));
+        assert_eq!(param(with(json!({"top_k": -2}))), Some("top_k"));
+        assert_eq!(with(json!({"top_k": -1})).expect("off").params.top_k, 0);
         assert_eq!(
             param(with(json!({"repetition_penalty": 0}))),
             Some("repetition_penalty")
@@ -535,6 +610,108 @@ mod tests {
         for e in [with(json!({"top_p": 0})), with(json!({"n": 3}))] {
             assert_eq!(e.expect_err("bad").status().as_u16(), 400);
         }
+    }
+
+    /// A request that asks for a feature this server does not have is a 400 naming the
+    /// field, on both endpoints; the same field with a value that asks for nothing, and
+    /// keys no API defines, pass.
+    #[test]
+    fn features_not_supported_are_400_and_neutral_values_pass() {
+        let chat = |extra: Value| {
+            let mut v = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+            for (k, x) in extra.as_object().expect("object") {
+                v[k] = x.clone();
+            }
+            ValidRequest::chat(v.to_string().as_bytes(), &config())
+        };
+        let completion_with = |extra: Value| {
+            let mut v = json!({"model": "m", "prompt": "x"});
+            for (k, x) in extra.as_object().expect("object") {
+                v[k] = x.clone();
+            }
+            completion(v)
+        };
+        let one = |field: &str, value: &Value| {
+            let mut v = serde_json::Map::new();
+            v.insert(field.to_owned(), value.clone());
+            Value::Object(v)
+        };
+        let tool = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+        let refused = [
+            ("logprobs", json!(true)),
+            ("top_logprobs", json!(5)),
+            ("echo", json!(true)),
+            ("presence_penalty", json!(0.5)),
+            ("frequency_penalty", json!(-0.5)),
+            ("min_p", json!(0.1)),
+            ("logit_bias", json!({"42": 100})),
+            ("min_tokens", json!(3)),
+            ("stop_token_ids", json!([2])),
+            ("best_of", json!(2)),
+            ("suffix", json!("end")),
+            ("response_format", json!({"type": "json_object"})),
+            ("tools", tool.clone()),
+            ("functions", json!([{"name": "f"}])),
+            ("tool_choice", json!("required")),
+            ("guided_json", json!({"type": "object"})),
+            ("guided_regex", json!("a+")),
+            ("guided_choice", json!(["a", "b"])),
+            ("guided_grammar", json!("root ::= \"a\"")),
+            ("prompt_logprobs", json!(1)),
+        ];
+        for (field, value) in refused {
+            for result in [
+                chat(one(field, &value)),
+                completion_with(one(field, &value)),
+            ] {
+                let e = result.expect_err(field);
+                assert_eq!(e.status().as_u16(), 400, "{field}");
+                assert_eq!(e.param(), Some(field));
+                assert_eq!(e.code(), "invalid_value");
+                assert!(e.to_string().contains(field), "{e}");
+            }
+        }
+        // `auto` with tools would mean tool calling; without them it asks for nothing.
+        assert_eq!(
+            param(chat(json!({"tools": tool, "tool_choice": "auto"}))),
+            Some("tools")
+        );
+        let neutral = [
+            ("logprobs", json!(false)),
+            ("logprobs", json!(0)),
+            ("top_logprobs", json!(0)),
+            ("echo", json!(false)),
+            ("presence_penalty", json!(0)),
+            ("frequency_penalty", json!(0.0)),
+            ("logit_bias", json!({})),
+            ("stop_token_ids", json!([])),
+            ("best_of", json!(1)),
+            ("response_format", json!({"type": "text"})),
+            ("tools", json!([])),
+            ("tool_choice", json!("none")),
+            ("tool_choice", json!("auto")),
+            ("parallel_tool_calls", json!(true)),
+            ("user", json!("someone")),
+            ("an_extension_nobody_defines", json!({"x": 1})),
+        ];
+        for (field, value) in neutral {
+            chat(one(field, &value)).expect(field);
+            completion_with(one(field, &value)).expect(field);
+        }
+        // History with tool calls cannot be rendered yet.
+        let e = ValidRequest::chat(
+            json!({"model": "m", "messages": [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ]}
+            ]})
+            .to_string()
+            .as_bytes(),
+            &config(),
+        )
+        .expect_err("tool calls in history");
+        assert!(e.to_string().contains("tool_calls"), "{e}");
     }
 
     #[test]
