@@ -236,7 +236,8 @@ fn neutral(v: &Value) -> bool {
 /// pass, as do keys no API defines.
 pub fn refuse_unsupported(f: &NotSupported) -> Result<(), ApiError> {
     let no_tools = f.tools.as_ref().is_none_or(neutral) && f.functions.as_ref().is_none_or(neutral);
-    let checks: [(&'static str, &Option<Value>, &dyn Fn(&Value) -> bool); 21] = [
+    type Check<'a> = (&'static str, &'a Option<Value>, &'a dyn Fn(&Value) -> bool);
+    let checks: [Check<'_>; 21] = [
         ("logprobs", &f.logprobs, &neutral),
         ("top_logprobs", &f.top_logprobs, &neutral),
         ("echo", &f.echo, &neutral),
