@@ -231,6 +231,8 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
         App::new()
             .app_data(data.clone())
             .wrap(actix_web::middleware::from_fn(http::auth::check))
+            // Outermost: the key check's refusals carry the request's id too.
+            .wrap(actix_web::middleware::from_fn(http::request_id::echo))
             .configure(http::routes::configure)
             .default_service(web::to(http::routes::not_found))
     })

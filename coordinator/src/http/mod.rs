@@ -1,5 +1,6 @@
 //! The OpenAI-compatible HTTP API.
 //!
+//! - [`request_id`]: `X-Request-Id` on every response, outermost.
 //! - [`auth`]: the API key check in front of every route.
 //! - [`routes`]: handlers (`/v1/chat/completions`, `/v1/completions`, `/v1/models`,
 //!   `/v1/streams/{id}`, `/health`).
@@ -12,6 +13,7 @@
 pub mod auth;
 pub mod error;
 pub mod openai;
+pub mod request_id;
 pub mod routes;
 pub mod sse;
 pub mod status;
