@@ -3,7 +3,7 @@
 //! and this server's logs can name the same request. Errors carry it too, the key
 //! check's refusals and the web server's own among them.
 
-use actix_web::body::{EitherBody, MessageBody};
+use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::middleware::Next;
@@ -29,7 +29,7 @@ pub fn usable(id: &str) -> bool {
 pub async fn echo<B: MessageBody + 'static>(
     req: ServiceRequest,
     next: Next<B>,
-) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
+) -> Result<ServiceResponse<B>, actix_web::Error> {
     let id = req
         .headers()
         .get(&HEADER)
@@ -38,12 +38,10 @@ pub async fn echo<B: MessageBody + 'static>(
         .map(str::to_owned)
         .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
     req.extensions_mut().insert(RequestId(id.clone()));
-    let request = req.request().clone();
-    let mut response = match next.call(req).await {
-        Ok(response) => response.map_into_left_body(),
-        // An error no handler turned into a response: rendered here, so it gets the id.
-        Err(e) => ServiceResponse::from_err(e, request).map_into_right_body(),
-    };
+    // Handlers' errors and the key check's refusals come back as responses; only a
+    // middleware's own failure is an `Err`, and this server's middlewares have none.
+    // (The request cannot be kept to render one here: routing needs it unshared.)
+    let mut response = next.call(req).await?;
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(HEADER, value);
     }
