@@ -175,6 +175,10 @@ pub struct CoordinatorConfig {
     /// Most streams one API key holds open at once (0: no limit); beyond, 429. Applies
     /// only when API keys are configured.
     pub max_streams_per_key: u32,
+    /// Origins whose browser pages may call the HTTP API (CORS): exact origins
+    /// (`https://app.example.com`) or `*` for any; empty (the default): no CORS headers,
+    /// so browsers keep other origins' pages out. Preflight requests never need a key.
+    pub cors_origins: Vec<String>,
 }
 
 /// When tokens reach clients, relative to the checkpoint store.
@@ -232,6 +236,7 @@ impl Default for CoordinatorConfig {
             prefix_routing_slack: 4,
             max_prompt_tokens: 0,
             max_streams_per_key: 0,
+            cors_origins: Vec::new(),
         }
     }
 }

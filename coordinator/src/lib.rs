@@ -74,6 +74,9 @@ pub enum StartError {
     /// The API keys are unusable (an empty key).
     #[error("invalid API keys: {0}")]
     Keys(#[from] auth::KeyError),
+    /// An origin for CORS is not one.
+    #[error(transparent)]
+    Cors(#[from] http::cors::BadOrigin),
     /// The listen address cannot be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -105,6 +108,8 @@ pub struct Running {
 /// Connects to NATS, starts the actors and binds the HTTP server. Must be called
 /// inside an actix system (`#[actix_web::main]`, `actix_rt::System`).
 pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
+    // Settings that can be wrong fail now, before NATS or the store are touched.
+    http::cors::check(&cluster.coordinator.cors_origins)?;
     // Contradictory NATS settings fail before anything is opened.
     baton_common::nats::connect_options(&cluster.nats, "baton-coordinator")
         .map_err(|e| StartError::Connect(e.into()))?;
@@ -227,12 +232,18 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
         public: public.counters().clone(),
     };
     let data = web::Data::new(state);
+    let cors_origins = config.cors_origins.clone();
     let server = HttpServer::new(move || {
         App::new()
             .app_data(data.clone())
             .wrap(actix_web::middleware::from_fn(http::auth::check))
-            // Outermost: the key check's refusals carry the request's id too.
+            // Outside the key check: its refusals carry the request's id too.
             .wrap(actix_web::middleware::from_fn(http::request_id::echo))
+            // Outermost: preflights are answered before the key check.
+            .wrap(actix_web::middleware::Condition::new(
+                !cors_origins.is_empty(),
+                http::cors::middleware(&cors_origins),
+            ))
             .configure(http::routes::configure)
             .default_service(web::to(http::routes::not_found))
     })

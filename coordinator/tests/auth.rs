@@ -508,3 +508,99 @@ async fn without_keys_the_api_is_open_and_no_per_key_limit_applies() {
     }
     drop((held, again));
 }
+
+/// With origins configured, a browser's preflight is answered without a key (browsers
+/// send none), for those origins only; the answer to the request itself names the
+/// origin and exposes the request id. Without origins there is no CORS: the preflight
+/// meets the key check. Every answer, refusals included, carries `X-Request-Id`.
+#[actix_web::test]
+async fn browsers_preflight_without_a_key_and_every_answer_has_a_request_id() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    const ORIGIN: &str = "https://app.example.com";
+    let (c, _worker) = cluster(&nats, "cors", |c| {
+        keys(c);
+        c.coordinator.cors_origins = vec![ORIGIN.into()];
+    })
+    .await;
+    let addr = c.addr;
+    let preflight = |origin: &'static str| async move {
+        request_with(
+            addr,
+            "OPTIONS",
+            "/v1/chat/completions",
+            None,
+            &[
+                ("Origin", origin),
+                ("Access-Control-Request-Method", "POST"),
+                (
+                    "Access-Control-Request-Headers",
+                    "authorization, content-type, x-stainless-os",
+                ),
+            ],
+        )
+        .await
+    };
+    let r = preflight(ORIGIN).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("access-control-allow-origin"), Some(ORIGIN));
+    let allowed = r
+        .header("access-control-allow-headers")
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    assert!(allowed.contains("authorization"), "{allowed}");
+    let r = preflight("https://evil.example.com").await;
+    assert_ne!(r.status, 200, "another origin's preflight passed");
+    assert_eq!(r.header("access-control-allow-origin"), None);
+
+    // The request itself, with a key.
+    let body = chat("hi", json!({"max_tokens": 2})).to_string();
+    let auth = format!("Bearer {USER_A}");
+    let r = request_with(
+        c.addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&body),
+        &[
+            ("Origin", ORIGIN),
+            ("Authorization", &auth),
+            ("X-Request-Id", "req-7"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("access-control-allow-origin"), Some(ORIGIN));
+    assert_eq!(r.header("x-request-id"), Some("req-7"));
+    assert!(r
+        .header("access-control-expose-headers")
+        .is_some_and(|h| h.to_ascii_lowercase().contains("x-request-id")));
+    // A refusal by the key check carries the id too.
+    let r = request_with(
+        c.addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&body),
+        &[("X-Request-Id", "req-8")],
+    )
+    .await;
+    assert_eq!(refusal(&r), (401, "invalid_api_key".into()));
+    assert_eq!(r.header("x-request-id"), Some("req-8"));
+
+    // No origins configured: no CORS, and the preflight needs a key like anything else.
+    let (plain, _w) = cluster(&nats, "nocors", keys).await;
+    let r = request_with(
+        plain.addr,
+        "OPTIONS",
+        "/v1/chat/completions",
+        None,
+        &[
+            ("Origin", ORIGIN),
+            ("Access-Control-Request-Method", "POST"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    assert_eq!(r.header("access-control-allow-origin"), None);
+    assert!(r.header("x-request-id").is_some_and(|id| !id.is_empty()));
+}

@@ -1,6 +1,7 @@
 //! The OpenAI-compatible HTTP API.
 //!
-//! - [`request_id`]: `X-Request-Id` on every response, outermost.
+//! - [`cors`]: CORS for browser clients, outermost (preflights need no key).
+//! - [`request_id`]: `X-Request-Id` on every response.
 //! - [`auth`]: the API key check in front of every route.
 //! - [`routes`]: handlers (`/v1/chat/completions`, `/v1/completions`, `/v1/models`,
 //!   `/v1/streams/{id}`, `/health`).
@@ -11,6 +12,7 @@
 //! - [`error`]: the one mapping from errors to status codes.
 
 pub mod auth;
+pub mod cors;
 pub mod error;
 pub mod openai;
 pub mod request_id;
