@@ -58,28 +58,19 @@ impl SyntheticSpec {
     /// The shape of the default model, SmolLM2-135M (30 layers, hidden 576, 9 heads over
     /// 3 KV heads, a 49k vocabulary, tied output), in Q4_1 as its file is.
     pub fn smollm2_135m(seed: u64) -> Self {
+        let base = Self::llama_1b(seed);
         Self {
             config: LlamaConfig {
-                arch: Arch::Llama,
                 n_layers: 30,
                 hidden: 576,
                 ffn: 1536,
                 n_heads: 9,
                 n_kv_heads: 3,
-                head_dim: 64,
                 vocab: 49_152,
-                context_length: 8192,
                 rope_theta: 100_000.0,
-                rms_eps: 1e-5,
-                rope_scale: 1.0,
-                activation: Activation::Silu,
-                embed_scale: 1.0,
-                attn_scale: 0.125,
-                sliding: None,
+                ..base.config
             },
-            weight_type: GgmlType::Q4_1,
-            seed,
-            untied_output: false,
+            ..base
         }
     }
 
