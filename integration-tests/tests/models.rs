@@ -75,6 +75,7 @@ fn two_models_serve_side_by_side_as_they_do_alone() {
     assert_eq!(ids, [qwen, gemma], "{}", cluster.logs());
     for m in &listed {
         assert_eq!(m["max_model_len"], 32768, "{m}");
+        assert_eq!(m["context_length"], 32768, "{m}");
     }
 
     let chat = cluster

@@ -272,6 +272,8 @@ pub struct ModelCard {
     /// Longest sequence (prompt and output) in tokens that a live worker allows for it
     /// (vLLM's field name).
     pub max_model_len: u32,
+    /// The same, under the name other servers and clients read.
+    pub context_length: u32,
 }
 
 #[cfg(test)]
@@ -362,12 +364,14 @@ mod tests {
                 created: 7,
                 owned_by: "baton",
                 max_model_len: 8192,
+                context_length: 8192,
             }],
         };
         assert_eq!(
             to_json(&models),
             json!({"object": "list", "data": [{"id": "m", "object": "model", "created": 7,
-                                               "owned_by": "baton", "max_model_len": 8192}]})
+                                               "owned_by": "baton", "max_model_len": 8192,
+                                               "context_length": 8192}]})
         );
     }
 

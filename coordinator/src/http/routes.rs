@@ -132,6 +132,7 @@ async fn models(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
             created: e.created,
             owned_by: "baton",
             max_model_len: e.context_length,
+            context_length: e.context_length,
         })
         .collect();
     Ok(HttpResponse::Ok().json(ModelList {
