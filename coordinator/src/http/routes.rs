@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use actix::Addr;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::web::{self, Bytes, BytesMut};
-use actix_web::{HttpRequest, HttpResponse};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse};
 use baton_common::ids::StreamId;
 use baton_common::protocol::{FinishReason, SeqRequest};
 use futures::StreamExt;
@@ -30,6 +30,7 @@ use super::openai::{
     ChatChoice, ChatCompletion, ChatMessageOut, Completion, CompletionChoice, ModelCard, ModelList,
     Usage,
 };
+use super::request_id::RequestId;
 use super::sse::{response_id, ChunkWriter, SseStream, StreamGuard};
 use super::validate::{Endpoint, ValidRequest};
 use super::AppState;
@@ -81,6 +82,7 @@ async fn chat_completions(
         generate(&state, &identity, request, started).await
     }
     .await;
+    log_client_id(&req, &result);
     counted(&state, "chat", result)
 }
 
@@ -100,7 +102,24 @@ async fn completions(
         generate(&state, &identity, request, started).await
     }
     .await;
+    log_client_id(&req, &result);
     counted(&state, "completion", result)
+}
+
+/// Names the stream a client's own request id became, so that the client's id finds the
+/// stream's log lines (and its worker's).
+fn log_client_id(req: &HttpRequest, result: &Result<HttpResponse, ApiError>) {
+    let extensions = req.extensions();
+    let (Some(client), Ok(response)) = (extensions.get::<RequestId>(), result) else {
+        return;
+    };
+    if let Some(stream) = response
+        .headers()
+        .get(&super::request_id::HEADER)
+        .and_then(|v| v.to_str().ok())
+    {
+        info!(client_request_id = %client.0, stream, "client request id");
+    }
 }
 
 /// Counts a request that failed before its answer started (its stream counts itself).
