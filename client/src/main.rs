@@ -4,6 +4,6 @@ use baton_client::cli::{run, Cli};
 use clap::Parser;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    run(Cli::parse()).await
+async fn main() -> std::process::ExitCode {
+    baton_common::exit::report(run(Cli::parse()).await)
 }

@@ -19,6 +19,7 @@
 pub mod chain;
 pub mod config;
 pub mod env;
+pub mod exit;
 pub mod fuzz;
 pub mod ids;
 pub mod nats;

@@ -7,7 +7,11 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 #[actix_web::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    baton_common::exit::report(run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
     let filter = EnvFilter::try_from_env(env::LOG).unwrap_or_else(|_| EnvFilter::new("info"));
     let json = std::env::var(env::LOG_FORMAT).is_ok_and(|f| f == "json");
     let builder = tracing_subscriber::fmt()

@@ -85,3 +85,34 @@ fn the_cli_streams_shows_status_and_drains() {
         cluster.workers[0].log()
     );
 }
+
+/// A failure is one line, `error: ` and its causes, with status 1: no stack backtrace
+/// even with `RUST_BACKTRACE` set, for the `baton` command line and the worker alike.
+#[test]
+fn errors_are_one_line_without_a_backtrace() {
+    // Nothing listens on port 1.
+    let runs = [
+        Command::new(bin("baton"))
+            .args(["--nats", "nats://127.0.0.1:1", "status"])
+            .env("RUST_BACKTRACE", "1")
+            .env_remove("BATON_URL")
+            .output()
+            .expect("running baton"),
+        Command::new(bin("baton-worker"))
+            .args(["generate", "--model", "/nonexistent.gguf", "--prompt", "x"])
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .expect("running baton-worker"),
+    ];
+    for out in runs {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        let errors: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("error: "))
+            .collect();
+        assert_eq!(errors.len(), 1, "{stderr}");
+        assert!(!stderr.contains("backtrace"), "{stderr}");
+        assert!(!stderr.contains("Caused by"), "{stderr}");
+    }
+}

@@ -2,7 +2,7 @@
 
 use clap::Parser;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -11,5 +11,5 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    baton_worker::cli::run(baton_worker::cli::Cli::parse())
+    baton_common::exit::report(baton_worker::cli::run(baton_worker::cli::Cli::parse()))
 }
