@@ -131,8 +131,12 @@ impl<B: Backend> Attention<B> {
         if !decode.is_empty() {
             let rows =
                 self.attend_decode(decode.iter().map(|(_, q, s, t)| (q.clone(), s, *t)), how);
-            for ((i, ..), row) in decode.iter().zip(rows) {
-                outs[*i] = Some(row);
+            // A step of decode rows alone (the common one) is already in row order.
+            if decode.len() == spans.len() {
+                return self.out.forward(rows);
+            }
+            for (r, (i, ..)) in decode.iter().enumerate() {
+                outs[*i] = Some(rows.clone().narrow(0, r, 1));
             }
         }
         let mut outs: Vec<Tensor<B, 2>> = outs.into_iter().flatten().collect();
@@ -148,12 +152,12 @@ impl<B: Backend> Attention<B> {
     /// `total − 1` against its store's first `total` positions — in one attention call:
     /// the stores are read up to the longest `total` (a shorter one is padded), and a
     /// mask hides each row's keys past its own `total` and before its window. Returns
-    /// each row's `[1, heads·d]`, in order.
+    /// the rows' `[rows, heads·d]`, in order.
     fn attend_decode<'s>(
         &self,
         rows: impl ExactSizeIterator<Item = (Tensor<B, 3>, &'s LayerKv<B>, usize)>,
         how: &AttendWith<'_, B>,
-    ) -> Vec<Tensor<B, 2>> {
+    ) -> Tensor<B, 2> {
         let (h, kvh, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
         let group = h / kvh;
         let rows: Vec<_> = rows.collect();
@@ -216,12 +220,7 @@ impl<B: Backend> Attention<B> {
             scale: Some(f64::from(how.scale)),
             ..Default::default()
         };
-        let out = attention(cat(q), keys, values, mask, None, options).reshape([n, h * d]);
-        if n == 1 {
-            vec![out]
-        } else {
-            (0..n).map(|i| out.clone().narrow(0, i, 1)).collect()
-        }
+        attention(cat(q), keys, values, mask, None, options).reshape([n, h * d])
     }
 
     /// `q: [len, heads, d]` (positions `start..start + len`) against the cached

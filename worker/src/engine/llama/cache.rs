@@ -38,6 +38,14 @@ pub enum KvDtype {
 }
 
 impl KvDtype {
+    /// The burn dtype of the device store's tensors.
+    pub fn burn(self) -> DType {
+        match self {
+            KvDtype::F16 => DType::F16,
+            KvDtype::F32 => DType::F32,
+        }
+    }
+
     /// Bytes of one element.
     pub fn bytes(self) -> usize {
         match self {
@@ -275,10 +283,7 @@ impl<B: Backend> KvCache<B> {
     pub(crate) fn append(&mut self, layer: usize, k: Tensor<B, 3>, v: Tensor<B, 3>) -> LayerKv<B> {
         let [kvh, new, d] = k.dims();
         let (start, end) = (self.len, self.len + new);
-        let dtype = match self.kv_dtype() {
-            KvDtype::F16 => DType::F16,
-            KvDtype::F32 => DType::F32,
-        };
+        let dtype = self.kv_dtype().burn();
         let slot = &mut self.layers[layer];
         let mut kv = match slot.take() {
             Some(kv) if kv.room() >= end => kv,
@@ -412,10 +417,7 @@ impl<B: Backend> KvCache<B> {
             if !fits {
                 return false;
             }
-            let dtype = match self.kv_dtype() {
-                KvDtype::F16 => DType::F16,
-                KvDtype::F32 => DType::F32,
-            };
+            let dtype = self.kv_dtype().burn();
             if layers.iter().any(|kv| kv.k.dtype() != dtype) {
                 return false;
             }
