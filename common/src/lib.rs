@@ -7,6 +7,7 @@
 //! - [`subjects`]: NATS subject names, built in one place.
 //! - [`protocol`]: coordinator ⇄ worker messages (rkyv), checked decoding.
 //! - [`public`]: the public NATS API's headers, admin bodies and rkyv replies.
+//! - [`grammar`]: structured output's grammars compiled with llguidance.
 //! - [`config`]: `cluster.toml` types.
 //! - [`nats`]: connecting to NATS with the configured credentials and TLS.
 //! - [`secret`]: values that never print (keys, passwords).
@@ -21,6 +22,7 @@ pub mod config;
 pub mod env;
 pub mod exit;
 pub mod fuzz;
+pub mod grammar;
 pub mod ids;
 pub mod nats;
 pub mod protocol;

@@ -10,7 +10,7 @@ use rkyv::{rancor, util::AlignedVec, Archive, Deserialize, Serialize};
 use crate::ids::{CoordinatorId, StreamId, WorkerId};
 
 /// Version of this protocol; receivers drop messages of another major version.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// Largest message a receiver accepts (bytes), whatever NATS allows.
 pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
@@ -220,6 +220,20 @@ pub struct GenParams {
     pub stop: Vec<String>,
     /// Keep going past end-of-sequence tokens.
     pub ignore_eos: bool,
+    /// A grammar the output must follow (structured output); `None`: free text.
+    pub grammar: Option<Grammar>,
+}
+
+/// A grammar an output must follow, as the client gave it: the worker compiles it
+/// against its tokenizer ([`crate::grammar`]) and masks every draw with it.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum Grammar {
+    /// A JSON schema, as JSON text (`{"type": "object"}` for any JSON object).
+    JsonSchema(String),
+    /// A regular expression the whole output matches.
+    Regex(String),
+    /// A grammar in llguidance's Lark dialect.
+    Lark(String),
 }
 
 /// A worker's answer to a submit, per sequence.

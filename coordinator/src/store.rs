@@ -350,6 +350,7 @@ mod tests {
                     seed: 0,
                     stop: vec![],
                     ignore_eos: false,
+                    grammar: None,
                 },
                 attempt: 0,
                 resume: None,

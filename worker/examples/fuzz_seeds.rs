@@ -114,6 +114,7 @@ fn wire_seeds(dir: &Path) -> anyhow::Result<()> {
         seed: 7,
         stop: vec!["\n\n".into()],
         ignore_eos: false,
+        grammar: None,
     };
     let bodies = [
         Body::Heartbeat(Heartbeat {

@@ -104,6 +104,15 @@ pub struct GenerateArgs {
     /// Stop strings (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
+    /// Constrain the output to this JSON schema (its JSON text).
+    #[arg(long, conflicts_with_all = ["regex", "lark"])]
+    pub json_schema: Option<String>,
+    /// Constrain the output to this regular expression.
+    #[arg(long, conflicts_with = "lark")]
+    pub regex: Option<String>,
+    /// Constrain the output to this grammar (llguidance's Lark dialect).
+    #[arg(long)]
+    pub lark: Option<String>,
     /// Weight format kept in memory: native-i16 (the file's blocks, CPU, with 16-bit
     /// integer activations for generated tokens), native (the same, all f32
     /// activations), f16 or f32.
@@ -119,6 +128,18 @@ pub struct GenerateArgs {
     /// Print token ids and timings to stderr.
     #[arg(long)]
     pub verbose: bool,
+}
+
+impl GenerateArgs {
+    /// The grammar the options ask for.
+    pub fn grammar(&self) -> Option<baton_common::protocol::Grammar> {
+        use baton_common::protocol::Grammar;
+        self.json_schema
+            .clone()
+            .map(Grammar::JsonSchema)
+            .or_else(|| self.regex.clone().map(Grammar::Regex))
+            .or_else(|| self.lark.clone().map(Grammar::Lark))
+    }
 }
 
 /// Runs the command line.
@@ -192,6 +213,7 @@ fn generate<B: Backend>(args: &GenerateArgs, device: &B::Device) -> anyhow::Resu
         },
         stop: args.stop.clone(),
         ignore_eos: false,
+        grammar: args.grammar(),
     };
     let n_prompt = ids.len();
     let t1 = Instant::now();
@@ -253,6 +275,7 @@ mod tests {
             sampling: SamplingParams::default(),
             stop: Vec::new(),
             ignore_eos: true,
+            grammar: None,
         };
         let completion = engine.generate(ids, params, &mut |_| {}).expect("generate");
         assert_eq!(completion.ids.len(), 4);

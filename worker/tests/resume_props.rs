@@ -66,6 +66,7 @@ fn cases() -> impl Strategy<Value = Case> {
                 sampling,
                 stop: Vec::new(),
                 ignore_eos,
+                grammar: None,
             };
             (prompt, params, stop, cut)
         })

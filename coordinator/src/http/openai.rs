@@ -60,16 +60,30 @@ pub struct NotSupported {
     pub stop_token_ids: Option<Value>,
     pub best_of: Option<Value>,
     pub suffix: Option<Value>,
-    pub response_format: Option<Value>,
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
     pub functions: Option<Value>,
     pub function_call: Option<Value>,
-    pub guided_json: Option<Value>,
-    pub guided_regex: Option<Value>,
-    pub guided_choice: Option<Value>,
-    pub guided_grammar: Option<Value>,
     pub prompt_logprobs: Option<Value>,
+}
+
+/// The ways a client asks for structured output: OpenAI's `response_format`, vLLM's
+/// `structured_outputs` object and its older `guided_*` fields. At most one may be set
+/// (see `validate::grammar`).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StructuredFields {
+    /// `{"type": "text" | "json_object" | "json_schema", "json_schema": {…}}`.
+    pub response_format: Option<Value>,
+    /// vLLM: `{"json" | "regex" | "choice" | "grammar" | "json_object": …}`.
+    pub structured_outputs: Option<Value>,
+    /// vLLM: a JSON schema (object or its text).
+    pub guided_json: Option<Value>,
+    /// vLLM: a regular expression.
+    pub guided_regex: Option<Value>,
+    /// vLLM: one of these strings.
+    pub guided_choice: Option<Value>,
+    /// vLLM: a grammar (here in llguidance's Lark dialect).
+    pub guided_grammar: Option<Value>,
 }
 
 /// `POST /v1/completions`.
@@ -82,6 +96,9 @@ pub struct CompletionRequest {
     /// Sampling and streaming fields.
     #[serde(flatten)]
     pub sampling: SamplingFields,
+    /// Structured output.
+    #[serde(flatten)]
+    pub structured: StructuredFields,
     /// Fields asked for that Baton does not do.
     #[serde(flatten)]
     pub unsupported: NotSupported,
@@ -99,6 +116,9 @@ pub struct ChatRequest {
     /// Sampling and streaming fields.
     #[serde(flatten)]
     pub sampling: SamplingFields,
+    /// Structured output.
+    #[serde(flatten)]
+    pub structured: StructuredFields,
     /// Fields asked for that Baton does not do.
     #[serde(flatten)]
     pub unsupported: NotSupported,

@@ -11,12 +11,15 @@
 //! (one token may cover one byte or many), and `max_body_bytes` already bounds them.
 
 use baton_common::config::CoordinatorConfig;
-use baton_common::protocol::{ChatTurn, GenParams, PromptSpec};
+use baton_common::grammar::{check, choice_regex};
+use baton_common::protocol::{ChatTurn, GenParams, Grammar, PromptSpec};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::error::ApiError;
-use super::openai::{ChatMessageIn, ChatRequest, CompletionRequest, NotSupported, SamplingFields};
+use super::openai::{
+    ChatMessageIn, ChatRequest, CompletionRequest, NotSupported, SamplingFields, StructuredFields,
+};
 
 /// Most stop strings a request may give.
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -76,12 +79,14 @@ impl ValidRequest {
         let max_tokens = request
             .max_completion_tokens
             .or(request.sampling.max_tokens);
+        let grammar = grammar(request.structured)?;
         Self::finish(
             Endpoint::Chat,
             model,
             PromptSpec::Chat(turns),
             max_tokens,
             request.sampling,
+            grammar,
             config,
         )
     }
@@ -93,12 +98,14 @@ impl ValidRequest {
         refuse_unsupported(&request.unsupported)?;
         let prompt = prompt(request.prompt.ok_or(ApiError::MissingField("prompt"))?)?;
         let max_tokens = request.sampling.max_tokens;
+        let grammar = grammar(request.structured)?;
         Self::finish(
             Endpoint::Completion,
             model,
             prompt,
             max_tokens,
             request.sampling,
+            grammar,
             config,
         )
     }
@@ -109,6 +116,7 @@ impl ValidRequest {
         prompt: PromptSpec,
         max_tokens: Option<i64>,
         s: SamplingFields,
+        grammar: Option<Grammar>,
         config: &CoordinatorConfig,
     ) -> Result<Self, ApiError> {
         let limit = config.max_tokens_limit;
@@ -210,11 +218,185 @@ impl ValidRequest {
                 seed,
                 stop: stop(s.stop)?,
                 ignore_eos: s.ignore_eos.unwrap_or(false),
+                grammar,
             },
             stream,
             include_usage: stream && s.stream_options.is_some_and(|o| o.include_usage),
             max_prompt_tokens,
         })
+    }
+}
+
+/// The grammar a request asks for, from whichever of its structured-output fields is
+/// set (two set is a 400), compiled once here so that one the worker could not use is
+/// refused before anything is dispatched.
+fn grammar(f: StructuredFields) -> Result<Option<Grammar>, ApiError> {
+    let mut found: Vec<(&'static str, Grammar)> = Vec::new();
+    if let Some(v) = f.response_format {
+        found.extend(response_format(v)?);
+    }
+    if let Some(v) = f.structured_outputs.filter(|v| !v.is_null()) {
+        let field = "structured_outputs";
+        let Value::Object(map) = v else {
+            return Err(ApiError::invalid(
+                field,
+                "`structured_outputs` must be an object",
+            ));
+        };
+        for (key, v) in map {
+            let g = match key.as_str() {
+                "json" => {
+                    let at = "structured_outputs.json";
+                    Some((at, schema_grammar(at, v)?))
+                }
+                "json_object" if v == Value::Bool(true) => Some((
+                    "structured_outputs.json_object",
+                    Grammar::JsonSchema(r#"{"type":"object"}"#.into()),
+                )),
+                "regex" => {
+                    let at = "structured_outputs.regex";
+                    Some((at, Grammar::Regex(string_field(at, v)?)))
+                }
+                "choice" => {
+                    let at = "structured_outputs.choice";
+                    Some((at, choices(at, v)?))
+                }
+                "grammar" => {
+                    let at = "structured_outputs.grammar";
+                    Some((at, Grammar::Lark(string_field(at, v)?)))
+                }
+                // JSON is generated without free whitespace already.
+                "disable_any_whitespace" if v == Value::Bool(true) => None,
+                _ if v.is_null() || v == Value::Bool(false) => None,
+                other => {
+                    return Err(ApiError::invalid(
+                        field,
+                        format!(
+                            "`structured_outputs.{other}` is not supported; use `json`, \
+                             `json_object`, `regex`, `choice` or `grammar`"
+                        ),
+                    ))
+                }
+            };
+            found.extend(g);
+        }
+    }
+    if let Some(v) = f.guided_json.filter(|v| !v.is_null()) {
+        found.push(("guided_json", schema_grammar("guided_json", v)?));
+    }
+    if let Some(v) = f.guided_regex.filter(|v| !v.is_null()) {
+        found.push((
+            "guided_regex",
+            Grammar::Regex(string_field("guided_regex", v)?),
+        ));
+    }
+    if let Some(v) = f.guided_choice.filter(|v| !v.is_null()) {
+        found.push(("guided_choice", choices("guided_choice", v)?));
+    }
+    if let Some(v) = f.guided_grammar.filter(|v| !v.is_null()) {
+        found.push((
+            "guided_grammar",
+            Grammar::Lark(string_field("guided_grammar", v)?),
+        ));
+    }
+    match found.len() {
+        0 => Ok(None),
+        1 => {
+            let (field, g) = found.pop().expect("one");
+            check(&g)
+                .map_err(|e| ApiError::invalid(field, format!("`{field}` cannot be used: {e}")))?;
+            Ok(Some(g))
+        }
+        _ => Err(ApiError::invalid(
+            found[1].0,
+            format!(
+                "`{}` and `{}` both ask for structured output; give one",
+                found[0].0, found[1].0
+            ),
+        )),
+    }
+}
+
+/// OpenAI's `response_format`.
+fn response_format(v: Value) -> Result<Option<(&'static str, Grammar)>, ApiError> {
+    let field = "response_format";
+    if v.is_null() {
+        return Ok(None);
+    }
+    let kind = v.get("type").and_then(Value::as_str).ok_or_else(|| {
+        ApiError::invalid(field, "`response_format` must be an object with a `type`")
+    })?;
+    match kind {
+        "text" => Ok(None),
+        "json_object" => Ok(Some((
+            field,
+            Grammar::JsonSchema(r#"{"type":"object"}"#.into()),
+        ))),
+        "json_schema" => {
+            let spec = v.get("json_schema").ok_or_else(|| {
+                ApiError::invalid(
+                    field,
+                    "`response_format.json_schema` is missing (an object with `name` and \
+                     `schema`)",
+                )
+            })?;
+            // vLLM also reads the schema under `json_schema`.
+            let schema = spec
+                .get("schema")
+                .or_else(|| spec.get("json_schema"))
+                .ok_or_else(|| {
+                    ApiError::invalid(field, "`response_format.json_schema.schema` is missing")
+                })?;
+            let at = "response_format.json_schema.schema";
+            Ok(Some((at, schema_grammar(at, schema.clone())?)))
+        }
+        other => Err(ApiError::invalid(
+            field,
+            format!(
+                "`response_format.type` {other:?} is not supported; use \"text\", \
+                 \"json_object\" or \"json_schema\""
+            ),
+        )),
+    }
+}
+
+/// A JSON schema given as an object, a boolean, or its JSON text.
+fn schema_grammar(field: &'static str, v: Value) -> Result<Grammar, ApiError> {
+    match v {
+        Value::Object(_) | Value::Bool(_) => Ok(Grammar::JsonSchema(v.to_string())),
+        Value::String(text) => Ok(Grammar::JsonSchema(text)),
+        _ => Err(ApiError::invalid(
+            field,
+            format!("`{field}` must be a JSON schema (an object)"),
+        )),
+    }
+}
+
+fn string_field(field: &'static str, v: Value) -> Result<String, ApiError> {
+    match v {
+        Value::String(s) if !s.is_empty() => Ok(s),
+        _ => Err(ApiError::invalid(
+            field,
+            format!("`{field}` must be a non-empty string"),
+        )),
+    }
+}
+
+fn choices(field: &'static str, v: Value) -> Result<Grammar, ApiError> {
+    let items: Option<Vec<String>> = match &v {
+        Value::Array(a) if !a.is_empty() => {
+            a.iter().map(|c| c.as_str().map(str::to_owned)).collect()
+        }
+        _ => None,
+    };
+    match items {
+        Some(items) if items.iter().all(|c| !c.is_empty()) => {
+            Ok(Grammar::Regex(choice_regex(&items)))
+        }
+        _ => Err(ApiError::invalid(
+            field,
+            format!("`{field}` must be a non-empty array of non-empty strings"),
+        )),
     }
 }
 
@@ -237,7 +419,7 @@ fn neutral(v: &Value) -> bool {
 pub fn refuse_unsupported(f: &NotSupported) -> Result<(), ApiError> {
     let no_tools = f.tools.as_ref().is_none_or(neutral) && f.functions.as_ref().is_none_or(neutral);
     type Check<'a> = (&'static str, &'a Option<Value>, &'a dyn Fn(&Value) -> bool);
-    let checks: [Check<'_>; 21] = [
+    let checks: [Check<'_>; 16] = [
         ("logprobs", &f.logprobs, &neutral),
         ("top_logprobs", &f.top_logprobs, &neutral),
         ("echo", &f.echo, &neutral),
@@ -251,9 +433,6 @@ pub fn refuse_unsupported(f: &NotSupported) -> Result<(), ApiError> {
             neutral(v) || v.as_f64() == Some(1.0)
         }),
         ("suffix", &f.suffix, &neutral),
-        ("response_format", &f.response_format, &|v| {
-            neutral(v) || v.get("type").and_then(Value::as_str) == Some("text")
-        }),
         ("tools", &f.tools, &neutral),
         ("functions", &f.functions, &neutral),
         ("tool_choice", &f.tool_choice, &|v| {
@@ -262,10 +441,6 @@ pub fn refuse_unsupported(f: &NotSupported) -> Result<(), ApiError> {
         ("function_call", &f.function_call, &|v| {
             neutral(v) || v == "none" || (v == "auto" && no_tools)
         }),
-        ("guided_json", &f.guided_json, &neutral),
-        ("guided_regex", &f.guided_regex, &neutral),
-        ("guided_choice", &f.guided_choice, &neutral),
-        ("guided_grammar", &f.guided_grammar, &neutral),
         ("prompt_logprobs", &f.prompt_logprobs, &neutral),
     ];
     for (field, value, passes) in checks {
@@ -650,14 +825,9 @@ mod tests {
             ("stop_token_ids", json!([2])),
             ("best_of", json!(2)),
             ("suffix", json!("end")),
-            ("response_format", json!({"type": "json_object"})),
             ("tools", tool.clone()),
             ("functions", json!([{"name": "f"}])),
             ("tool_choice", json!("required")),
-            ("guided_json", json!({"type": "object"})),
-            ("guided_regex", json!("a+")),
-            ("guided_choice", json!(["a", "b"])),
-            ("guided_grammar", json!("root ::= \"a\"")),
             ("prompt_logprobs", json!(1)),
         ];
         for (field, value) in refused {
@@ -713,6 +883,159 @@ mod tests {
         )
         .expect_err("tool calls in history");
         assert!(e.to_string().contains("tool_calls"), "{e}");
+    }
+
+    /// Every way of asking for structured output becomes its grammar, on both
+    /// endpoints; a grammar that cannot be used, a malformed field, an unknown kind and
+    /// two asks at once are each a 400 naming the field.
+    #[test]
+    fn structured_output_fields_become_grammars_or_name_their_fault() {
+        let with = |extra: Value| {
+            let mut c = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+            let mut p = json!({"model": "m", "prompt": "x"});
+            for (k, x) in extra.as_object().expect("object") {
+                c[k] = x.clone();
+                p[k] = x.clone();
+            }
+            let chat = ValidRequest::chat(c.to_string().as_bytes(), &config());
+            let completion = completion(p);
+            assert_eq!(
+                chat.as_ref()
+                    .map(|r| r.params.grammar.clone())
+                    .map_err(|e| e.to_string()),
+                completion
+                    .as_ref()
+                    .map(|r| r.params.grammar.clone())
+                    .map_err(|e| e.to_string())
+            );
+            chat
+        };
+        let grammar = |extra: Value| with(extra).expect("accepted").params.grammar;
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let object = Some(Grammar::JsonSchema(r#"{"type":"object"}"#.into()));
+        assert_eq!(grammar(json!({"response_format": {"type": "text"}})), None);
+        assert_eq!(grammar(json!({"response_format": null})), None);
+        assert_eq!(
+            grammar(json!({"response_format": {"type": "json_object"}})),
+            object
+        );
+        assert_eq!(
+            grammar(json!({"response_format": {"type": "json_schema",
+                "json_schema": {"name": "x", "schema": schema, "strict": true}}})),
+            Some(Grammar::JsonSchema(schema.to_string()))
+        );
+        assert_eq!(
+            grammar(json!({"guided_json": schema.to_string()})),
+            Some(Grammar::JsonSchema(schema.to_string()))
+        );
+        assert_eq!(
+            grammar(json!({"guided_regex": "a+b"})),
+            Some(Grammar::Regex("a+b".into()))
+        );
+        assert_eq!(
+            grammar(json!({"guided_choice": ["yes", "n.o"]})),
+            Some(Grammar::Regex(r"yes|n\.o".into()))
+        );
+        assert_eq!(
+            grammar(json!({"guided_grammar": "start: \"a\""})),
+            Some(Grammar::Lark("start: \"a\"".into()))
+        );
+        assert_eq!(
+            grammar(json!({"structured_outputs": {"json_object": true}})),
+            object
+        );
+        assert_eq!(
+            grammar(
+                json!({"structured_outputs": {"choice": ["a"], "disable_any_whitespace": true}})
+            ),
+            Some(Grammar::Regex("a".into()))
+        );
+        let refused = [
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema":
+                {"name": "x", "schema": {"type": "objekt"}}}}),
+                "response_format.json_schema.schema",
+                "objekt",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+                "response_format",
+                "schema` is missing",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema"}}),
+                "response_format",
+                "json_schema` is missing",
+            ),
+            (
+                json!({"response_format": {"type": "yaml"}}),
+                "response_format",
+                "yaml",
+            ),
+            (
+                json!({"response_format": "json"}),
+                "response_format",
+                "with a `type`",
+            ),
+            (
+                json!({"guided_json": "{not json"}),
+                "guided_json",
+                "not valid JSON",
+            ),
+            (json!({"guided_json": 7}), "guided_json", "JSON schema"),
+            (
+                json!({"guided_regex": "(("}),
+                "guided_regex",
+                "unclosed group",
+            ),
+            (
+                json!({"guided_regex": ""}),
+                "guided_regex",
+                "non-empty string",
+            ),
+            (
+                json!({"guided_choice": []}),
+                "guided_choice",
+                "non-empty array",
+            ),
+            (
+                json!({"guided_choice": ["a", 1]}),
+                "guided_choice",
+                "non-empty array",
+            ),
+            (
+                json!({"guided_grammar": "start: nothing_here"}),
+                "guided_grammar",
+                "nothing_here",
+            ),
+            (
+                json!({"structured_outputs": {"xml": "x"}}),
+                "structured_outputs",
+                "xml",
+            ),
+            (
+                json!({"structured_outputs": {"disable_additional_properties": true}}),
+                "structured_outputs",
+                "disable_additional_properties",
+            ),
+            (
+                json!({"structured_outputs": [1]}),
+                "structured_outputs",
+                "an object",
+            ),
+            (
+                json!({"response_format": {"type": "json_object"}, "guided_regex": "a"}),
+                "guided_regex",
+                "both ask",
+            ),
+        ];
+        for (extra, field, needle) in refused {
+            let e = with(extra.clone()).expect_err(&extra.to_string());
+            assert_eq!(e.status().as_u16(), 400, "{extra}");
+            assert_eq!(e.param(), Some(field), "{extra}: {e}");
+            assert_eq!(e.code(), "invalid_value");
+            assert!(e.to_string().contains(needle), "{extra}: {e}");
+        }
     }
 
     #[test]

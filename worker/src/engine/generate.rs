@@ -15,17 +15,21 @@ use std::{
     path::Path,
     sync::{
         atomic::{AtomicUsize, Ordering},
-        Arc, Mutex, PoisonError,
+        Arc, Mutex, OnceLock, PoisonError,
     },
 };
 
-use baton_common::chain::{block_hashes, root};
+use baton_common::{
+    chain::{block_hashes, root},
+    protocol::Grammar,
+};
 
 use burn_tensor::backend::Backend;
 
 use super::{
     chat::{ChatError, ChatMessage, ChatTemplate},
     gguf::{GgufError, GgufFile},
+    guide::{apply_mask, Guide, Guides},
     llama::{
         load::load_planned, model::ForwardError, preflight::preflight, KvCache, KvDtype, Llama,
         LoadError, SeqInput, WeightDtype,
@@ -82,6 +86,18 @@ pub enum EngineError {
         /// Tokens in the resume.
         tokens: usize,
     },
+    /// The request's grammar cannot be used with this model.
+    #[error("the grammar cannot be used: {0}")]
+    Grammar(String),
+    /// A resumed token that the request's grammar does not allow where it stands: the
+    /// stream was not made under this grammar as this worker runs it.
+    #[error("resumed token {index} is not allowed by the grammar: {message}")]
+    ResumeOffGrammar {
+        /// Index of the token.
+        index: usize,
+        /// What the grammar engine said.
+        message: String,
+    },
     /// The device failed while the weights were put on it or the first kernels were
     /// compiled (a missing adapter, a broken driver or toolkit).
     #[error("the device {device} failed at load: {message}")]
@@ -108,6 +124,8 @@ impl EngineError {
             EngineError::ZeroMaxTokens => "invalid_max_tokens",
             EngineError::Forward(_) => "forward",
             EngineError::ResumePastEnd { .. } => "resume_past_end",
+            EngineError::Grammar(_) => "invalid_grammar",
+            EngineError::ResumeOffGrammar { .. } => "resume_off_grammar",
             EngineError::Device { .. } => "device",
         }
     }
@@ -122,8 +140,10 @@ pub struct GenerateParams {
     pub sampling: SamplingParams,
     /// Strings that end the completion (not included in it).
     pub stop: Vec<String>,
-    /// Keep going past end-of-sequence tokens.
+    /// Keep going past end-of-sequence tokens (not past a grammar's end).
     pub ignore_eos: bool,
+    /// A grammar every token must follow (structured output).
+    pub grammar: Option<Grammar>,
 }
 
 impl Default for GenerateParams {
@@ -133,6 +153,7 @@ impl Default for GenerateParams {
             sampling: SamplingParams::default(),
             stop: Vec::new(),
             ignore_eos: false,
+            grammar: None,
         }
     }
 }
@@ -148,6 +169,8 @@ pub enum FinishReason {
     MaxTokens,
     /// The context is full.
     ContextFull,
+    /// The grammar allowed no token (see [`Sequence::failure`]): an error, not an end.
+    GrammarFailed,
 }
 
 impl FinishReason {
@@ -156,6 +179,7 @@ impl FinishReason {
         match self {
             FinishReason::Eos | FinishReason::StopString => "stop",
             FinishReason::MaxTokens | FinishReason::ContextFull => "length",
+            FinishReason::GrammarFailed => "error",
         }
     }
 }
@@ -214,6 +238,8 @@ pub struct Engine<B: Backend> {
     prefix: Mutex<PrefixCache>,
     /// Most tokens one step runs (0: no limit); see [`Engine::set_step_tokens`].
     step_tokens: AtomicUsize,
+    /// The vocabulary as the grammar engine sees it, made at the first grammar.
+    guides: OnceLock<Result<Guides, String>>,
 }
 
 /// [`Engine::fingerprint`] from the hash of the weight file and tokenizer.
@@ -221,6 +247,8 @@ fn numerics_fingerprint<B: Backend>(weights: u64, dtype: WeightDtype, model: &Ll
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     hasher.update(&weights.to_le_bytes());
     hasher.update(format!("weights={dtype} kv={}", model.kv_dtype()).as_bytes());
+    // A grammar's masks are part of what a draw depends on.
+    hasher.update(baton_common::grammar::ENGINE.as_bytes());
     if model.host_path() {
         hasher.update(format!(" held={}", model.held_formats()).as_bytes());
     } else {
@@ -323,6 +351,7 @@ impl<B: Backend> Engine<B> {
             fingerprint,
             prefix: Mutex::new(PrefixCache::new(0)),
             step_tokens: AtomicUsize::new(0),
+            guides: OnceLock::new(),
         })
     }
 
@@ -438,6 +467,10 @@ impl<B: Backend> Engine<B> {
         if let Some(&id) = prompt_ids.iter().find(|&&t| t as usize >= vocab) {
             return Err(ForwardError::BadToken { id, vocab }.into());
         }
+        let guide = match &params.grammar {
+            None => None,
+            Some(g) => Some(self.guide(g)?),
+        };
         let mut cache = self.model.new_cache();
         cache.set_decode_from(prompt_ids.len());
         cache.expect_positions(
@@ -456,7 +489,26 @@ impl<B: Backend> Engine<B> {
             text: String::new(),
             decoder: Some(StreamDecoder::new(self.tokenizer.clone()).skip_special(true)),
             finish: None,
+            guide,
+            failure: None,
         })
+    }
+
+    /// A fresh matcher of `grammar` over this model's vocabulary.
+    fn guide(&self, grammar: &Grammar) -> Result<Guide, EngineError> {
+        let guides = self.guides.get_or_init(|| {
+            Guides::new(
+                self.tokenizer.clone(),
+                &self.end_tokens,
+                self.model.config().vocab,
+            )
+        });
+        match guides {
+            Ok(guides) => guides.start(grammar).map_err(EngineError::Grammar),
+            Err(e) => Err(EngineError::Grammar(format!(
+                "the model's vocabulary cannot be used for grammars: {e}"
+            ))),
+        }
     }
 
     /// Continues a sequence whose first `tokens` were generated elsewhere (a stream
@@ -483,6 +535,9 @@ impl<B: Backend> Engine<B> {
                 });
             }
             seq.commit(self, id)?;
+            if let Some(message) = seq.failure.take() {
+                return Err(EngineError::ResumeOffGrammar { index: i, message });
+            }
         }
         seq.pending.extend_from_slice(tokens);
         Ok(seq)
@@ -592,22 +647,62 @@ impl<B: Backend> Engine<B> {
         }
         // Where every row that draws is greedy, the device engine downloads ids only.
         let want_logits = runs.iter().any(|&(i, _)| {
-            let p = &seqs[i].params.sampling;
-            p.temperature != 0.0 || p.repetition_penalty != 1.0
+            let s = &seqs[i];
+            let p = &s.params.sampling;
+            p.temperature != 0.0 || p.repetition_penalty != 1.0 || s.guide.is_some()
         });
-        let (mut logits, greedy) = {
+        // The grammar masks of the rows that draw are computed on a thread of their own
+        // while the forward pass runs: they depend on the tokens so far only.
+        let (forward, computed) = {
             let mut inputs: Vec<SeqInput<'_, B>> = Vec::with_capacity(runs.len());
+            let mut guides: Vec<(usize, &mut Guide)> = Vec::new();
             let mut rest: Vec<Option<&mut Sequence<B>>> =
                 seqs.iter_mut().map(|s| Some(&mut **s)).collect();
-            for &(i, take) in &runs {
+            for (r, &(i, take)) in runs.iter().enumerate() {
                 let s = rest[i].take().expect("each index once");
+                if take == s.pending.len() {
+                    if let Some(guide) = s.guide.as_mut() {
+                        guides.push((r, guide));
+                    }
+                }
                 inputs.push(SeqInput {
                     tokens: &s.pending[..take],
                     cache: &mut s.cache,
                 });
             }
-            self.model.forward_greedy(&mut inputs, want_logits)?
+            if guides.is_empty() {
+                (
+                    self.model.forward_greedy(&mut inputs, want_logits),
+                    Vec::new(),
+                )
+            } else {
+                std::thread::scope(|scope| {
+                    let masker = scope.spawn(move || {
+                        guides
+                            .into_iter()
+                            .map(|(r, g)| (r, g.mask()))
+                            .collect::<Vec<_>>()
+                    });
+                    let forward = self.model.forward_greedy(&mut inputs, want_logits);
+                    let masks = masker
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                    (forward, masks)
+                })
+            }
         };
+        let (mut logits, greedy) = forward?;
+        let mut masks: Vec<Option<Result<toktrie::SimpleVob, String>>> =
+            runs.iter().map(|_| None).collect();
+        for (r, mask) in computed {
+            masks[r] = Some(mask.and_then(|m| {
+                if m.is_zero() {
+                    Err("the grammar allows no token here".to_string())
+                } else {
+                    Ok(m)
+                }
+            }));
+        }
         let vocab = logits.len() / runs.len();
         let mut rows: Vec<&mut [f32]> = if vocab == 0 {
             runs.iter().map(|_| &mut [][..]).collect()
@@ -621,7 +716,7 @@ impl<B: Backend> Engine<B> {
         // A greedy draw without a penalty is the row's argmax, which the host forward
         // pass found as it wrote the row: reading 16 rows of logits again, from the
         // caches of the threads that wrote them, took ~0.4 ms of a 16-sequence step.
-        let draws: Vec<(usize, u32)> = {
+        let draws: Vec<(usize, Result<u32, String>)> = {
             type Job<'a> = (
                 usize,
                 &'a SamplingParams,
@@ -629,26 +724,36 @@ impl<B: Backend> Engine<B> {
                 u64,
                 &'a mut [f32],
                 Option<u32>,
+                Option<Result<toktrie::SimpleVob, String>>,
             );
             let mut jobs: Vec<Job<'_>> = runs
                 .iter()
                 .zip(rows.iter_mut())
+                .zip(masks)
                 .enumerate()
-                .filter(|(_, ((i, take), _))| *take == seqs[*i].pending.len())
-                .map(|(r, (&(i, _), row))| {
+                .filter(|(_, (((i, take), _), _))| *take == seqs[*i].pending.len())
+                .map(|(r, ((&(i, _), row), mask))| {
                     let s = &*seqs[i];
                     let p = &s.params.sampling;
                     let known = greedy
                         .as_ref()
-                        .filter(|_| p.temperature == 0.0 && p.repetition_penalty == 1.0)
+                        .filter(|_| {
+                            p.temperature == 0.0 && p.repetition_penalty == 1.0 && mask.is_none()
+                        })
                         .and_then(|g| g.get(r).copied());
-                    (i, p, s.history(), s.position(), &mut **row, known)
+                    (i, p, s.history(), s.position(), &mut **row, known, mask)
                 })
                 .collect();
-            let draw = |(i, p, history, position, row, known): &mut Job<'_>| match known {
-                Some(id) => (*i, *id),
-                None => (*i, p.sample(row, history, *position)),
-            };
+            let draw =
+                |(i, p, history, position, row, known, mask): &mut Job<'_>| match (known, mask) {
+                    (Some(id), _) => (*i, Ok(*id)),
+                    (None, Some(Err(e))) => (*i, Err(e.clone())),
+                    (None, Some(Ok(m))) => {
+                        apply_mask(m, row);
+                        (*i, Ok(p.sample(row, history, *position)))
+                    }
+                    (None, None) => (*i, Ok(p.sample(row, history, *position))),
+                };
             if jobs.len() > 1 && jobs.iter().any(|j| j.1.temperature > 0.0) {
                 use rayon::prelude::*;
                 jobs.par_iter_mut().map(draw).collect()
@@ -661,8 +766,11 @@ impl<B: Backend> Engine<B> {
                 seqs[i].pending.drain(..take);
             }
         }
-        for (i, id) in draws {
-            events[i] = Some(seqs[i].take(self, id)?);
+        for (i, drawn) in draws {
+            match drawn {
+                Ok(id) => events[i] = Some(seqs[i].take(self, id)?),
+                Err(message) => seqs[i].fail(message),
+            }
         }
         if prefix {
             // The full blocks of every prompt (or replay) that ran this step, and of
@@ -690,6 +798,9 @@ impl<B: Backend> Engine<B> {
             if let Some(ev) = self.step(&mut [&mut seq])?.pop().flatten() {
                 on_token(&ev);
             }
+        }
+        if let Some(message) = seq.failure.take() {
+            return Err(EngineError::Grammar(message));
         }
         Ok(seq.into_completion())
     }
@@ -736,6 +847,10 @@ pub struct Sequence<B: Backend> {
     /// Turns ids into whole characters as they come; taken when the sequence ends.
     decoder: Option<StreamDecoder>,
     finish: Option<FinishReason>,
+    /// The request's grammar, where it has one.
+    guide: Option<Guide>,
+    /// Why the grammar ended the sequence ([`FinishReason::GrammarFailed`]).
+    failure: Option<String>,
 }
 
 impl<B: Backend> Sequence<B> {
@@ -753,6 +868,17 @@ impl<B: Backend> Sequence<B> {
     /// Why the sequence ended, once it has.
     pub fn finish_reason(&self) -> Option<FinishReason> {
         self.finish
+    }
+
+    /// What went wrong when it ended with [`FinishReason::GrammarFailed`].
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+
+    fn fail(&mut self, message: String) {
+        self.failure = Some(message);
+        self.finish = Some(FinishReason::GrammarFailed);
+        self.decoder = None;
     }
 
     /// Prompt length in tokens.
@@ -803,7 +929,19 @@ impl<B: Backend> Sequence<B> {
         let index = self.generated.len();
         self.generated.push(id);
 
-        let is_end = !self.params.ignore_eos && engine.end_tokens.contains(&id);
+        // Under a grammar an end token is drawn only where the grammar may end, and ends.
+        let is_end =
+            (!self.params.ignore_eos || self.guide.is_some()) && engine.end_tokens.contains(&id);
+        if let Some(guide) = self.guide.as_mut().filter(|_| !is_end) {
+            if let Err(e) = guide.consume(id) {
+                self.fail(format!("token {index} (id {id}): {e}"));
+                return Ok(TokenEvent {
+                    index,
+                    id,
+                    text: String::new(),
+                });
+            }
+        }
         let mut text = String::new();
         if is_end {
             self.finish = Some(FinishReason::Eos);
@@ -818,7 +956,9 @@ impl<B: Backend> Sequence<B> {
             }
         }
         if self.finish.is_none() {
-            if self.generated.len() >= self.params.max_tokens {
+            if self.guide.as_ref().is_some_and(Guide::is_stopped) {
+                self.finish = Some(FinishReason::Eos);
+            } else if self.generated.len() >= self.params.max_tokens {
                 self.finish = Some(FinishReason::MaxTokens);
             } else if self.prompt_ids.len() + self.generated.len() >= engine.context_length() {
                 self.finish = Some(FinishReason::ContextFull);

@@ -9,6 +9,7 @@
 //!   products.
 //! - [`llama`]: the Llama-family forward pass (llama, qwen2, qwen3, gemma3, phi3), the preflight
 //!   of a file, and the KV cache.
+//! - [`guide`]: structured output, a grammar's token mask per draw (llguidance).
 //! - [`sampler`]: greedy and seeded sampling, counter-based per position.
 //! - [`stops`]: stop strings over streamed text.
 //! - [`prefix`]: the prefix cache, keys and values of shared prompt blocks.
@@ -18,6 +19,7 @@ pub mod chat;
 pub mod cpu;
 pub mod generate;
 pub mod gguf;
+pub mod guide;
 pub mod llama;
 pub mod prefix;
 pub mod sampler;

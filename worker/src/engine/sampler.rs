@@ -153,7 +153,8 @@ impl SamplingParams {
         let mut keys: Vec<u64> = logits
             .iter()
             .enumerate()
-            .filter(|(_, l)| !l.is_nan())
+            // −∞ is a token a grammar forbids: never a candidate, not even the last.
+            .filter(|(_, l)| !l.is_nan() && **l != f32::NEG_INFINITY)
             .map(|(i, &l)| (u64::from(descending(l / self.temperature)) << 32) | i as u64)
             .collect();
         if self.top_k > 0 && self.top_k < keys.len() {

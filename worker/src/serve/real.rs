@@ -35,7 +35,9 @@ fn wire_error(e: EngineError) -> WireError {
         | EngineError::Chat(_)
         | EngineError::Tokenizer(_)
         | EngineError::Forward(_)
-        | EngineError::ResumePastEnd { .. } => ErrorKind::InvalidRequest,
+        | EngineError::ResumePastEnd { .. }
+        | EngineError::Grammar(_) => ErrorKind::InvalidRequest,
+        EngineError::ResumeOffGrammar { .. } => ErrorKind::ChainMismatch,
         EngineError::Gguf(_) | EngineError::Load(_) | EngineError::Device { .. } => {
             ErrorKind::Internal
         }
@@ -59,6 +61,7 @@ pub fn generate_params(p: &GenParams) -> GenerateParams {
         },
         stop: p.stop.clone(),
         ignore_eos: p.ignore_eos,
+        grammar: p.grammar.clone(),
     }
 }
 
@@ -121,14 +124,24 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
                         text: ev.text,
                     }));
                 }
-                if let Some(reason) = seq.finish_reason() {
+                let reason = match seq.finish_reason() {
+                    None => return out,
+                    Some(FinishReason::GrammarFailed) => {
+                        out.push(EventKind::Failed(WireError {
+                            kind: ErrorKind::Internal,
+                            message: format!(
+                                "the grammar stopped the output: {}",
+                                seq.failure().unwrap_or_default()
+                            ),
+                        }));
+                        return out;
+                    }
+                    Some(FinishReason::Eos | FinishReason::StopString) => WireFinish::Stop,
+                    Some(FinishReason::MaxTokens | FinishReason::ContextFull) => WireFinish::Length,
+                };
+                {
                     out.push(EventKind::Finished(Finished {
-                        reason: match reason {
-                            FinishReason::Eos | FinishReason::StopString => WireFinish::Stop,
-                            FinishReason::MaxTokens | FinishReason::ContextFull => {
-                                WireFinish::Length
-                            }
-                        },
+                        reason,
                         prompt_tokens: seq.prompt_len() as u32,
                         completion_tokens: seq.generated().len() as u32,
                     }));

@@ -456,6 +456,7 @@ mod tests {
                 seed: 0,
                 stop: vec![],
                 ignore_eos: false,
+                grammar: None,
             },
             attempt,
             resume,
