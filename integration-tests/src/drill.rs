@@ -255,6 +255,64 @@ pub fn request(cluster: &Cluster, sampling: Sampling, max_tokens: u32, i: usize)
     body
 }
 
+/// The JSON schema of the structured drills: a keeper and three to five records, which
+/// the default model fills in about 120 tokens and then ends.
+pub fn supplies_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "keeper": {"type": "string", "maxLength": 24},
+            "items": {
+                "type": "array", "minItems": 3, "maxItems": 5,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string", "maxLength": 20},
+                        "count": {"type": "integer", "minimum": 1, "maximum": 99},
+                        "fragile": {"type": "boolean"}
+                    },
+                    "required": ["name", "count", "fragile"],
+                    "additionalProperties": false
+                }
+            }
+        },
+        "required": ["keeper", "items"],
+        "additionalProperties": false
+    })
+}
+
+/// The structured drills' request: the output held to [`supplies_schema`].
+pub fn structured_request(
+    cluster: &Cluster,
+    sampling: Sampling,
+    max_tokens: u32,
+    i: usize,
+) -> Value {
+    let mut body = request(cluster, sampling, max_tokens, i);
+    body["messages"][1]["content"] = json!(format!(
+        "List the supplies of lighthouse keeper number {i} as JSON."
+    ));
+    body["response_format"] = json!({
+        "type": "json_schema",
+        "json_schema": {"name": "supplies", "schema": supplies_schema(), "strict": true}
+    });
+    body
+}
+
+/// Why `text` is not an instance of [`supplies_schema`], if it is not.
+pub fn supplies_fault(text: &str) -> Option<String> {
+    let value: Value = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(e) => return Some(format!("not JSON ({e}): {text:?}")),
+    };
+    let validator = jsonschema::validator_for(&supplies_schema()).expect("a valid schema");
+    let errors: Vec<String> = validator
+        .iter_errors(&value)
+        .map(|e| e.to_string())
+        .collect();
+    (!errors.is_empty()).then(|| format!("{text}: {}", errors.join("; ")))
+}
+
 /// One uninterrupted run.
 fn reference(cluster: &Cluster, body: &Value) -> Result<Outcome, String> {
     let reader = Reader::spawn(cluster.api.stream(PATH, body));
@@ -306,11 +364,13 @@ fn worker_drill(
     runs: usize,
     max_tokens: u32,
     hard: bool,
+    structured: bool,
 ) -> Verdict {
     let name = format!(
-        "{} the serving worker ({})",
+        "{} the serving worker ({}{})",
         if hard { "kill -9" } else { "SIGTERM" },
-        sampling.name()
+        sampling.name(),
+        if structured { ", json_schema" } else { "" }
     );
     let mut verdict = Verdict {
         name,
@@ -325,8 +385,30 @@ fn worker_drill(
             live += 1;
         }
     }
-    let body = request(cluster, sampling, max_tokens, 0);
+    let body = if structured {
+        structured_request(cluster, sampling, max_tokens, 0)
+    } else {
+        request(cluster, sampling, max_tokens, 0)
+    };
     let reference = match reference(cluster, &body) {
+        // A structured stream's reference must itself be what its schema says (then so
+        // is every resumed run that equals it).
+        Ok(r) if structured && (r.finish_reason.as_deref() != Some("stop")) => {
+            verdict.runs = runs;
+            verdict.failures.push(format!(
+                "reference run: finish_reason {:?}, not stop: {:?}",
+                r.finish_reason, r.text
+            ));
+            return verdict;
+        }
+        Ok(r) if structured && supplies_fault(&r.text).is_some() => {
+            verdict.runs = runs;
+            verdict.failures.push(format!(
+                "reference run: {}",
+                supplies_fault(&r.text).unwrap_or_default()
+            ));
+            return verdict;
+        }
         Ok(r) => r,
         Err(e) => {
             verdict.runs = runs;
@@ -381,7 +463,19 @@ pub fn kill_worker(
     runs: usize,
     max_tokens: u32,
 ) -> Verdict {
-    worker_drill(cluster, sampling, runs, max_tokens, true)
+    worker_drill(cluster, sampling, runs, max_tokens, true, false)
+}
+
+/// `kill -9` the worker serving a stream held to a JSON schema ([`structured_request`]),
+/// `runs` times: the resumed stream rebuilds the grammar's state from the tokens so far
+/// and ends exactly as an uninterrupted run, which itself validates.
+pub fn kill_worker_structured(
+    cluster: &mut Cluster,
+    sampling: Sampling,
+    runs: usize,
+    max_tokens: u32,
+) -> Verdict {
+    worker_drill(cluster, sampling, runs, max_tokens, true, true)
 }
 
 /// `SIGTERM` the worker serving a stream, `runs` times.
@@ -391,7 +485,7 @@ pub fn stop_worker(
     runs: usize,
     max_tokens: u32,
 ) -> Verdict {
-    worker_drill(cluster, sampling, runs, max_tokens, false)
+    worker_drill(cluster, sampling, runs, max_tokens, false, false)
 }
 
 /// Waits until the coordinator counts `n` live workers and none of the stopped ones.

@@ -59,6 +59,11 @@ pub fn workspace_root() -> PathBuf {
 /// (temperature 0), with the weights kept as the serving workers keep them (`native-i16`).
 /// With `chat`, the prompt is one user message through the chat template.
 pub fn generate(prompt: &str, chat: bool, max_tokens: u32) -> String {
+    generate_with(prompt, chat, max_tokens, &[])
+}
+
+/// [`generate`] with more options of `baton-worker generate` (`--json-schema …`).
+pub fn generate_with(prompt: &str, chat: bool, max_tokens: u32, extra: &[&str]) -> String {
     let mut cmd = std::process::Command::new(process::bin("baton-worker"));
     cmd.current_dir(workspace_root())
         .arg("generate")
@@ -70,6 +75,7 @@ pub fn generate(prompt: &str, chat: bool, max_tokens: u32) -> String {
     if chat {
         cmd.arg("--chat");
     }
+    cmd.args(extra);
     let out = cmd.output().expect("running baton-worker generate");
     assert!(
         out.status.success(),

@@ -163,3 +163,85 @@ fn a_dead_worker_leaves_503() {
     }
     assert_error(&chat(&cluster, json!({})), 503);
 }
+
+/// Structured output that cannot be used — a schema llguidance cannot compile, a schema
+/// that is not JSON, a bad regex or grammar, an unknown `response_format` type, two
+/// asks at once — is a 400 naming the field, on both endpoints; none reaches a worker
+/// (its count of submitted sequences holds only the good request sent after them).
+#[test]
+fn structured_output_that_cannot_be_used_is_400_and_never_dispatched() {
+    let Some(mut cluster) = cluster() else { return };
+    let schema = |s: Value| {
+        json!({"response_format": {"type": "json_schema",
+        "json_schema": {"name": "x", "schema": s}}})
+    };
+    let cases = [
+        (
+            schema(json!({"type": "objekt"})),
+            "response_format.json_schema.schema",
+            "objekt",
+        ),
+        (
+            schema(json!({"type": "string", "pattern": "(("})),
+            "response_format.json_schema.schema",
+            "unclosed",
+        ),
+        (
+            schema(json!({"type": "integer", "minimum": 5, "maximum": 1})),
+            "response_format.json_schema.schema",
+            "",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema"}}),
+            "response_format",
+            "json_schema",
+        ),
+        (
+            json!({"response_format": {"type": "xml"}}),
+            "response_format",
+            "xml",
+        ),
+        (json!({"guided_json": "{not json"}), "guided_json", "JSON"),
+        (json!({"guided_regex": "[a-"}), "guided_regex", ""),
+        (json!({"guided_choice": []}), "guided_choice", "non-empty"),
+        (
+            json!({"guided_grammar": "start: missing_rule"}),
+            "guided_grammar",
+            "missing_rule",
+        ),
+        (
+            json!({"structured_outputs": {"regex": "a", "choice": ["b"]}}),
+            "structured_outputs.choice",
+            "both",
+        ),
+    ];
+    for (extra, param, needle) in &cases {
+        let mut completion = json!({"model": cluster.model, "prompt": "x", "max_tokens": 4});
+        merge(&mut completion, extra.clone());
+        for reply in [
+            chat(&cluster, extra.clone()),
+            cluster
+                .api
+                .post_json(COMPLETIONS, &completion)
+                .expect("POST"),
+        ] {
+            let error = assert_error(&reply, 400);
+            assert_eq!(error["param"], *param, "{extra}: {error}");
+            assert_eq!(error["code"], "invalid_value", "{extra}: {error}");
+            let message = error["message"].as_str().unwrap_or_default();
+            assert!(message.contains(needle), "{extra}: {message}");
+        }
+    }
+    let reply = chat(&cluster, json!({}));
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let addr = cluster
+        .worker_metrics_addr(0)
+        .expect("the worker logs its metrics address");
+    let metrics = baton_integration_tests::Api::new(&format!("http://{addr}"))
+        .get("/metrics")
+        .expect("GET /metrics");
+    let text = metrics.body.as_str().unwrap_or_default().to_string();
+    let accepted = r#"baton_worker_sequences_submitted_total{outcome="accepted"} 1"#;
+    assert!(text.lines().any(|l| l == accepted), "{text}");
+    cluster.assert_alive();
+}

@@ -74,6 +74,14 @@ fn real_model_streams_survive_a_killed_worker() {
         &drill::restart_coordinator(&mut cluster, Sampling::Seeded(5), 1, 24),
         &cluster,
     );
+    // A stream held to a JSON schema: the worker's grammar state is rebuilt from the
+    // tokens so far on the one that takes over.
+    for sampling in [Sampling::Greedy, Sampling::Seeded(7)] {
+        check(
+            &drill::kill_worker_structured(&mut cluster, sampling, 1, 200),
+            &cluster,
+        );
+    }
 }
 
 /// Qwen2.5-Coder-0.5B (Q4_K_M, `scripts/models fetch qwen2.5-coder-0.5b`): a worker

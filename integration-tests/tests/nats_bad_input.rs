@@ -145,6 +145,24 @@ fn malformed_public_requests_get_errors_and_are_counted() {
                 json!({"model": model, "messages": []}),
                 "invalid_value",
             ),
+            // Structured output that cannot be used, as over HTTP.
+            (
+                s.chat_completions(),
+                json!({"model": model, "messages": [{"role": "user", "content": "x"}],
+                       "response_format": {"type": "json_schema",
+                           "json_schema": {"name": "x", "schema": {"type": "objekt"}}}}),
+                "invalid_value",
+            ),
+            (
+                s.completions(),
+                json!({"model": model, "prompt": "x", "guided_regex": "(("}),
+                "invalid_value",
+            ),
+            (
+                s.completions(),
+                json!({"model": model, "prompt": "x", "response_format": {"type": "xml"}}),
+                "invalid_value",
+            ),
             (s.replay(), json!({"stream": "not-an-id"}), "invalid_json"),
             (
                 s.replay(),

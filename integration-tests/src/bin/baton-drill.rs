@@ -82,15 +82,27 @@ fn main() -> ExitCode {
     };
     let mut verdicts: Vec<Verdict> = Vec::new();
     for sampling in [Sampling::Greedy, Sampling::Seeded(7)] {
-        let drills: [(&str, usize); 4] = [
+        let drills: [(&str, usize); 5] = [
             ("kill", args.kills),
+            ("kill-json", args.kills),
             ("sigterm", args.runs),
             ("coordinator", args.runs),
             ("nats", args.runs),
         ];
         for (which, runs) in drills {
+            // The simulated worker makes numbered tokens; it runs no grammar.
+            if which == "kill-json" && args.simulated {
+                continue;
+            }
             let v = match which {
                 "kill" => drill::kill_worker(&mut cluster, sampling, runs, args.max_tokens),
+                // A schema's output needs room to end: at least 200 tokens.
+                "kill-json" => drill::kill_worker_structured(
+                    &mut cluster,
+                    sampling,
+                    runs,
+                    args.max_tokens.max(200),
+                ),
                 "sigterm" => drill::stop_worker(&mut cluster, sampling, runs, args.max_tokens),
                 "coordinator" => {
                     drill::restart_coordinator(&mut cluster, sampling, runs, args.max_tokens)
