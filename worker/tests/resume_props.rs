@@ -126,3 +126,38 @@ fn a_stream_resumed_at_any_cut_ends_as_the_uncut_one() {
         })
         .expect("every resumed stream ends as the uncut one");
 }
+
+/// A case the property once failed on the device engine: a resume replayed its
+/// generated tokens as prompt rows, which round otherwise than the decode rows they
+/// first ran as, and at top-p 0.12 the last draw flipped.
+#[test]
+fn a_resume_replays_generated_tokens_as_decode_rows() {
+    let dir = TempDir::new().expect("tempdir");
+    let path = dir.path().join("tiny.gguf");
+    write_synthetic_llama(&path, &SyntheticSpec::tiny(9)).expect("write tiny model");
+    let engine = Engine::<B>::load(&path, WeightDtype::F32, &Default::default()).expect("load");
+    let prompt = vec![212, 122, 196];
+    let mut params = GenerateParams {
+        max_tokens: 25,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    params.sampling.temperature = 1.712_064_6;
+    params.sampling.top_p = 0.120_181_87;
+    params.sampling.seed = 9_540_409_419_794_001_067;
+    let (original, uncut) = run(&engine, &prompt, &params);
+    for cut in [1, 4, 13, 24] {
+        let done: Vec<u32> = original[..cut].iter().map(|e| e.id).collect();
+        let mut seq = engine
+            .resume(prompt.clone(), &done, params.clone())
+            .expect("resume");
+        let mut rest = Vec::new();
+        while seq.finish_reason().is_none() {
+            if let Some(ev) = engine.step(&mut [&mut seq]).expect("step").pop().flatten() {
+                rest.push(ev);
+            }
+        }
+        assert_eq!(rest, original[cut..], "resumed at {cut}");
+        assert_eq!(seq.into_completion(), uncut);
+    }
+}

@@ -618,9 +618,18 @@ impl<B: Backend> Engine<B> {
         let runs: Vec<(usize, usize)> = active
             .iter()
             .filter_map(|&i| {
-                let n = seqs[i].pending.len();
+                let s = &seqs[i];
+                let mut n = s.pending.len();
                 if n == 1 {
                     return Some((i, 1));
+                }
+                if !self.model.host_path() {
+                    // The device engine's prompt rows and decode rows round differently
+                    // (other product and attention shapes), so a resume's replayed
+                    // tokens run as they first ran: the prompt as prompt rows, then
+                    // each generated token as a decode row, one a step.
+                    let (done, prompt) = (s.cache.len(), s.prompt_ids.len());
+                    n = n.min(prompt.saturating_sub(done).max(1));
                 }
                 let mut take = n.min(left);
                 if take == 0 && !prompt_ran {
