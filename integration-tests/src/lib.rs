@@ -55,6 +55,48 @@ pub fn workspace_root() -> PathBuf {
     }
 }
 
+/// Whether `python3` can import `module`; prints a skip note naming `package` (what
+/// `scripts/setup` installs) when it cannot.
+pub fn python_has(module: &str, package: &str) -> bool {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!(
+            "note: skipped: python3 cannot import {module} (scripts/setup installs {package})"
+        );
+    }
+    ok
+}
+
+/// Runs `integration-tests/python/<script>` with `args` and reads the one JSON object
+/// it prints; panics with its stderr and the cluster's logs when it fails.
+pub fn python_json(script: &str, args: &[&str], cluster: &Cluster) -> serde_json::Value {
+    let path = workspace_root()
+        .join("integration-tests/python")
+        .join(script);
+    let out = std::process::Command::new("python3")
+        .arg(&path)
+        .args(args)
+        .output()
+        .expect("running python3");
+    assert!(
+        out.status.success(),
+        "{} failed ({}):\n{}\n{}",
+        path.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        cluster.logs()
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{script} printed no JSON ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
 /// The text `baton-worker generate` prints for `prompt` with the default model, greedy
 /// (temperature 0), with the weights kept as the serving workers keep them (`native-i16`).
 /// With `chat`, the prompt is one user message through the chat template.

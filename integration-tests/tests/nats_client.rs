@@ -2,26 +2,12 @@
 //! against a cluster running the real model: its streamed greedy text must equal the
 //! HTTP API's answer to the same request, and a replay must give the rest of a stream.
 
-use std::process::Command;
-
-use baton_integration_tests::{workspace_root, Cluster, ClusterOptions};
+use baton_integration_tests::{python_has, python_json, Cluster, ClusterOptions};
 use serde_json::{json, Value};
 
 const CHAT_PROMPT: &str = "Tell me a short story about a robot.";
 const TEXT_PROMPT: &str = "Once upon a time, there was a little robot who";
 const MAX_TOKENS: u32 = 24;
-
-/// Whether `python3` can import `nats` (nats-py); prints a note when it cannot.
-fn nats_py_available() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import nats"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("note: skipped: python3 cannot import nats (scripts/setup installs nats-py)");
-    }
-    ok
-}
 
 /// The text of the HTTP API's whole answer to a greedy request.
 fn http_text(cluster: &Cluster, path: &str, body: Value) -> String {
@@ -37,33 +23,24 @@ fn http_text(cluster: &Cluster, path: &str, body: Value) -> String {
 
 #[test]
 fn python_nats_client_gets_the_http_greedy_text() {
-    if !nats_py_available() {
+    if !python_has("nats", "nats-py") {
         return;
     }
     let Some(cluster) = Cluster::start(ClusterOptions::real(1)) else {
         return;
     };
-    let script = workspace_root().join("integration-tests/python/nats_client.py");
-    let out = Command::new("python3")
-        .arg(&script)
-        .args([&cluster.nats.url, &cluster.model, CHAT_PROMPT, TEXT_PROMPT])
-        .arg(MAX_TOKENS.to_string())
-        .output()
-        .expect("running python3");
-    assert!(
-        out.status.success(),
-        "{} failed ({}):\n{}\n{}",
-        script.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        cluster.logs()
+    let max_tokens = MAX_TOKENS.to_string();
+    let r = python_json(
+        "nats_client.py",
+        &[
+            &cluster.nats.url,
+            &cluster.model,
+            CHAT_PROMPT,
+            TEXT_PROMPT,
+            &max_tokens,
+        ],
+        &cluster,
     );
-    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "the script printed no JSON ({e}):\n{}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    });
 
     let greedy = json!({"model": cluster.model, "max_tokens": MAX_TOKENS, "temperature": 0});
     let mut text_body = greedy.clone();

@@ -3,10 +3,7 @@
 //! text as `baton-worker generate` for the same request, and another key is refused as
 //! OpenAI refuses it.
 
-use std::process::Command;
-
-use baton_integration_tests::{generate, workspace_root, Cluster, ClusterOptions};
-use serde_json::Value;
+use baton_integration_tests::{generate, python_has, python_json, Cluster, ClusterOptions};
 
 /// The user message of the chat requests.
 const CHAT_PROMPT: &str = "Tell me a short story about a robot.";
@@ -16,47 +13,27 @@ const MAX_TOKENS: u32 = 24;
 /// The coordinator's API key, which the client passes as `api_key`.
 const API_KEY: &str = "sk-openai-client-test-4e1d";
 
-/// Whether `python3` can import `openai`; prints a note when it cannot.
-fn openai_available() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import openai"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("note: skipped: python3 cannot import openai (scripts/setup installs it)");
-    }
-    ok
-}
-
 #[test]
 fn openai_client_gets_the_reference_greedy_text() {
-    if !openai_available() {
+    if !python_has("openai", "openai") {
         return;
     }
     let Some(cluster) = Cluster::start(ClusterOptions::real(1).keys(&[API_KEY], &[])) else {
         return;
     };
-    let script = workspace_root().join("integration-tests/python/openai_client.py");
-    let out = Command::new("python3")
-        .arg(&script)
-        .args([&cluster.api.base, &cluster.model, CHAT_PROMPT, TEXT_PROMPT])
-        .arg(MAX_TOKENS.to_string())
-        .arg(API_KEY)
-        .output()
-        .expect("running python3");
-    assert!(
-        out.status.success(),
-        "{} failed ({}):\n{}",
-        script.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+    let max_tokens = MAX_TOKENS.to_string();
+    let results = python_json(
+        "openai_client.py",
+        &[
+            &cluster.api.base,
+            &cluster.model,
+            CHAT_PROMPT,
+            TEXT_PROMPT,
+            &max_tokens,
+            API_KEY,
+        ],
+        &cluster,
     );
-    let results: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "the script printed no JSON ({e}):\n{}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    });
 
     let chat_reference = generate(CHAT_PROMPT, true, MAX_TOKENS);
     let text_reference = generate(TEXT_PROMPT, false, MAX_TOKENS);

@@ -5,9 +5,7 @@
 //! answer, `guided_choice` answers one of its choices, and a schema that cannot be used
 //! is a 400 naming the field.
 
-use std::process::Command;
-
-use baton_integration_tests::{generate_with, workspace_root, Cluster, ClusterOptions};
+use baton_integration_tests::{generate_with, python_has, python_json, Cluster, ClusterOptions};
 use serde_json::{json, Value};
 
 const MAX_TOKENS: u32 = 120;
@@ -27,43 +25,22 @@ fn person_schema() -> Value {
     })
 }
 
-fn openai_available() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import openai"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("note: skipped: python3 cannot import openai (scripts/setup installs it)");
-    }
-    ok
-}
-
 #[test]
 fn answers_held_to_a_schema_validate_through_the_openai_client() {
-    if !openai_available() {
+    if !python_has("openai", "openai") {
         return;
     }
     let Some(mut cluster) = Cluster::start(ClusterOptions::real(1)) else {
         return;
     };
     let schema = person_schema();
-    let script = workspace_root().join("integration-tests/python/structured_output.py");
-    let out = Command::new("python3")
-        .arg(&script)
-        .args([&cluster.api.base, &cluster.model, &schema.to_string()])
-        .arg(MAX_TOKENS.to_string())
-        .output()
-        .expect("running python3");
-    assert!(
-        out.status.success(),
-        "{} failed ({}):\n{}\n{}",
-        script.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        cluster.logs()
+    let schema_text = schema.to_string();
+    let max_tokens = MAX_TOKENS.to_string();
+    let results = python_json(
+        "structured_output.py",
+        &[&cluster.api.base, &cluster.model, &schema_text, &max_tokens],
+        &cluster,
     );
-    let results: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("no JSON ({e}):\n{}", String::from_utf8_lossy(&out.stdout)));
     let validator = jsonschema::validator_for(&schema).expect("a valid schema");
     let check = |label: &str, r: &Value| {
         let text = r["text"].as_str().unwrap_or_default();
