@@ -10,7 +10,7 @@ use rkyv::{rancor, util::AlignedVec, Archive, Deserialize, Serialize};
 use crate::ids::{CoordinatorId, StreamId, WorkerId};
 
 /// Version of this protocol; receivers drop messages of another major version.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// Largest message a receiver accepts (bytes), whatever NATS allows.
 pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
@@ -222,6 +222,57 @@ pub struct GenParams {
     pub ignore_eos: bool,
     /// A grammar the output must follow (structured output); `None`: free text.
     pub grammar: Option<Grammar>,
+    /// Subtracted from the logit of every token the output already holds (OpenAI's
+    /// `presence_penalty`, −2..=2; 0: off).
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time the output holds it (OpenAI's
+    /// `frequency_penalty`, −2..=2; 0: off).
+    pub frequency_penalty: f32,
+    /// Drop the tokens whose probability is below `min_p` × the largest one (0: off).
+    pub min_p: f32,
+    /// Added to the logits of these tokens before every draw (−100..=100).
+    pub logit_bias: Vec<LogitBias>,
+    /// No end token, stop token or stop string ends the output before it holds this
+    /// many tokens.
+    pub min_tokens: u32,
+    /// Tokens that end the output when drawn, like end-of-sequence (not in its text).
+    pub stop_token_ids: Vec<u32>,
+    /// Report each drawn token's log-probability and this many of the most likely
+    /// tokens' (0..=20) with it; `None`: none.
+    pub logprobs: Option<u8>,
+}
+
+/// A bias added to one token's logit.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq)]
+pub struct LogitBias {
+    /// The token.
+    pub id: u32,
+    /// What is added to its logit.
+    pub bias: f32,
+}
+
+impl GenParams {
+    /// Plain parameters: `max_tokens` tokens, greedy, nothing else asked for.
+    pub fn greedy(max_tokens: u32) -> Self {
+        Self {
+            max_tokens,
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            repetition_penalty: 1.0,
+            seed: 0,
+            stop: Vec::new(),
+            ignore_eos: false,
+            grammar: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            min_p: 0.0,
+            logit_bias: Vec::new(),
+            min_tokens: 0,
+            stop_token_ids: Vec::new(),
+            logprobs: None,
+        }
+    }
 }
 
 /// A grammar an output must follow, as the client gave it: the worker compiles it
@@ -329,6 +380,34 @@ pub struct TokenEvent {
     pub hash: u64,
     /// Text that became final with it (may be empty).
     pub text: String,
+    /// Its log-probability and the most likely alternatives, when the request asked
+    /// ([`GenParams::logprobs`]).
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+/// A drawn token's log-probability and the most likely tokens' at its position, from
+/// the distribution the sampler drew from after the grammar's mask, `logit_bias`,
+/// `min_tokens` and the penalties, before temperature and truncation (`top_k`, `top_p`,
+/// `min_p`).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    /// The drawn token's natural log-probability.
+    pub logprob: f32,
+    /// The drawn token's bytes (a token may hold part of a UTF-8 character).
+    pub bytes: Vec<u8>,
+    /// The most likely tokens, most likely first (equal values by id).
+    pub top: Vec<TopLogprob>,
+}
+
+/// One of the most likely tokens at a position.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct TopLogprob {
+    /// Token id.
+    pub id: u32,
+    /// Natural log-probability.
+    pub logprob: f32,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
 }
 
 /// How a stream ended.
@@ -506,6 +585,15 @@ mod tests {
                             id: 42,
                             hash: 0xfeed,
                             text: "héllo".into(),
+                            logprobs: Some(TokenLogprobs {
+                                logprob: -0.5,
+                                bytes: b"h\xc3".to_vec(),
+                                top: vec![TopLogprob {
+                                    id: 3,
+                                    logprob: -1.25,
+                                    bytes: b"x".to_vec(),
+                                }],
+                            }),
                         }),
                     },
                     StreamEvent {

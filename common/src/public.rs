@@ -11,7 +11,7 @@
 use rkyv::{rancor, util::AlignedVec, Archive, Deserialize, Serialize};
 
 use crate::ids::{CoordinatorId, StreamId, WorkerId};
-use crate::protocol::MAX_MESSAGE_BYTES;
+use crate::protocol::{TokenLogprobs, MAX_MESSAGE_BYTES};
 
 /// The NATS queue group every coordinator serves the public subjects in.
 pub const QUEUE_GROUP: &str = "baton-coordinators";
@@ -207,14 +207,18 @@ pub enum Reply {
 }
 
 /// New text of a stream.
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct Chunk {
     /// The text.
     pub text: String,
+    /// The logprobs of the tokens since the last chunk, when the request asked (a token
+    /// whose text is held back has its entry in the next chunk with text, or in the
+    /// final message).
+    pub logprobs: Vec<TokenLogprobs>,
 }
 
 /// How a stream ended.
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct Final {
     /// OpenAI's `finish_reason`: `stop` or `length`.
     pub finish_reason: String,
@@ -222,10 +226,13 @@ pub struct Final {
     pub prompt_tokens: u32,
     /// Generated tokens.
     pub completion_tokens: u32,
+    /// The logprobs of tokens not in any chunk (in a whole answer: empty, they are all
+    /// in [`Whole::logprobs`]).
+    pub logprobs: Vec<TokenLogprobs>,
 }
 
 /// A whole answer.
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct Whole {
     /// OpenAI's response id (`chatcmpl-…`, `cmpl-…`).
     pub id: String,
@@ -233,6 +240,8 @@ pub struct Whole {
     pub model: String,
     /// The text.
     pub text: String,
+    /// Every token's logprobs, when the request asked.
+    pub logprobs: Vec<TokenLogprobs>,
     /// How it ended.
     pub end: Final,
 }
@@ -324,11 +333,17 @@ mod tests {
         for reply in [
             Reply::Chunk(Chunk {
                 text: "héllo".into(),
+                logprobs: vec![TokenLogprobs {
+                    logprob: -0.5,
+                    bytes: b"h".to_vec(),
+                    top: vec![],
+                }],
             }),
             Reply::Final(Final {
                 finish_reason: "length".into(),
                 prompt_tokens: 3,
                 completion_tokens: 4,
+                logprobs: vec![],
             }),
             Reply::Error(ErrorReply {
                 code: "model_not_found".into(),

@@ -21,7 +21,7 @@ use actix::Addr;
 use async_nats::{Client, HeaderMap, Message, Subject, Subscriber};
 use baton_common::config::CoordinatorConfig;
 use baton_common::ids::{CoordinatorId, StreamId};
-use baton_common::protocol::FinishReason;
+use baton_common::protocol::{FinishReason, TokenLogprobs};
 use baton_common::public::{
     encode_reply, headers, Chunk, ClusterStatus, CoordinatorStatus, DrainRequest, Drained,
     ErrorReply, Final, LoadStatus, ModelStatus, ReplayRequest, Reply, Whole, WorkerStatus,
@@ -37,6 +37,7 @@ use crate::actors::registry::{HealthStatus, Registry};
 use crate::actors::sessions::{Attach, AttachError, Sessions, Update};
 use crate::auth::StreamAccess;
 use crate::http::error::ApiError;
+use crate::http::logprobs::LogprobsWriter;
 use crate::http::openai::Usage;
 use crate::http::routes::open_stream;
 use crate::http::sse::{response_id, ChunkWriter, StreamGuard};
@@ -227,17 +228,34 @@ impl PublicApi {
 
     /// Sends every update as a chunk, then the final message.
     async fn forward(&self, mut answer: Answer, out: &mut Replier) -> Result<(), ApiError> {
+        // rkyv replies: logprobs of tokens whose text is still held back.
+        let mut pending: Vec<TokenLogprobs> = Vec::new();
         loop {
             match self.next(&mut answer.events).await? {
-                Update::Token { index, text, .. } => {
-                    if text.is_empty() {
-                        continue;
-                    }
+                Update::Token {
+                    index,
+                    text,
+                    logprobs,
+                    ..
+                } => {
                     let payload = match out.format {
-                        Format::Json => answer.writer.text(&text).into_bytes(),
-                        Format::Rkyv => encode_reply(&Reply::Chunk(Chunk { text })),
+                        Format::Json => answer
+                            .writer
+                            .token(&text, logprobs.as_ref())
+                            .map(String::into_bytes),
+                        Format::Rkyv => {
+                            pending.extend(logprobs);
+                            (!text.is_empty()).then(|| {
+                                encode_reply(&Reply::Chunk(Chunk {
+                                    text,
+                                    logprobs: std::mem::take(&mut pending),
+                                }))
+                            })
+                        }
                     };
-                    out.send(Kind::Chunk(index), payload).await;
+                    if let Some(payload) = payload {
+                        out.send(Kind::Chunk(index), payload).await;
+                    }
                 }
                 Update::Finished(f) => {
                     let prompt = if f.prompt_tokens > 0 {
@@ -254,7 +272,10 @@ impl PublicApi {
                             value["usage"] = json!(usage);
                             value.to_string().into_bytes()
                         }
-                        Format::Rkyv => encode_reply(&Reply::Final(final_of(f.reason, usage))),
+                        Format::Rkyv => encode_reply(&Reply::Final(Final {
+                            logprobs: pending,
+                            ..final_of(f.reason, usage)
+                        })),
                     };
                     out.send(Kind::Final(f.completion_tokens), payload).await;
                     return Ok(());
@@ -267,9 +288,17 @@ impl PublicApi {
     /// Gathers the whole answer and sends it as one message.
     async fn whole(&self, mut answer: Answer, out: &mut Replier) -> Result<(), ApiError> {
         let mut text = String::new();
+        let mut logprobs: Vec<TokenLogprobs> = Vec::new();
         loop {
             match self.next(&mut answer.events).await? {
-                Update::Token { text: t, .. } => text.push_str(&t),
+                Update::Token {
+                    text: t,
+                    logprobs: l,
+                    ..
+                } => {
+                    text.push_str(&t);
+                    logprobs.extend(l);
+                }
                 Update::Finished(f) => {
                     let prompt = if f.prompt_tokens > 0 {
                         f.prompt_tokens
@@ -280,11 +309,12 @@ impl PublicApi {
                     let id = response_id(answer.endpoint, answer.stream);
                     let reason = f.reason.openai();
                     let payload = match out.format {
-                        Format::Json => whole_json(&answer, id, text, reason, usage),
+                        Format::Json => whole_json(&answer, id, text, &logprobs, reason, usage),
                         Format::Rkyv => encode_reply(&Reply::Whole(Whole {
                             id,
                             model: answer.model,
                             text,
+                            logprobs,
                             end: final_of(f.reason, usage),
                         })),
                     };
@@ -513,23 +543,37 @@ fn final_of(reason: FinishReason, usage: Usage) -> Final {
         finish_reason: reason.openai().to_string(),
         prompt_tokens: usage.prompt_tokens,
         completion_tokens: usage.completion_tokens,
+        logprobs: Vec::new(),
     }
 }
 
 /// The whole OpenAI body, as `stream: false` over HTTP gives it.
-fn whole_json(answer: &Answer, id: String, text: String, reason: &str, usage: Usage) -> Vec<u8> {
+fn whole_json(
+    answer: &Answer,
+    id: String,
+    text: String,
+    logprobs: &[TokenLogprobs],
+    reason: &str,
+    usage: Usage,
+) -> Vec<u8> {
+    let mut writer = LogprobsWriter::new(answer.endpoint);
+    for l in logprobs {
+        writer.push(Some(l));
+    }
+    let logprobs = writer.take();
     let body = match answer.endpoint {
         Endpoint::Chat => json!({
             "id": id, "object": "chat.completion", "created": answer.created,
             "model": answer.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": null, "finish_reason": reason}],
+                         "logprobs": logprobs, "finish_reason": reason}],
             "usage": usage,
         }),
         Endpoint::Completion => json!({
             "id": id, "object": "text_completion", "created": answer.created,
             "model": answer.model,
-            "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": reason}],
+            "choices": [{"text": text, "index": 0, "logprobs": logprobs,
+                         "finish_reason": reason}],
             "usage": usage,
         }),
     };
@@ -702,12 +746,32 @@ mod tests {
             &answer,
             "chatcmpl-1".into(),
             "Hi".into(),
+            &[],
             "stop",
             Usage::new(2, 1),
         ))
         .expect("json");
         assert_eq!(body["object"], "chat.completion");
         assert_eq!(body["choices"][0]["message"]["content"], "Hi");
+        assert_eq!(body["choices"][0]["logprobs"], Value::Null);
         assert_eq!(body["usage"]["total_tokens"], 3);
+        let entry = TokenLogprobs {
+            logprob: -0.5,
+            bytes: b"Hi".to_vec(),
+            top: Vec::new(),
+        };
+        let body: Value = serde_json::from_slice(&whole_json(
+            &answer,
+            "chatcmpl-1".into(),
+            "Hi".into(),
+            &[entry],
+            "stop",
+            Usage::new(2, 1),
+        ))
+        .expect("json");
+        assert_eq!(
+            body["choices"][0]["logprobs"]["content"][0]["token"], "Hi",
+            "{body}"
+        );
     }
 }

@@ -5,8 +5,11 @@
 //!   how its answer is shaped, the key that opened it, its current attempt and worker,
 //!   and how it ended.
 //! - `tokens`: stream id ‖ position (4 bytes, big-endian) → token id (u32 LE) ‖ chain
-//!   hash (u64 LE) ‖ text (UTF-8). Keys sort by stream, then position, so one range
-//!   scan reads a stream's tokens in order.
+//!   hash (u64 LE) ‖ text length (u32 LE) ‖ text (UTF-8), then, when the request asked
+//!   for logprobs, the token's (f32 LE) ‖ its bytes (u16 LE length first) ‖ the number
+//!   of alternatives (u8) ‖ each as id (u32 LE) ‖ logprob (f32 LE) ‖ bytes (u16 LE
+//!   length first). Keys sort by stream, then position, so one range scan reads a
+//!   stream's tokens in order.
 //! - `meta`: this coordinator's id, so that a restarted coordinator keeps its token
 //!   subject and its workers' messages still reach it.
 //!
@@ -29,7 +32,9 @@
 use std::path::Path;
 
 use baton_common::ids::{StreamId, WorkerId};
-use baton_common::protocol::{Finished, SeqRequest, TokenEvent, WireError};
+use baton_common::protocol::{
+    Finished, SeqRequest, TokenEvent, TokenLogprobs, TopLogprob, WireError,
+};
 use rkyv::{rancor, util::AlignedVec, Archive, Deserialize, Serialize};
 
 use crate::auth::KeyId;
@@ -83,7 +88,7 @@ pub struct StreamRecord {
 }
 
 /// One checkpointed token.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StoredToken {
     /// Position in the output.
     pub index: u32,
@@ -93,6 +98,8 @@ pub struct StoredToken {
     pub hash: u64,
     /// Text that became final with it.
     pub text: String,
+    /// Its logprobs, when the request asked.
+    pub logprobs: Option<TokenLogprobs>,
 }
 
 /// What one collection of the store did.
@@ -141,35 +148,110 @@ fn decode_record(bytes: &[u8]) -> Result<StreamRecord, StoreError> {
         .map_err(|e| StoreError::Damaged(e.to_string()))
 }
 
+/// Reads a token entry's fields in order.
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], StoreError> {
+        if self.bytes.len() < n {
+            return Err(StoreError::Damaged("short token entry".into()));
+        }
+        let (head, rest) = self.bytes.split_at(n);
+        self.bytes = rest;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], StoreError> {
+        Ok(self.take(N)?.try_into().expect("N bytes"))
+    }
+
+    fn u32(&mut self) -> Result<u32, StoreError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+
+    fn f32(&mut self) -> Result<f32, StoreError> {
+        Ok(f32::from_le_bytes(self.array()?))
+    }
+
+    fn short_bytes(&mut self) -> Result<Vec<u8>, StoreError> {
+        let n = u16::from_le_bytes(self.array()?) as usize;
+        Ok(self.take(n)?.to_vec())
+    }
+}
+
+fn put_short_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    // A token's bytes are a few dozen at most; anything longer is cut, never misread.
+    let n = bytes.len().min(u16::MAX as usize);
+    out.extend_from_slice(&(n as u16).to_le_bytes());
+    out.extend_from_slice(&bytes[..n]);
+}
+
+fn encode_token(t: &TokenEvent) -> Vec<u8> {
+    let mut value = Vec::with_capacity(16 + t.text.len());
+    value.extend_from_slice(&t.id.to_le_bytes());
+    value.extend_from_slice(&t.hash.to_le_bytes());
+    value.extend_from_slice(&(t.text.len() as u32).to_le_bytes());
+    value.extend_from_slice(t.text.as_bytes());
+    if let Some(l) = &t.logprobs {
+        value.extend_from_slice(&l.logprob.to_le_bytes());
+        put_short_bytes(&mut value, &l.bytes);
+        let top = &l.top[..l.top.len().min(u8::MAX as usize)];
+        value.push(top.len() as u8);
+        for alt in top {
+            value.extend_from_slice(&alt.id.to_le_bytes());
+            value.extend_from_slice(&alt.logprob.to_le_bytes());
+            put_short_bytes(&mut value, &alt.bytes);
+        }
+    }
+    value
+}
+
 fn decode_token(key: &[u8], value: &[u8]) -> Result<StoredToken, StoreError> {
-    let damaged = || StoreError::Damaged("short token entry".into());
     let index = u32::from_be_bytes(
         key.get(16..20)
-            .ok_or_else(damaged)?
-            .try_into()
-            .map_err(|_| damaged())?,
+            .and_then(|k| k.try_into().ok())
+            .ok_or_else(|| StoreError::Damaged("short token key".into()))?,
     );
-    let id = u32::from_le_bytes(
-        value
-            .get(..4)
-            .ok_or_else(damaged)?
-            .try_into()
-            .map_err(|_| damaged())?,
-    );
-    let hash = u64::from_le_bytes(
-        value
-            .get(4..12)
-            .ok_or_else(damaged)?
-            .try_into()
-            .map_err(|_| damaged())?,
-    );
-    let text = String::from_utf8(value[12..].to_vec())
+    let mut r = Reader { bytes: value };
+    let id = r.u32()?;
+    let hash = u64::from_le_bytes(r.array()?);
+    let len = r.u32()? as usize;
+    let text = String::from_utf8(r.take(len)?.to_vec())
         .map_err(|_| StoreError::Damaged("token text is not UTF-8".into()))?;
+    let logprobs = if r.bytes.is_empty() {
+        None
+    } else {
+        let logprob = r.f32()?;
+        let bytes = r.short_bytes()?;
+        let n = r.take(1)?[0];
+        let top = (0..n)
+            .map(|_| {
+                Ok(TopLogprob {
+                    id: r.u32()?,
+                    logprob: r.f32()?,
+                    bytes: r.short_bytes()?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        if !r.bytes.is_empty() {
+            return Err(StoreError::Damaged(
+                "trailing bytes in a token entry".into(),
+            ));
+        }
+        Some(TokenLogprobs {
+            logprob,
+            bytes,
+            top,
+        })
+    };
     Ok(StoredToken {
         index,
         id,
         hash,
         text,
+        logprobs,
     })
 }
 
@@ -242,11 +324,8 @@ impl Store {
         tokens: impl IntoIterator<Item = (StreamId, &'a TokenEvent)>,
     ) -> Result<(), StoreError> {
         for (stream, t) in tokens {
-            let mut value = Vec::with_capacity(12 + t.text.len());
-            value.extend_from_slice(&t.id.to_le_bytes());
-            value.extend_from_slice(&t.hash.to_le_bytes());
-            value.extend_from_slice(t.text.as_bytes());
-            self.tokens.insert(token_key(stream, t.index), value)?;
+            self.tokens
+                .insert(token_key(stream, t.index), encode_token(t))?;
         }
         Ok(())
     }
@@ -341,17 +420,7 @@ mod tests {
                 stream: StreamId(5),
                 model: "m".into(),
                 prompt: PromptSpec::Text("hi".into()),
-                params: GenParams {
-                    max_tokens: 4,
-                    temperature: 0.0,
-                    top_p: 1.0,
-                    top_k: 0,
-                    repetition_penalty: 1.0,
-                    seed: 0,
-                    stop: vec![],
-                    ignore_eos: false,
-                    grammar: None,
-                },
+                params: GenParams::greedy(4),
                 attempt: 0,
                 resume: None,
                 max_prompt_tokens: 0,
@@ -373,6 +442,7 @@ mod tests {
             id: index + 100,
             hash: u64::from(index) * 7,
             text: text.into(),
+            logprobs: None,
         }
     }
 
@@ -410,7 +480,23 @@ mod tests {
             }));
             done.ended_at = 10;
             store.put_stream(b, &done).expect("put");
-            let (t0, t1, t2) = (token(0, "a"), token(1, "é"), token(0, "z"));
+            let (t0, mut t1, t2) = (token(0, "a"), token(1, "é"), token(0, "z"));
+            t1.logprobs = Some(TokenLogprobs {
+                logprob: -0.25,
+                bytes: "é".as_bytes().to_vec(),
+                top: vec![
+                    TopLogprob {
+                        id: 101,
+                        logprob: -0.25,
+                        bytes: "é".as_bytes().to_vec(),
+                    },
+                    TopLogprob {
+                        id: 7,
+                        logprob: f32::NEG_INFINITY,
+                        bytes: vec![0xc3],
+                    },
+                ],
+            });
             store
                 .append([(a, &t0), (a, &t1), (b, &t2)])
                 .expect("append");
@@ -419,6 +505,18 @@ mod tests {
         let store = reopen(dir.path()).await;
         assert_eq!(store.coordinator_id(7).expect("id"), 42, "the id is kept");
         let tokens = store.tokens(a, 0).expect("tokens");
+        let t1 = token(1, "é");
+        let t1 = TokenEvent {
+            logprobs: tokens.get(1).and_then(|t| t.logprobs.clone()),
+            ..t1
+        };
+        assert_eq!(
+            t1.logprobs
+                .as_ref()
+                .map(|l| (l.logprob, l.top.len(), l.top[1].bytes.clone())),
+            Some((-0.25, 2, vec![0xc3])),
+            "logprobs are kept"
+        );
         assert_eq!(
             tokens,
             vec![
@@ -426,13 +524,15 @@ mod tests {
                     index: 0,
                     id: 100,
                     hash: 0,
-                    text: "a".into()
+                    text: "a".into(),
+                    logprobs: None,
                 },
                 StoredToken {
                     index: 1,
                     id: 101,
                     hash: 7,
-                    text: "é".into()
+                    text: "é".into(),
+                    logprobs: t1.logprobs.clone(),
                 },
             ]
         );
@@ -477,5 +577,31 @@ mod tests {
     fn damaged_records_are_errors() {
         assert!(decode_record(b"garbage").is_err());
         assert!(decode_token(&[0; 20], &[1, 2]).is_err());
+        let mut t = TokenEvent {
+            index: 0,
+            id: 1,
+            hash: 2,
+            text: "ab".into(),
+            logprobs: Some(TokenLogprobs {
+                logprob: -1.0,
+                bytes: b"ab".to_vec(),
+                top: vec![TopLogprob {
+                    id: 1,
+                    logprob: -1.0,
+                    bytes: b"ab".to_vec(),
+                }],
+            }),
+        };
+        let whole = encode_token(&t);
+        assert!(decode_token(&[0; 20], &whole).is_ok());
+        // Every cut of an entry is an error or an entry without logprobs, never a panic.
+        for cut in 0..whole.len() {
+            if let Ok(back) = decode_token(&[0; 20], &whole[..cut]) {
+                assert_eq!(cut, 18, "only the entry without its logprobs decodes");
+                assert!(back.logprobs.is_none());
+            }
+        }
+        t.logprobs = None;
+        assert_eq!(encode_token(&t).len(), 18);
     }
 }

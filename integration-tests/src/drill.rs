@@ -115,6 +115,8 @@ struct Outcome {
     text: String,
     finish_reason: Option<String>,
     completion_tokens: Option<u64>,
+    /// Every token's logprobs entry, in order (empty when not asked for).
+    logprobs: Vec<Value>,
 }
 
 impl Seen {
@@ -148,6 +150,7 @@ impl Seen {
         let mut text = String::new();
         let mut finish_reason = None;
         let mut completion_tokens = None;
+        let mut logprobs = Vec::new();
         let mut done = false;
         let mut last: Option<u64> = None;
         for (_, e) in &self.events {
@@ -174,6 +177,13 @@ impl Seen {
                     if let Some(r) = c["finish_reason"].as_str() {
                         finish_reason = Some(r.to_string());
                     }
+                    logprobs.extend(
+                        c["logprobs"]["content"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .cloned(),
+                    );
                 }
                 if let Some(n) = json["usage"]["completion_tokens"].as_u64() {
                     completion_tokens = Some(n);
@@ -187,6 +197,7 @@ impl Seen {
             text,
             finish_reason,
             completion_tokens,
+            logprobs,
         })
     }
 }
@@ -281,7 +292,8 @@ pub fn supplies_schema() -> Value {
     })
 }
 
-/// The structured drills' request: the output held to [`supplies_schema`].
+/// The structured drills' request: the output held to [`supplies_schema`], with each
+/// token's logprobs and two alternatives.
 pub fn structured_request(
     cluster: &Cluster,
     sampling: Sampling,
@@ -296,6 +308,9 @@ pub fn structured_request(
         "type": "json_schema",
         "json_schema": {"name": "supplies", "schema": supplies_schema(), "strict": true}
     });
+    // The resumed stream's logprobs are checked against the uninterrupted run's too.
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(2);
     body
 }
 
@@ -401,6 +416,16 @@ fn worker_drill(
             ));
             return verdict;
         }
+        // And it carries one logprobs entry per token, which every resumed run must equal.
+        Ok(r) if structured && Some(r.logprobs.len() as u64) != r.completion_tokens => {
+            verdict.runs = runs;
+            verdict.failures.push(format!(
+                "reference run: {} logprobs entries for {:?} tokens",
+                r.logprobs.len(),
+                r.completion_tokens
+            ));
+            return verdict;
+        }
         Ok(r) if structured && supplies_fault(&r.text).is_some() => {
             verdict.runs = runs;
             verdict.failures.push(format!(
@@ -468,7 +493,8 @@ pub fn kill_worker(
 
 /// `kill -9` the worker serving a stream held to a JSON schema ([`structured_request`]),
 /// `runs` times: the resumed stream rebuilds the grammar's state from the tokens so far
-/// and ends exactly as an uninterrupted run, which itself validates.
+/// and ends exactly as an uninterrupted run (text and every token's logprobs), which
+/// itself validates.
 pub fn kill_worker_structured(
     cluster: &mut Cluster,
     sampling: Sampling,

@@ -104,6 +104,21 @@ pub fn generate(prompt: &str, chat: bool, max_tokens: u32) -> String {
     generate_with(prompt, chat, max_tokens, &[])
 }
 
+/// What `baton-worker generate --json` prints for a greedy run with `extra` options:
+/// the text, prompt and output ids, finish reason and (with `--logprobs N`) each token's
+/// logprobs, as the engine computed them.
+pub fn generate_json(
+    prompt: &str,
+    chat: bool,
+    max_tokens: u32,
+    extra: &[&str],
+) -> serde_json::Value {
+    let mut args = vec!["--json"];
+    args.extend_from_slice(extra);
+    let out = generate_with(prompt, chat, max_tokens, &args);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("generate --json printed {out:?}: {e}"))
+}
+
 /// [`generate`] with more options of `baton-worker generate` (`--json-schema …`).
 pub fn generate_with(prompt: &str, chat: bool, max_tokens: u32, extra: &[&str]) -> String {
     let mut cmd = std::process::Command::new(process::bin("baton-worker"));
@@ -113,7 +128,10 @@ pub fn generate_with(prompt: &str, chat: bool, max_tokens: u32, extra: &[&str]) 
         .arg(cluster::default_model_path())
         .args(["--prompt", prompt])
         .args(["--max-tokens", &max_tokens.to_string()])
-        .args(["--temperature", "0", "--dtype", "native-i16"]);
+        .args(["--dtype", "native-i16"]);
+    if !extra.contains(&"--temperature") {
+        cmd.args(["--temperature", "0"]);
+    }
     if chat {
         cmd.arg("--chat");
     }

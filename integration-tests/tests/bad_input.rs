@@ -166,8 +166,10 @@ fn a_dead_worker_leaves_503() {
 
 /// Structured output that cannot be used — a schema llguidance cannot compile, a schema
 /// that is not JSON, a bad regex or grammar, an unknown `response_format` type, two
-/// asks at once — is a 400 naming the field, on both endpoints; none reaches a worker
-/// (its count of submitted sequences holds only the good request sent after them).
+/// asks at once — and sampling fields out of range (penalties, `min_p`, `logit_bias`,
+/// `min_tokens`, `stop_token_ids`, `top_logprobs`) are each a 400 naming the field, on
+/// both endpoints; none reaches a worker (its count of submitted sequences holds only
+/// the good request sent after them).
 #[test]
 fn structured_output_that_cannot_be_used_is_400_and_never_dispatched() {
     let Some(mut cluster) = cluster() else { return };
@@ -213,6 +215,31 @@ fn structured_output_that_cannot_be_used_is_400_and_never_dispatched() {
             json!({"structured_outputs": {"regex": "a", "choice": ["b"]}}),
             "structured_outputs.choice",
             "both",
+        ),
+        // Sampling fields out of their ranges.
+        (
+            json!({"presence_penalty": 3}),
+            "presence_penalty",
+            "[-2, 2]",
+        ),
+        (
+            json!({"frequency_penalty": -2.5}),
+            "frequency_penalty",
+            "[-2, 2]",
+        ),
+        (json!({"min_p": 2}), "min_p", "[0, 1]"),
+        (json!({"logit_bias": {"x": 1}}), "logit_bias", "token id"),
+        (
+            json!({"logit_bias": {"5": 500}}),
+            "logit_bias",
+            "[-100, 100]",
+        ),
+        (json!({"min_tokens": 100_000}), "min_tokens", "max_tokens"),
+        (json!({"stop_token_ids": "7"}), "stop_token_ids", "array"),
+        (
+            json!({"logprobs": true, "top_logprobs": 21}),
+            "top_logprobs",
+            "",
         ),
     ];
     for (extra, param, needle) in &cases {

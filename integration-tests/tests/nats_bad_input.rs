@@ -163,6 +163,23 @@ fn malformed_public_requests_get_errors_and_are_counted() {
                 json!({"model": model, "prompt": "x", "response_format": {"type": "xml"}}),
                 "invalid_value",
             ),
+            // Sampling fields out of range, as over HTTP.
+            (
+                s.chat_completions(),
+                json!({"model": model, "messages": [{"role": "user", "content": "x"}],
+                       "logprobs": true, "top_logprobs": 21}),
+                "invalid_value",
+            ),
+            (
+                s.completions(),
+                json!({"model": model, "prompt": "x", "logit_bias": {"1": "much"}}),
+                "invalid_value",
+            ),
+            (
+                s.completions(),
+                json!({"model": model, "prompt": "x", "presence_penalty": 9}),
+                "invalid_value",
+            ),
             (s.replay(), json!({"stream": "not-an-id"}), "invalid_json"),
             (
                 s.replay(),

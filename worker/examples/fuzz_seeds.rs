@@ -11,9 +11,9 @@ use anyhow::{ensure, Context};
 use baton_common::ids::{CoordinatorId, StreamId, WorkerId};
 use baton_common::protocol::{
     encode, Accepted, Body, Cancel, ChatTurn, DrainReply, DrainWorker, Envelope, ErrorKind,
-    EventKind, FinishReason, Finished, GenParams, Heartbeat, ModelInfo, Probe, ProbeReply,
-    PromptSpec, Refused, Resume, SeqRequest, StreamAttempt, StreamEvent, Submit, SubmitOutcome,
-    SubmitReply, TokenBatch, TokenEvent, Wire, WireError, PROTOCOL_VERSION,
+    EventKind, FinishReason, Finished, GenParams, Heartbeat, LogitBias, ModelInfo, Probe,
+    ProbeReply, PromptSpec, Refused, Resume, SeqRequest, StreamAttempt, StreamEvent, Submit,
+    SubmitOutcome, SubmitReply, TokenBatch, TokenEvent, Wire, WireError, PROTOCOL_VERSION,
 };
 use baton_common::public::{
     encode_reply, Chunk, ClusterStatus, CoordinatorStatus, Drained, ErrorReply, Final, LoadStatus,
@@ -115,6 +115,16 @@ fn wire_seeds(dir: &Path) -> anyhow::Result<()> {
         stop: vec!["\n\n".into()],
         ignore_eos: false,
         grammar: None,
+        presence_penalty: 0.5,
+        frequency_penalty: -0.25,
+        min_p: 0.05,
+        logit_bias: vec![LogitBias {
+            id: 3,
+            bias: -100.0,
+        }],
+        min_tokens: 2,
+        stop_token_ids: vec![7],
+        logprobs: Some(2),
     };
     let bodies = [
         Body::Heartbeat(Heartbeat {
@@ -187,6 +197,15 @@ fn wire_seeds(dir: &Path) -> anyhow::Result<()> {
                         id: 42,
                         hash: 9,
                         text: "héllo".into(),
+                        logprobs: Some(baton_common::protocol::TokenLogprobs {
+                            logprob: -0.75,
+                            bytes: b"h\xc3".to_vec(),
+                            top: vec![baton_common::protocol::TopLogprob {
+                                id: 5,
+                                logprob: -1.5,
+                                bytes: b"x".to_vec(),
+                            }],
+                        }),
                     }),
                 },
                 StreamEvent {
@@ -239,14 +258,19 @@ fn wire_seeds(dir: &Path) -> anyhow::Result<()> {
         finish_reason: "stop".into(),
         prompt_tokens: 3,
         completion_tokens: 1,
+        logprobs: vec![],
     };
     let replies = [
-        Reply::Chunk(Chunk { text: "hi".into() }),
+        Reply::Chunk(Chunk {
+            text: "hi".into(),
+            logprobs: vec![],
+        }),
         Reply::Final(end.clone()),
         Reply::Whole(Whole {
             id: "cmpl-1".into(),
             model: "m".into(),
             text: "hi".into(),
+            logprobs: vec![],
             end,
         }),
         Reply::Error(ErrorReply {

@@ -629,15 +629,8 @@ pub fn run_serve(args: &ServeBenchArgs) -> anyhow::Result<()> {
                             content: serving_prompt(i),
                         }]),
                         params: GenParams {
-                            max_tokens,
-                            temperature: 0.0,
-                            top_p: 1.0,
-                            top_k: 0,
-                            repetition_penalty: 1.0,
-                            seed: 0,
-                            stop: vec![],
                             ignore_eos: true,
-                            grammar: None,
+                            ..GenParams::greedy(max_tokens)
                         },
                         attempt: 0,
                         resume: None,

@@ -104,6 +104,30 @@ pub struct GenerateArgs {
     /// Stop strings (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
+    /// Keep only tokens at least this probable relative to the likeliest one.
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Subtracted once from the logit of each token the output holds (−2..=2).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit per time the output holds it (−2..=2).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    /// `ID=BIAS`: added to token ID's logit (repeatable).
+    #[arg(long, value_parser = parse_bias, allow_negative_numbers = true)]
+    pub logit_bias: Vec<(u32, f32)>,
+    /// No end token, stop token or stop string before this many tokens.
+    #[arg(long, default_value_t = 0)]
+    pub min_tokens: usize,
+    /// A token id that ends the output (repeatable).
+    #[arg(long)]
+    pub stop_token_id: Vec<u32>,
+    /// Report each token's log-probability and this many alternatives (with `--json`).
+    #[arg(long)]
+    pub logprobs: Option<usize>,
+    /// Print one JSON object (text, ids, finish, logprobs) instead of the text.
+    #[arg(long)]
+    pub json: bool,
     /// Constrain the output to this JSON schema (its JSON text).
     #[arg(long, conflicts_with_all = ["regex", "lark"])]
     pub json_schema: Option<String>,
@@ -128,6 +152,21 @@ pub struct GenerateArgs {
     /// Print token ids and timings to stderr.
     #[arg(long)]
     pub verbose: bool,
+}
+
+/// `ID=BIAS`.
+fn parse_bias(s: &str) -> Result<(u32, f32), String> {
+    let (id, bias) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not ID=BIAS"))?;
+    Ok((
+        id.trim()
+            .parse()
+            .map_err(|e| format!("token id {id:?}: {e}"))?,
+        bias.trim()
+            .parse()
+            .map_err(|e| format!("bias {bias:?}: {e}"))?,
+    ))
 }
 
 impl GenerateArgs {
@@ -209,23 +248,47 @@ fn generate<B: Backend>(args: &GenerateArgs, device: &B::Device) -> anyhow::Resu
             top_k: args.top_k,
             top_p: args.top_p,
             repetition_penalty: args.repetition_penalty,
+            min_p: args.min_p,
+            presence_penalty: args.presence_penalty,
+            frequency_penalty: args.frequency_penalty,
+            logit_bias: args.logit_bias.clone(),
             seed: args.seed,
         },
         stop: args.stop.clone(),
         ignore_eos: false,
         grammar: args.grammar(),
+        min_tokens: args.min_tokens,
+        stop_token_ids: args.stop_token_id.clone(),
+        logprobs: args.logprobs,
     };
     let n_prompt = ids.len();
     let t1 = Instant::now();
     let mut first = None;
     let mut stdout = std::io::stdout().lock();
+    let mut logprobs = Vec::new();
     let completion = engine.generate(ids, params, &mut |ev| {
         if first.is_none() {
             first = Some(t1.elapsed());
         }
-        let _ = stdout.write_all(ev.text.as_bytes());
-        let _ = stdout.flush();
+        if args.json {
+            if let Some(l) = &ev.logprobs {
+                logprobs.push(serde_json::json!({"id": ev.id, "logprob": l.logprob, "top": l.top}));
+            }
+        } else {
+            let _ = stdout.write_all(ev.text.as_bytes());
+            let _ = stdout.flush();
+        }
     })?;
+    if args.json {
+        let out = serde_json::json!({
+            "text": completion.text,
+            "prompt_ids": completion.prompt_ids,
+            "ids": completion.ids,
+            "finish": completion.finish.openai(),
+            "logprobs": logprobs,
+        });
+        let _ = write!(stdout, "{out}");
+    }
     let _ = writeln!(stdout);
     let total = t1.elapsed();
     if args.verbose {
@@ -272,10 +335,8 @@ mod tests {
             .expect("encode");
         let params = GenerateParams {
             max_tokens: 4,
-            sampling: SamplingParams::default(),
-            stop: Vec::new(),
             ignore_eos: true,
-            grammar: None,
+            ..Default::default()
         };
         let completion = engine.generate(ids, params, &mut |_| {}).expect("generate");
         assert_eq!(completion.ids.len(), 4);

@@ -1,7 +1,8 @@
 //! Property: a stream cut anywhere and resumed with [`Engine::resume`] goes on exactly as
-//! the stream that was never cut — same token events (ids, text pieces), same text, same
-//! end — whatever the prompt and the sampling parameters (temperature, top-p, top-k,
-//! seed, repetition penalty, stop strings, max_tokens up to the context length). On a tiny
+//! the stream that was never cut — same token events (ids, text pieces, logprobs), same
+//! text, same end — whatever the prompt and the sampling parameters (temperature, top-p,
+//! top-k, min-p, seed, repetition, presence and frequency penalties, logit bias, stop
+//! strings, stop tokens, min_tokens, max_tokens up to the context length). On a tiny
 //! random-weight model.
 
 use baton_worker::{
@@ -22,18 +23,34 @@ use tempfile::TempDir;
 /// Sampling parameters over their whole domain, greedy included.
 fn sampling() -> impl Strategy<Value = SamplingParams> {
     (
-        prop_oneof![Just(0.0f32), 0.05f32..2.5],
-        prop_oneof![Just(1.0f32), 0.05f32..1.0],
-        prop_oneof![Just(0usize), 1usize..40],
-        prop_oneof![Just(1.0f32), 0.5f32..2.0],
+        (
+            prop_oneof![Just(0.0f32), 0.05f32..2.5],
+            prop_oneof![Just(1.0f32), 0.05f32..1.0],
+            prop_oneof![Just(0usize), 1usize..40],
+            prop_oneof![Just(0.0f32), 0.0f32..0.5],
+        ),
+        (
+            prop_oneof![Just(1.0f32), 0.5f32..2.0],
+            prop_oneof![Just(0.0f32), -2.0f32..2.0],
+            prop_oneof![Just(0.0f32), -2.0f32..2.0],
+            prop::collection::vec((0u32..320, -100.0f32..100.0), 0..4),
+        ),
         any::<u64>(),
     )
         .prop_map(
-            |(temperature, top_p, top_k, repetition_penalty, seed)| SamplingParams {
+            |(
+                (temperature, top_p, top_k, min_p),
+                (repetition_penalty, presence_penalty, frequency_penalty, logit_bias),
+                seed,
+            )| SamplingParams {
                 temperature,
                 top_k,
                 top_p,
+                min_p,
                 repetition_penalty,
+                presence_penalty,
+                frequency_penalty,
+                logit_bias,
                 seed,
             },
         )
@@ -59,17 +76,28 @@ fn cases() -> impl Strategy<Value = Case> {
         any::<bool>(),
         prop::option::of((0.0f64..1.0, 0.0f64..1.0)),
         any::<prop::sample::Index>(),
+        (
+            0usize..8,
+            prop::collection::vec(0u32..320, 0..3),
+            prop::option::of(0usize..6),
+        ),
     )
-        .prop_map(|(prompt, sampling, max_tokens, ignore_eos, stop, cut)| {
-            let params = GenerateParams {
-                max_tokens,
-                sampling,
-                stop: Vec::new(),
-                ignore_eos,
-                grammar: None,
-            };
-            (prompt, params, stop, cut)
-        })
+        .prop_map(
+            |(prompt, sampling, max_tokens, ignore_eos, stop, cut, extra)| {
+                let (min_tokens, stop_token_ids, logprobs) = extra;
+                let params = GenerateParams {
+                    max_tokens,
+                    sampling,
+                    stop: Vec::new(),
+                    ignore_eos,
+                    grammar: None,
+                    min_tokens: min_tokens.min(max_tokens),
+                    stop_token_ids,
+                    logprobs,
+                };
+                (prompt, params, stop, cut)
+            },
+        )
 }
 
 /// Runs a stream uncut: its events and its completion.

@@ -40,7 +40,7 @@ use baton_common::config::CheckpointMode;
 use baton_common::ids::{StreamId, WorkerId};
 use baton_common::protocol::{
     ErrorKind, EventKind, FinishReason, Finished, Resume, SeqRequest, TokenBatch, TokenEvent,
-    WireError,
+    TokenLogprobs, WireError,
 };
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
@@ -69,6 +69,8 @@ pub enum Update {
         /// The chain hash after it (hₚ): a reconnecting client names it with the
         /// position, so that a regenerated stream is checked against what it holds.
         hash: u64,
+        /// Its logprobs, when the request asked.
+        logprobs: Option<TokenLogprobs>,
     },
     /// The stream ended normally.
     Finished(Finished),
@@ -138,6 +140,7 @@ struct Held {
     /// Chain hash after it.
     hash: u64,
     text: String,
+    logprobs: Option<TokenLogprobs>,
 }
 
 /// One stream.
@@ -226,6 +229,7 @@ impl Session {
             index: index as u32,
             text: t.text.clone(),
             hash: t.hash,
+            logprobs: t.logprobs.clone(),
         }
     }
 
@@ -430,6 +434,7 @@ impl Sessions {
                         id: t.id,
                         hash: t.hash,
                         text: t.text,
+                        logprobs: t.logprobs,
                     })
                     .collect(),
             );
@@ -810,6 +815,7 @@ impl Sessions {
                             id: t.id,
                             hash: t.hash,
                             text: t.text.clone(),
+                            logprobs: t.logprobs.clone(),
                         });
                         s.last_progress = Instant::now();
                         updates.push((
@@ -818,6 +824,7 @@ impl Sessions {
                                 index: t.index,
                                 text: t.text.clone(),
                                 hash: t.hash,
+                                logprobs: t.logprobs.clone(),
                             },
                         ));
                         stored.push((stream, t));
@@ -1037,6 +1044,7 @@ impl Sessions {
                 index: t.index,
                 text: t.text,
                 hash: t.hash,
+                logprobs: t.logprobs,
             });
         }
         let (update, prompt_tokens) = match end {
@@ -1254,17 +1262,7 @@ mod tests {
             stream: StreamId(1),
             model: "m".into(),
             prompt: PromptSpec::Text("hi".into()),
-            params: GenParams {
-                max_tokens: 4,
-                temperature: 0.0,
-                top_p: 1.0,
-                top_k: 0,
-                repetition_penalty: 1.0,
-                seed: 0,
-                stop: vec![],
-                ignore_eos: false,
-                grammar: None,
-            },
+            params: GenParams::greedy(4),
             attempt: 0,
             resume: None,
             max_prompt_tokens: 0,
@@ -1284,6 +1282,7 @@ mod tests {
             id: 7,
             hash: 1,
             text: "a".into(),
+            logprobs: None,
         };
         let mut s = Session::new(record, vec![held]);
         s.phase = phase;
@@ -1303,6 +1302,7 @@ mod tests {
                 index,
                 text: format!("t{index}"),
                 hash: 100 + u64::from(index),
+                logprobs: None,
             });
         }
         // A resumed attempt sends position 4 again: nobody gets it twice.
@@ -1310,6 +1310,7 @@ mod tests {
             index: 4,
             text: "t4".into(),
             hash: 104,
+            logprobs: None,
         });
         let drain = |rx: &mut tokio::sync::mpsc::UnboundedReceiver<Update>| {
             std::iter::from_fn(|| rx.try_recv().ok())
@@ -1335,6 +1336,7 @@ mod tests {
                 index,
                 text: format!("t{index}"),
                 hash: 100 + u64::from(index),
+                logprobs: None,
             });
         }
         match rx.try_recv() {

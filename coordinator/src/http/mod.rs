@@ -14,6 +14,7 @@
 pub mod auth;
 pub mod cors;
 pub mod error;
+pub mod logprobs;
 pub mod openai;
 pub mod request_id;
 pub mod routes;

@@ -35,6 +35,22 @@ pub struct SamplingFields {
     pub stream_options: Option<StreamOptions>,
     /// Keep going past end-of-sequence tokens (extension).
     pub ignore_eos: Option<bool>,
+    /// −2..=2, subtracted once from the logit of each token the output holds.
+    pub presence_penalty: Option<f64>,
+    /// −2..=2, subtracted from a token's logit per time the output holds it.
+    pub frequency_penalty: Option<f64>,
+    /// 0..=1 (extension): drop tokens below `min_p` × the likeliest one's probability.
+    pub min_p: Option<f64>,
+    /// Token id (as a string) → bias in −100..=100.
+    pub logit_bias: Option<Value>,
+    /// At least this many tokens before an end or stop (extension).
+    pub min_tokens: Option<i64>,
+    /// Token ids that end the output (extension).
+    pub stop_token_ids: Option<Value>,
+    /// Chat: a boolean; completions: how many alternatives per token (0..=20).
+    pub logprobs: Option<Value>,
+    /// Chat: how many alternatives per token (0..=20), with `logprobs: true`.
+    pub top_logprobs: Option<i64>,
 }
 
 /// `stream_options`.
@@ -49,15 +65,7 @@ pub struct StreamOptions {
 /// value asks for nothing (see `validate::refuse_unsupported`).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct NotSupported {
-    pub logprobs: Option<Value>,
-    pub top_logprobs: Option<Value>,
     pub echo: Option<Value>,
-    pub presence_penalty: Option<Value>,
-    pub frequency_penalty: Option<Value>,
-    pub min_p: Option<Value>,
-    pub logit_bias: Option<Value>,
-    pub min_tokens: Option<Value>,
-    pub stop_token_ids: Option<Value>,
     pub best_of: Option<Value>,
     pub suffix: Option<Value>,
     pub tools: Option<Value>,
@@ -181,8 +189,8 @@ pub struct ChatChoice {
     pub index: u32,
     /// The answer.
     pub message: ChatMessageOut,
-    /// Not supported: always null.
-    pub logprobs: Option<()>,
+    /// The tokens' logprobs when the request asked ([`super::logprobs`]), else null.
+    pub logprobs: Option<Value>,
     /// `stop` or `length`.
     pub finish_reason: &'static str,
 }
@@ -221,8 +229,8 @@ pub struct ChatChunkChoice {
     pub index: u32,
     /// What is new.
     pub delta: Delta,
-    /// Not supported: always null.
-    pub logprobs: Option<()>,
+    /// The tokens' logprobs when the request asked ([`super::logprobs`]), else null.
+    pub logprobs: Option<Value>,
     /// Null until the final chunk.
     pub finish_reason: Option<&'static str>,
 }
@@ -263,8 +271,8 @@ pub struct CompletionChoice {
     pub text: String,
     /// Always 0.
     pub index: u32,
-    /// Not supported: always null.
-    pub logprobs: Option<()>,
+    /// The tokens' logprobs when the request asked ([`super::logprobs`]), else null.
+    pub logprobs: Option<Value>,
     /// Null until the end.
     pub finish_reason: Option<&'static str>,
 }

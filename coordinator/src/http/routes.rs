@@ -21,11 +21,13 @@ use actix_web::{HttpMessage, HttpRequest, HttpResponse};
 use baton_common::ids::StreamId;
 use baton_common::protocol::{FinishReason, SeqRequest};
 use futures::StreamExt;
+use serde_json::Value;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tracing::info;
 
 use super::auth::identity;
 use super::error::ApiError;
+use super::logprobs::LogprobsWriter;
 use super::openai::{
     ChatChoice, ChatCompletion, ChatMessageOut, Completion, CompletionChoice, ModelCard, ModelList,
     Usage,
@@ -357,7 +359,7 @@ async fn respond_whole(state: &AppState, answer: Answer) -> Result<HttpResponse,
         endpoint_label(endpoint),
         answer.started,
     );
-    let (text, reason, usage) = match collect(answer, idle_timeout, &mut tracker).await {
+    let (text, logprobs, reason, usage) = match collect(answer, idle_timeout, &mut tracker).await {
         Ok(done) => {
             tracker.finish("finished");
             done
@@ -381,7 +383,7 @@ async fn respond_whole(state: &AppState, answer: Answer) -> Result<HttpResponse,
                     role: "assistant",
                     content: text,
                 },
-                logprobs: None,
+                logprobs,
                 finish_reason: reason.openai(),
             }],
             usage,
@@ -394,7 +396,7 @@ async fn respond_whole(state: &AppState, answer: Answer) -> Result<HttpResponse,
             choices: vec![CompletionChoice {
                 text,
                 index: 0,
-                logprobs: None,
+                logprobs,
                 finish_reason: Some(reason.openai()),
             }],
             usage: Some(usage),
@@ -407,8 +409,9 @@ async fn collect(
     mut answer: Answer,
     idle_timeout: Duration,
     tracker: &mut StreamTracker,
-) -> Result<(String, FinishReason, Usage), ApiError> {
+) -> Result<(String, Option<Value>, FinishReason, Usage), ApiError> {
     let mut text = String::new();
+    let mut logprobs = LogprobsWriter::new(answer.endpoint);
     loop {
         let event = match tokio::time::timeout(idle_timeout, answer.events.recv()).await {
             Ok(Some(event)) => event,
@@ -419,9 +422,14 @@ async fn collect(
             }
         };
         match event {
-            Update::Token { text: t, .. } => {
+            Update::Token {
+                text: t,
+                logprobs: l,
+                ..
+            } => {
                 tracker.token();
                 text.push_str(&t);
+                logprobs.push(l.as_ref());
             }
             Update::Finished(f) => {
                 let prompt = if f.prompt_tokens > 0 {
@@ -429,7 +437,8 @@ async fn collect(
                 } else {
                     answer.prompt_tokens
                 };
-                return Ok((text, f.reason, Usage::new(prompt, f.completion_tokens)));
+                let usage = Usage::new(prompt, f.completion_tokens);
+                return Ok((text, logprobs.take(), f.reason, usage));
             }
             Update::Failed(error) => return Err(ApiError::from_worker(error, &answer.model)),
         }

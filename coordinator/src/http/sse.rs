@@ -13,12 +13,13 @@ use std::time::Duration;
 use actix::Addr;
 use actix_web::web::Bytes;
 use baton_common::ids::StreamId;
-use baton_common::protocol::FinishReason;
+use baton_common::protocol::{FinishReason, TokenLogprobs};
 use futures::Stream;
 use serde::Serialize;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::error::ApiError;
+use super::logprobs::LogprobsWriter;
 use super::openai::{ChatChunk, ChatChunkChoice, Completion, CompletionChoice, Delta, Usage};
 use super::validate::Endpoint;
 use crate::actors::sessions::{Detach, Sessions, Update};
@@ -102,6 +103,8 @@ pub struct ChunkWriter {
     model: String,
     /// Whether a chat chunk already carried `role`.
     role_sent: bool,
+    /// The logprobs of tokens not yet in a chunk.
+    logprobs: LogprobsWriter,
 }
 
 impl ChunkWriter {
@@ -113,6 +116,7 @@ impl ChunkWriter {
             created,
             model,
             role_sent: false,
+            logprobs: LogprobsWriter::new(endpoint),
         }
     }
 
@@ -121,12 +125,14 @@ impl ChunkWriter {
         self.role_sent = true;
     }
 
-    /// The chunk of new `text`.
-    pub fn text(&mut self, text: &str) -> String {
-        self.chunk(Some(text.to_string()), None, None)
+    /// The chunk of a token's new `text`, if it has any (a token without text has its
+    /// logprobs sent with the next chunk).
+    pub fn token(&mut self, text: &str, logprobs: Option<&TokenLogprobs>) -> Option<String> {
+        self.logprobs.push(logprobs);
+        (!text.is_empty()).then(|| self.chunk(Some(text.to_string()), None, None))
     }
 
-    /// The final chunk, with `finish_reason`.
+    /// The final chunk, with `finish_reason` (and the logprobs not sent yet).
     pub fn finish(&mut self, reason: FinishReason) -> String {
         self.chunk(None, Some(reason.openai()), None)
     }
@@ -143,6 +149,11 @@ impl ChunkWriter {
         usage: Option<Usage>,
     ) -> String {
         let with_choice = usage.is_none();
+        let logprobs = if with_choice {
+            self.logprobs.take()
+        } else {
+            None
+        };
         match self.endpoint {
             Endpoint::Chat => {
                 let role = if with_choice && !self.role_sent {
@@ -158,7 +169,7 @@ impl ChunkWriter {
                             role,
                             content: text,
                         },
-                        logprobs: None,
+                        logprobs,
                         finish_reason: finish,
                     }]
                 } else {
@@ -178,7 +189,7 @@ impl ChunkWriter {
                     vec![CompletionChoice {
                         text: text.unwrap_or_default(),
                         index: 0,
-                        logprobs: None,
+                        logprobs,
                         finish_reason: finish,
                     }]
                 } else {
@@ -272,11 +283,15 @@ impl State {
             }
         };
         match event {
-            Update::Token { index, text, hash } => {
+            Update::Token {
+                index,
+                text,
+                hash,
+                logprobs,
+            } => {
                 self.s.tracker.token();
-                if !text.is_empty() {
+                if let Some(data) = self.s.writer.token(&text, logprobs.as_ref()) {
                     let id = format!("{stream}:{index}:{hash:016x}");
-                    let data = self.s.writer.text(&text);
                     self.pending.push_back(frame(None, Some(&id), &data));
                 }
             }
@@ -342,13 +357,13 @@ mod tests {
         let mut w = ChunkWriter::new(Endpoint::Chat, StreamId(1), "m".into(), 9);
         let id = format!("chatcmpl-{}", StreamId(1));
         assert_eq!(
-            parse(&w.text("Hel")),
+            parse(&w.token("Hel", None).expect("text")),
             json!({"id": id, "object": "chat.completion.chunk", "created": 9, "model": "m",
                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"},
                                 "logprobs": null, "finish_reason": null}]})
         );
         assert_eq!(
-            parse(&w.text("lo"))["choices"][0]["delta"],
+            parse(&w.token("lo", None).expect("text"))["choices"][0]["delta"],
             json!({"content": "lo"})
         );
         let fin = parse(&w.finish(FinishReason::Length));
@@ -366,7 +381,7 @@ mod tests {
     fn completion_chunks_are_text_completions() {
         let mut w = ChunkWriter::new(Endpoint::Completion, StreamId(2), "m".into(), 9);
         assert_eq!(
-            parse(&w.text("Hi")),
+            parse(&w.token("Hi", None).expect("text")),
             json!({"id": format!("cmpl-{}", StreamId(2)), "object": "text_completion",
                    "created": 9, "model": "m",
                    "choices": [{"text": "Hi", "index": 0, "logprobs": null, "finish_reason": null}]})

@@ -12,7 +12,7 @@
 
 use baton_common::config::CoordinatorConfig;
 use baton_common::grammar::{check, choice_regex};
-use baton_common::protocol::{ChatTurn, GenParams, Grammar, PromptSpec};
+use baton_common::protocol::{ChatTurn, GenParams, Grammar, LogitBias, PromptSpec};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -204,6 +204,37 @@ impl ValidRequest {
                 )));
             }
         }
+        let penalty_in_range = |field: &'static str, v: Option<f64>| match v {
+            None => Ok(0.0),
+            Some(v) if (-2.0..=2.0).contains(&v) => Ok(v as f32),
+            Some(v) => Err(ApiError::invalid(
+                field,
+                format!("`{field}` must be in [-2, 2], got {v}"),
+            )),
+        };
+        let presence_penalty = penalty_in_range("presence_penalty", s.presence_penalty)?;
+        let frequency_penalty = penalty_in_range("frequency_penalty", s.frequency_penalty)?;
+        let min_p = match s.min_p {
+            None => 0.0,
+            Some(v) if (0.0..=1.0).contains(&v) => v as f32,
+            Some(v) => {
+                return Err(ApiError::invalid(
+                    "min_p",
+                    format!("`min_p` must be in [0, 1], got {v}"),
+                ))
+            }
+        };
+        let min_tokens = match s.min_tokens {
+            None => 0,
+            Some(n) if n >= 0 && n <= i64::from(max_tokens) => n as u32,
+            Some(n) => {
+                return Err(ApiError::invalid(
+                    "min_tokens",
+                    format!("`min_tokens` must be in 0..=max_tokens ({max_tokens}), got {n}"),
+                ))
+            }
+        };
+        let logprobs = logprobs(endpoint, s.logprobs, s.top_logprobs)?;
         let stream = s.stream.unwrap_or(false);
         Ok(Self {
             endpoint,
@@ -219,12 +250,157 @@ impl ValidRequest {
                 stop: stop(s.stop)?,
                 ignore_eos: s.ignore_eos.unwrap_or(false),
                 grammar,
+                presence_penalty,
+                frequency_penalty,
+                min_p,
+                logit_bias: logit_bias(s.logit_bias)?,
+                min_tokens,
+                stop_token_ids: stop_token_ids(s.stop_token_ids)?,
+                logprobs,
             },
             stream,
             include_usage: stream && s.stream_options.is_some_and(|o| o.include_usage),
             max_prompt_tokens,
         })
     }
+}
+
+/// Most entries of `logit_bias` and of `stop_token_ids`.
+pub const MAX_TOKEN_LIST: usize = 1024;
+
+/// `logprobs` and `top_logprobs`: chat takes `logprobs: true` and `top_logprobs` 0..=20
+/// alternatives; completions take `logprobs` N (0..=20) alone.
+fn logprobs(
+    endpoint: Endpoint,
+    logprobs: Option<Value>,
+    top: Option<i64>,
+) -> Result<Option<u8>, ApiError> {
+    const MAX: i64 = 20;
+    let count = |field: &'static str, n: Option<i64>| match n {
+        Some(n) if (0..=MAX).contains(&n) => Ok(n as u8),
+        Some(n) => Err(ApiError::invalid(
+            field,
+            format!("`{field}` must be in 0..={MAX}, got {n}"),
+        )),
+        None => Ok(0),
+    };
+    match endpoint {
+        Endpoint::Chat => {
+            let on = match logprobs {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => b,
+                Some(Value::Number(n)) if n.as_u64() == Some(0) => false,
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "logprobs",
+                        "`logprobs` must be a boolean (the number of alternatives is \
+                         `top_logprobs`)",
+                    ))
+                }
+            };
+            match (on, top) {
+                (false, Some(n)) if n != 0 => Err(ApiError::invalid(
+                    "top_logprobs",
+                    "`top_logprobs` needs `logprobs: true`",
+                )),
+                (false, _) => Ok(None),
+                (true, top) => Ok(Some(count("top_logprobs", top)?)),
+            }
+        }
+        Endpoint::Completion => {
+            if top.is_some_and(|n| n != 0) {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    "completions take the number of alternatives in `logprobs`",
+                ));
+            }
+            match logprobs {
+                None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(None),
+                Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Ok(Some(count(
+                    "logprobs",
+                    Some(n.as_i64().unwrap_or(i64::MAX)),
+                )?)),
+                Some(_) => Err(ApiError::invalid(
+                    "logprobs",
+                    format!("`logprobs` must be an integer in 0..={MAX} or null"),
+                )),
+            }
+        }
+    }
+}
+
+/// `logit_bias`: an object from token ids (as strings, or numbers) to biases in
+/// −100..=100.
+fn logit_bias(v: Option<Value>) -> Result<Vec<LogitBias>, ApiError> {
+    let field = "logit_bias";
+    let map = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(map)) => map,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                field,
+                "`logit_bias` must be an object from token ids to biases",
+            ))
+        }
+    };
+    if map.len() > MAX_TOKEN_LIST {
+        return Err(ApiError::invalid(
+            field,
+            format!(
+                "`logit_bias` has {} entries, more than {MAX_TOKEN_LIST}",
+                map.len()
+            ),
+        ));
+    }
+    let mut out: Vec<LogitBias> = map
+        .iter()
+        .map(|(key, v)| {
+            let id = key.trim().parse::<u32>().map_err(|_| {
+                ApiError::invalid(field, format!("`logit_bias` key {key:?} is not a token id"))
+            })?;
+            match v.as_f64() {
+                Some(b) if (-100.0..=100.0).contains(&b) => Ok(LogitBias { id, bias: b as f32 }),
+                _ => Err(ApiError::invalid(
+                    field,
+                    format!("`logit_bias` for token {id} must be a number in [-100, 100], got {v}"),
+                )),
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    out.sort_by_key(|b| b.id);
+    if out.windows(2).any(|w| w[0].id == w[1].id) {
+        return Err(ApiError::invalid(field, "`logit_bias` names a token twice"));
+    }
+    Ok(out)
+}
+
+/// `stop_token_ids`: an array of token ids.
+fn stop_token_ids(v: Option<Value>) -> Result<Vec<u32>, ApiError> {
+    let field = "stop_token_ids";
+    let items = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(items)) if items.len() <= MAX_TOKEN_LIST => items,
+        Some(Value::Array(items)) => {
+            return Err(ApiError::invalid(
+                field,
+                format!(
+                    "`stop_token_ids` has {} ids, more than {MAX_TOKEN_LIST}",
+                    items.len()
+                ),
+            ))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                field,
+                "`stop_token_ids` must be an array of token ids",
+            ))
+        }
+    };
+    items
+        .iter()
+        .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect::<Option<Vec<u32>>>()
+        .ok_or_else(|| ApiError::invalid(field, "`stop_token_ids` must hold integers in 0..2^32"))
 }
 
 /// The grammar a request asks for, from whichever of its structured-output fields is
@@ -419,16 +595,8 @@ fn neutral(v: &Value) -> bool {
 pub fn refuse_unsupported(f: &NotSupported) -> Result<(), ApiError> {
     let no_tools = f.tools.as_ref().is_none_or(neutral) && f.functions.as_ref().is_none_or(neutral);
     type Check<'a> = (&'static str, &'a Option<Value>, &'a dyn Fn(&Value) -> bool);
-    let checks: [Check<'_>; 16] = [
-        ("logprobs", &f.logprobs, &neutral),
-        ("top_logprobs", &f.top_logprobs, &neutral),
+    let checks: [Check<'_>; 8] = [
         ("echo", &f.echo, &neutral),
-        ("presence_penalty", &f.presence_penalty, &neutral),
-        ("frequency_penalty", &f.frequency_penalty, &neutral),
-        ("min_p", &f.min_p, &neutral),
-        ("logit_bias", &f.logit_bias, &neutral),
-        ("min_tokens", &f.min_tokens, &neutral),
-        ("stop_token_ids", &f.stop_token_ids, &neutral),
         ("best_of", &f.best_of, &|v| {
             neutral(v) || v.as_f64() == Some(1.0)
         }),
@@ -814,15 +982,7 @@ mod tests {
         };
         let tool = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
         let refused = [
-            ("logprobs", json!(true)),
-            ("top_logprobs", json!(5)),
             ("echo", json!(true)),
-            ("presence_penalty", json!(0.5)),
-            ("frequency_penalty", json!(-0.5)),
-            ("min_p", json!(0.1)),
-            ("logit_bias", json!({"42": 100})),
-            ("min_tokens", json!(3)),
-            ("stop_token_ids", json!([2])),
             ("best_of", json!(2)),
             ("suffix", json!("end")),
             ("tools", tool.clone()),
@@ -883,6 +1043,98 @@ mod tests {
         )
         .expect_err("tool calls in history");
         assert!(e.to_string().contains("tool_calls"), "{e}");
+    }
+
+    /// The sampling fields travel to the worker as given; each out-of-range value is a
+    /// 400 naming its field.
+    #[test]
+    fn sampling_fields_reach_the_worker_or_name_their_fault() {
+        let with = |extra: Value| {
+            let mut c = json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                               "max_tokens": 10});
+            for (k, x) in extra.as_object().expect("object") {
+                c[k] = x.clone();
+            }
+            chat(c)
+        };
+        let r = with(
+            json!({"presence_penalty": 0.5, "frequency_penalty": -2, "min_p": 0.05,
+                            "logit_bias": {"42": 100, " 7": -100.0}, "min_tokens": 10,
+                            "stop_token_ids": [2, 0], "logprobs": true, "top_logprobs": 20}),
+        )
+        .expect("valid");
+        let p = &r.params;
+        assert_eq!(
+            (p.presence_penalty, p.frequency_penalty, p.min_p),
+            (0.5, -2.0, 0.05)
+        );
+        assert_eq!(
+            p.logit_bias,
+            vec![
+                LogitBias {
+                    id: 7,
+                    bias: -100.0
+                },
+                LogitBias {
+                    id: 42,
+                    bias: 100.0
+                }
+            ]
+        );
+        assert_eq!((p.min_tokens, p.stop_token_ids.clone()), (10, vec![2, 0]));
+        assert_eq!(p.logprobs, Some(20));
+        assert_eq!(
+            with(json!({"logprobs": true}))
+                .expect("valid")
+                .params
+                .logprobs,
+            Some(0)
+        );
+        assert_eq!(with(json!({})).expect("valid").params.logprobs, None);
+        // Completions take the count in `logprobs`.
+        let c = completion(json!({"model": "m", "prompt": "x", "logprobs": 3})).expect("valid");
+        assert_eq!(c.params.logprobs, Some(3));
+        let c = completion(json!({"model": "m", "prompt": "x", "logprobs": 0})).expect("valid");
+        assert_eq!(c.params.logprobs, Some(0));
+        for (body, field) in [
+            (json!({"presence_penalty": 2.5}), "presence_penalty"),
+            (json!({"frequency_penalty": -3}), "frequency_penalty"),
+            (json!({"min_p": 1.5}), "min_p"),
+            (json!({"min_p": -0.1}), "min_p"),
+            (json!({"logit_bias": {"x": 1}}), "logit_bias"),
+            (json!({"logit_bias": {"1": 101}}), "logit_bias"),
+            (json!({"logit_bias": {"1": "big"}}), "logit_bias"),
+            (json!({"logit_bias": {"1": 1, "01": 2}}), "logit_bias"),
+            (json!({"logit_bias": [1]}), "logit_bias"),
+            (json!({"min_tokens": 11}), "min_tokens"),
+            (json!({"min_tokens": -1}), "min_tokens"),
+            (json!({"stop_token_ids": [-1]}), "stop_token_ids"),
+            (json!({"stop_token_ids": "2"}), "stop_token_ids"),
+            (
+                json!({"logprobs": true, "top_logprobs": 21}),
+                "top_logprobs",
+            ),
+            (json!({"top_logprobs": 2}), "top_logprobs"),
+            (json!({"logprobs": "yes"}), "logprobs"),
+        ] {
+            assert_eq!(param(with(body.clone())), Some(field), "{body}");
+        }
+        let many: serde_json::Map<String, Value> = (0..=MAX_TOKEN_LIST)
+            .map(|i| (i.to_string(), json!(1)))
+            .collect();
+        assert_eq!(param(with(json!({"logit_bias": many}))), Some("logit_bias"));
+        for (body, field) in [
+            (json!({"logprobs": 21}), "logprobs"),
+            (json!({"logprobs": 1.5}), "logprobs"),
+            (json!({"logprobs": true}), "logprobs"),
+            (json!({"top_logprobs": 1}), "top_logprobs"),
+        ] {
+            let mut c = json!({"model": "m", "prompt": "x"});
+            for (k, x) in body.as_object().expect("object") {
+                c[k] = x.clone();
+            }
+            assert_eq!(param(completion(c)), Some(field), "{body}");
+        }
     }
 
     /// Every way of asking for structured output becomes its grammar, on both

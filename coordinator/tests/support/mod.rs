@@ -279,6 +279,7 @@ impl FakeWorker {
                                 id: i,
                                 hash: 0,
                                 text: word,
+                                logprobs: None,
                             }))
                             .await;
                             if text.contains("BROKEN") {

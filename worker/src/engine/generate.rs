@@ -98,6 +98,20 @@ pub enum EngineError {
         /// What the grammar engine said.
         message: String,
     },
+    /// A token id a request names (`logit_bias`, `stop_token_ids`) is not in the
+    /// vocabulary.
+    #[error("{field} names token {id}, but the vocabulary has {vocab} tokens")]
+    TokenOutOfVocab {
+        /// The request's field.
+        field: &'static str,
+        /// The token.
+        id: u32,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+    /// More alternatives asked for per token than [`MAX_TOP_LOGPROBS`].
+    #[error("at most {MAX_TOP_LOGPROBS} top logprobs per token, got {0}")]
+    TooManyLogprobs(usize),
     /// The device failed while the weights were put on it or the first kernels were
     /// compiled (a missing adapter, a broken driver or toolkit).
     #[error("the device {device} failed at load: {message}")]
@@ -126,10 +140,15 @@ impl EngineError {
             EngineError::ResumePastEnd { .. } => "resume_past_end",
             EngineError::Grammar(_) => "invalid_grammar",
             EngineError::ResumeOffGrammar { .. } => "resume_off_grammar",
+            EngineError::TokenOutOfVocab { .. } => "token_out_of_vocab",
+            EngineError::TooManyLogprobs(_) => "too_many_logprobs",
             EngineError::Device { .. } => "device",
         }
     }
 }
+
+/// Most alternatives a token's logprobs list (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// What a request asks for, besides its prompt.
 #[derive(Debug, Clone, PartialEq)]
@@ -144,6 +163,15 @@ pub struct GenerateParams {
     pub ignore_eos: bool,
     /// A grammar every token must follow (structured output).
     pub grammar: Option<Grammar>,
+    /// No end token, stop token or stop string ends the output before it holds this many
+    /// tokens: until then end and stop tokens are never drawn, and stop strings are not
+    /// looked for.
+    pub min_tokens: usize,
+    /// Tokens that end the output when drawn, as end-of-sequence does (even with
+    /// `ignore_eos`); not part of its text.
+    pub stop_token_ids: Vec<u32>,
+    /// Report each token's log-probability with this many of the most likely tokens'.
+    pub logprobs: Option<usize>,
 }
 
 impl Default for GenerateParams {
@@ -154,6 +182,9 @@ impl Default for GenerateParams {
             stop: Vec::new(),
             ignore_eos: false,
             grammar: None,
+            min_tokens: 0,
+            stop_token_ids: Vec::new(),
+            logprobs: None,
         }
     }
 }
@@ -194,6 +225,19 @@ pub struct TokenEvent {
     /// Text that became final with this token (may be empty: an incomplete UTF-8
     /// character, or text held back while it may start a stop string).
     pub text: String,
+    /// Its log-probability, when the request asked ([`GenerateParams::logprobs`]).
+    pub logprobs: Option<Logprobs>,
+}
+
+/// A drawn token's log-probability and the most likely tokens' at its position, under
+/// the distribution it was drawn from after the grammar's mask, `min_tokens`,
+/// `logit_bias` and the penalties, before temperature and truncation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logprobs {
+    /// The drawn token's natural log-probability.
+    pub logprob: f32,
+    /// The most likely tokens and theirs, most likely first.
+    pub top: Vec<(u32, f32)>,
 }
 
 /// A finished completion.
@@ -467,6 +511,20 @@ impl<B: Backend> Engine<B> {
         if let Some(&id) = prompt_ids.iter().find(|&&t| t as usize >= vocab) {
             return Err(ForwardError::BadToken { id, vocab }.into());
         }
+        let named = params
+            .sampling
+            .logit_bias
+            .iter()
+            .map(|b| ("logit_bias", b.0))
+            .chain(params.stop_token_ids.iter().map(|&t| ("stop_token_ids", t)));
+        for (field, id) in named {
+            if id as usize >= vocab {
+                return Err(EngineError::TokenOutOfVocab { field, id, vocab });
+            }
+        }
+        if params.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
+            return Err(EngineError::TooManyLogprobs(params.logprobs.unwrap_or(0)));
+        }
         let guide = match &params.grammar {
             None => None,
             Some(g) => Some(self.guide(g)?),
@@ -655,11 +713,7 @@ impl<B: Backend> Engine<B> {
             tracing::debug!(rows, generating, prompts, "forward");
         }
         // Where every row that draws is greedy, the device engine downloads ids only.
-        let want_logits = runs.iter().any(|&(i, _)| {
-            let s = &seqs[i];
-            let p = &s.params.sampling;
-            p.temperature != 0.0 || p.repetition_penalty != 1.0 || s.guide.is_some()
-        });
+        let want_logits = runs.iter().any(|&(i, _)| !seqs[i].plain_greedy());
         // The grammar masks of the rows that draw are computed on a thread of their own
         // while the forward pass runs: they depend on the tokens so far only.
         let (forward, computed) = {
@@ -725,17 +779,8 @@ impl<B: Backend> Engine<B> {
         // A greedy draw without a penalty is the row's argmax, which the host forward
         // pass found as it wrote the row: reading 16 rows of logits again, from the
         // caches of the threads that wrote them, took ~0.4 ms of a 16-sequence step.
-        let draws: Vec<(usize, Result<u32, String>)> = {
-            type Job<'a> = (
-                usize,
-                &'a SamplingParams,
-                Vec<u32>,
-                u64,
-                &'a mut [f32],
-                Option<u32>,
-                Option<Result<toktrie::SimpleVob, String>>,
-            );
-            let mut jobs: Vec<Job<'_>> = runs
+        let draws: Vec<(usize, Drawn)> = {
+            let mut jobs: Vec<Draw<'_>> = runs
                 .iter()
                 .zip(rows.iter_mut())
                 .zip(masks)
@@ -743,31 +788,27 @@ impl<B: Backend> Engine<B> {
                 .filter(|(_, (((i, take), _), _))| *take == seqs[*i].pending.len())
                 .map(|(r, ((&(i, _), row), mask))| {
                     let s = &*seqs[i];
-                    let p = &s.params.sampling;
                     let known = greedy
                         .as_ref()
-                        .filter(|_| {
-                            p.temperature == 0.0 && p.repetition_penalty == 1.0 && mask.is_none()
-                        })
+                        .filter(|_| s.plain_greedy())
                         .and_then(|g| g.get(r).copied());
-                    (i, p, s.history(), s.position(), &mut **row, known, mask)
+                    Draw {
+                        seq: i,
+                        params: &s.params,
+                        prompt: &s.prompt_ids,
+                        output: &s.generated,
+                        banned: s.banned(self),
+                        row,
+                        known,
+                        mask,
+                    }
                 })
                 .collect();
-            let draw =
-                |(i, p, history, position, row, known, mask): &mut Job<'_>| match (known, mask) {
-                    (Some(id), _) => (*i, Ok(*id)),
-                    (None, Some(Err(e))) => (*i, Err(e.clone())),
-                    (None, Some(Ok(m))) => {
-                        apply_mask(m, row);
-                        (*i, Ok(p.sample(row, history, *position)))
-                    }
-                    (None, None) => (*i, Ok(p.sample(row, history, *position))),
-                };
-            if jobs.len() > 1 && jobs.iter().any(|j| j.1.temperature > 0.0) {
+            if jobs.len() > 1 && jobs.iter().any(|j| j.params.sampling.temperature > 0.0) {
                 use rayon::prelude::*;
-                jobs.par_iter_mut().map(draw).collect()
+                jobs.par_iter_mut().map(Draw::run).collect()
             } else {
-                jobs.iter_mut().map(draw).collect()
+                jobs.iter_mut().map(Draw::run).collect()
             }
         };
         for &(i, take) in &runs {
@@ -777,7 +818,11 @@ impl<B: Backend> Engine<B> {
         }
         for (i, drawn) in draws {
             match drawn {
-                Ok(id) => events[i] = Some(seqs[i].take(self, id)?),
+                Ok((id, logprobs)) => {
+                    let mut event = seqs[i].take(self, id)?;
+                    event.logprobs = logprobs;
+                    events[i] = Some(event);
+                }
                 Err(message) => seqs[i].fail(message),
             }
         }
@@ -812,6 +857,62 @@ impl<B: Backend> Engine<B> {
             return Err(EngineError::Grammar(message));
         }
         Ok(seq.into_completion())
+    }
+}
+
+/// What a row's draw gave: the token and its logprobs, or why no token may be drawn.
+type Drawn = Result<(u32, Option<Logprobs>), String>;
+
+/// One row's draw: everything it reads, so that draws run in parallel.
+struct Draw<'a> {
+    /// The sequence's index in the step.
+    seq: usize,
+    params: &'a GenerateParams,
+    prompt: &'a [u32],
+    output: &'a [u32],
+    /// Tokens that may not be drawn yet ([`GenerateParams::min_tokens`]).
+    banned: Vec<u32>,
+    row: &'a mut [f32],
+    /// The row's argmax, where the forward pass found it and nothing changes the row.
+    known: Option<u32>,
+    /// The grammar's mask, where the sequence has one.
+    mask: Option<Result<toktrie::SimpleVob, String>>,
+}
+
+impl Draw<'_> {
+    /// The grammar's mask and the bans, then the sampler's adjustments; the logprobs
+    /// (when asked) from the row as the draw sees it.
+    fn run(&mut self) -> (usize, Drawn) {
+        if let Some(id) = self.known {
+            return (self.seq, Ok((id, None)));
+        }
+        let constrained = self.mask.is_some() || !self.banned.is_empty();
+        match &self.mask {
+            Some(Err(e)) => return (self.seq, Err(e.clone())),
+            Some(Ok(m)) => apply_mask(m, self.row),
+            None => {}
+        }
+        for &t in &self.banned {
+            if let Some(l) = self.row.get_mut(t as usize) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        let sampling = &self.params.sampling;
+        sampling.adjust(self.row, self.prompt, self.output);
+        if constrained && super::sampler::first_max(self.row).is_none() {
+            return (
+                self.seq,
+                Err("no token is allowed here (the grammar and min_tokens)".into()),
+            );
+        }
+        // The position of the token drawn: what its draw is keyed by.
+        let position = (self.prompt.len() + self.output.len()) as u64;
+        let id = sampling.pick(self.row, position);
+        let logprobs = self.params.logprobs.map(|top| {
+            let (logprob, top) = super::sampler::logprobs(self.row, id, top);
+            Logprobs { logprob, top }
+        });
+        (self.seq, Ok((id, logprobs)))
     }
 }
 
@@ -905,22 +1006,25 @@ impl<B: Backend> Sequence<B> {
         &self.cache
     }
 
-    /// The position of the next token: what its draw is keyed by.
-    fn position(&self) -> u64 {
-        (self.prompt_ids.len() + self.generated.len()) as u64
+    /// Whether its next draw is the argmax of the logits as the model gives them.
+    fn plain_greedy(&self) -> bool {
+        self.params.sampling.plain_greedy()
+            && self.guide.is_none()
+            && self.params.logprobs.is_none()
+            && self.generated.len() >= self.params.min_tokens
     }
 
-    /// The tokens a repetition penalty looks at (none without one).
-    fn history(&self) -> Vec<u32> {
-        if self.params.sampling.repetition_penalty != 1.0 {
-            self.prompt_ids
-                .iter()
-                .chain(&self.generated)
-                .copied()
-                .collect()
-        } else {
-            Vec::new()
+    /// The tokens its next draw may not pick: while the output is shorter than
+    /// `min_tokens`, those that would end it.
+    fn banned(&self, engine: &Engine<B>) -> Vec<u32> {
+        if self.generated.len() >= self.params.min_tokens {
+            return Vec::new();
         }
+        let mut banned = self.params.stop_token_ids.clone();
+        if !self.params.ignore_eos || self.guide.is_some() {
+            banned.extend_from_slice(&engine.end_tokens);
+        }
+        banned
     }
 
     /// Takes `id`, drawn from this sequence's logits, as its next token and applies the
@@ -939,8 +1043,10 @@ impl<B: Backend> Sequence<B> {
         self.generated.push(id);
 
         // Under a grammar an end token is drawn only where the grammar may end, and ends.
-        let is_end =
-            (!self.params.ignore_eos || self.guide.is_some()) && engine.end_tokens.contains(&id);
+        // A stop token ends the output whatever `ignore_eos` says.
+        let is_end = ((!self.params.ignore_eos || self.guide.is_some())
+            && engine.end_tokens.contains(&id))
+            || self.params.stop_token_ids.contains(&id);
         if let Some(guide) = self.guide.as_mut().filter(|_| !is_end) {
             if let Err(e) = guide.consume(id) {
                 self.fail(format!("token {index} (id {id}): {e}"));
@@ -948,6 +1054,7 @@ impl<B: Backend> Sequence<B> {
                     index,
                     id,
                     text: String::new(),
+                    logprobs: None,
                 });
             }
         }
@@ -956,7 +1063,10 @@ impl<B: Backend> Sequence<B> {
             self.finish = Some(FinishReason::Eos);
         } else if let Some(decoder) = self.decoder.as_mut() {
             let fresh = decoder.push(id)?;
-            if !fresh.is_empty() {
+            if self.generated.len() < self.params.min_tokens {
+                // Stop strings are looked for once the output is long enough.
+                text = fresh;
+            } else if !fresh.is_empty() {
                 let out = self.stops.push(&fresh);
                 text = out.emit;
                 if out.stopped {
@@ -992,7 +1102,12 @@ impl<B: Backend> Sequence<B> {
             }
         }
         self.text.push_str(&text);
-        Ok(TokenEvent { index, id, text })
+        Ok(TokenEvent {
+            index,
+            id,
+            text,
+            logprobs: None,
+        })
     }
 
     /// The finished completion.

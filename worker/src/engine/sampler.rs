@@ -8,6 +8,11 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// How to pick tokens. `temperature == 0` is greedy.
+///
+/// A draw first changes the logits as the request asks ([`SamplingParams::adjust`]:
+/// `logit_bias`, then the repetition, presence and frequency penalties), then picks from
+/// them ([`SamplingParams::pick`]): the largest when greedy, else a draw from the
+/// softmax at `temperature` cut to `top_k`, `top_p` and `min_p`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
     /// Softmax temperature; 0 picks the most likely token.
@@ -16,8 +21,17 @@ pub struct SamplingParams {
     pub top_k: usize,
     /// Keep the smallest set of most likely tokens whose probability reaches `top_p`.
     pub top_p: f32,
+    /// Keep only the tokens whose probability is at least `min_p` × the largest one's
+    /// (0: all).
+    pub min_p: f32,
     /// Penalty (> 1 discourages) on tokens already in the prompt or the output.
     pub repetition_penalty: f32,
+    /// Subtracted from the logit of every token the output holds.
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time the output holds it.
+    pub frequency_penalty: f32,
+    /// Added to these tokens' logits (ids past the vocabulary are ignored).
+    pub logit_bias: Vec<(u32, f32)>,
     /// Seed of the counter-based random draw.
     pub seed: u64,
 }
@@ -28,7 +42,11 @@ impl Default for SamplingParams {
             temperature: 0.0,
             top_k: 0,
             top_p: 1.0,
+            min_p: 0.0,
             repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: 0,
         }
     }
@@ -43,9 +61,18 @@ pub enum SamplingError {
     /// top_p must lie in (0, 1].
     #[error("top_p must be in (0, 1], got {0}")]
     TopP(f32),
+    /// min_p must lie in [0, 1].
+    #[error("min_p must be in [0, 1], got {0}")]
+    MinP(f32),
     /// The repetition penalty must be finite and > 0.
     #[error("repetition_penalty must be a finite number > 0, got {0}")]
     RepetitionPenalty(f32),
+    /// Presence and frequency penalties lie in [−2, 2].
+    #[error("{0} must be in [-2, 2], got {1}")]
+    Penalty(&'static str, f32),
+    /// A bias must be finite and in [−100, 100].
+    #[error("logit_bias for token {0} must be in [-100, 100], got {1}")]
+    LogitBias(u32, f32),
 }
 
 impl SamplingParams {
@@ -57,10 +84,41 @@ impl SamplingParams {
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(SamplingError::TopP(self.top_p));
         }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(SamplingError::MinP(self.min_p));
+        }
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
             return Err(SamplingError::RepetitionPenalty(self.repetition_penalty));
         }
+        for (name, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(SamplingError::Penalty(name, v));
+            }
+        }
+        if let Some(&(id, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(-100.0..=100.0).contains(b))
+        {
+            return Err(SamplingError::LogitBias(id, b));
+        }
         Ok(())
+    }
+
+    /// Whether [`SamplingParams::adjust`] changes anything.
+    pub fn adjusts(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || !self.logit_bias.is_empty()
+    }
+
+    /// Whether a draw is the argmax of the logits as the model gave them.
+    pub fn plain_greedy(&self) -> bool {
+        self.temperature == 0.0 && !self.adjusts()
     }
 
     /// The uniform draw in `[0, 1)` used at `position`.
@@ -70,12 +128,43 @@ impl SamplingParams {
         rng.random::<f64>()
     }
 
-    /// Picks the token at `position` from `logits`, given the tokens so far (prompt and
-    /// output) for the repetition penalty. `logits` is modified in place.
-    pub fn sample(&self, logits: &mut [f32], history: &[u32], position: u64) -> u32 {
-        if self.repetition_penalty != 1.0 {
-            apply_repetition_penalty(logits, history, self.repetition_penalty);
+    /// Picks the token at `position` from `logits`, given the prompt and the output so
+    /// far (for the penalties): [`SamplingParams::adjust`], then
+    /// [`SamplingParams::pick`]. `logits` is modified in place.
+    pub fn sample(&self, logits: &mut [f32], prompt: &[u32], output: &[u32], position: u64) -> u32 {
+        self.adjust(logits, prompt, output);
+        self.pick(logits, position)
+    }
+
+    /// Changes `logits` as the request asks, in this order (vLLM's): `logit_bias` is
+    /// added; the repetition penalty (CTRL's: a positive logit divided by it, a negative
+    /// one multiplied) applies to every token of the prompt and the output; the presence
+    /// penalty is subtracted once from every token the output holds, and the frequency
+    /// penalty once per time it holds it (OpenAI's definitions).
+    pub fn adjust(&self, logits: &mut [f32], prompt: &[u32], output: &[u32]) {
+        for &(id, bias) in &self.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
         }
+        if self.repetition_penalty != 1.0 {
+            apply_repetition_penalty(logits, prompt.iter().chain(output), self.repetition_penalty);
+        }
+        if self.presence_penalty != 0.0 || self.frequency_penalty != 0.0 {
+            let mut counts: std::collections::HashMap<u32, u32> = Default::default();
+            for &t in output {
+                *counts.entry(t).or_insert(0) += 1;
+            }
+            for (t, n) in counts {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l -= self.presence_penalty + self.frequency_penalty * n as f32;
+                }
+            }
+        }
+    }
+
+    /// Picks the token at `position` from logits already adjusted.
+    pub fn pick(&self, logits: &[f32], position: u64) -> u32 {
         if self.temperature == 0.0 {
             return argmax(logits);
         }
@@ -85,17 +174,27 @@ impl SamplingParams {
         let cands = &ranked.head;
         let max = cands[0].1;
         let mut probs: Vec<f64> = cands.iter().map(|c| ((c.1 - max) as f64).exp()).collect();
+        // min_p compares each candidate with the most likely one: a prefix of the head
+        // (the tail, below e^-42 of it, stays only under a smaller min_p).
+        let mut keep = ranked.len;
+        if self.min_p > 0.0 {
+            let min_p = f64::from(self.min_p);
+            let above = probs.iter().take_while(|&&p| p >= min_p).count();
+            if above < cands.len() || min_p > (-f64::from(NEGLIGIBLE_BELOW)).exp() {
+                keep = above.max(1);
+            }
+        }
         let sum: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|p| *p /= sum);
-        // `keep` counts all candidates, the negligible tail included, unless top_p cuts
-        // inside the head (the tail cannot move a cumulative sum; see `Ranked`).
-        let mut keep = ranked.len;
+        // `keep` counts all candidates, the negligible tail included, unless top_p or
+        // min_p cuts inside the head (the tail cannot move a cumulative sum; see
+        // `Ranked`).
         if self.top_p < 1.0 {
             let mut acc = 0.0;
             for (i, p) in probs.iter().enumerate() {
                 acc += p;
                 if acc >= self.top_p as f64 {
-                    keep = i + 1;
+                    keep = keep.min(i + 1);
                     break;
                 }
             }
@@ -116,6 +215,44 @@ impl SamplingParams {
             cands[keep - 1].0
         }
     }
+}
+
+/// The log-probability of `chosen` and of the `top` most likely tokens (most likely
+/// first, equal values by id; −∞ and NaN logits are never among them) under the
+/// softmax of `logits` at temperature 1, summed in f64.
+pub fn logprobs(logits: &[f32], chosen: u32, top: usize) -> (f32, Vec<(u32, f32)>) {
+    let finite = |l: &f32| !l.is_nan() && *l != f32::NEG_INFINITY;
+    let max = logits
+        .iter()
+        .filter(|l| finite(l))
+        .fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+    let sum: f64 = logits
+        .iter()
+        .filter(|l| finite(l))
+        .map(|&l| f64::from(l - max).exp())
+        .sum();
+    let norm = f64::from(max) + sum.ln();
+    let of = |l: f32| (f64::from(l) - norm) as f32;
+    let chosen_lp = match logits.get(chosen as usize) {
+        Some(&l) if finite(&l) => of(l),
+        _ => f32::NEG_INFINITY,
+    };
+    let mut keys: Vec<u64> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| finite(l))
+        .map(|(i, &l)| (u64::from(descending(l)) << 32) | i as u64)
+        .collect();
+    if top < keys.len() && top > 0 {
+        keys.select_nth_unstable(top - 1);
+    }
+    keys.truncate(top);
+    keys.sort_unstable();
+    let best = keys
+        .iter()
+        .map(|&k| (k as u32, of(logits[k as u32 as usize])))
+        .collect();
+    (chosen_lp, best)
 }
 
 /// The candidates of one draw, most likely first.
@@ -270,8 +407,13 @@ fn first_max_lanes(logits: &[f32]) -> Option<(f32, u32)> {
     (top > f32::NEG_INFINITY).then_some((top, index))
 }
 
-/// CTRL-style penalty: positive logits are divided by it, negative ones multiplied.
-fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f32) {
+/// CTRL-style penalty: positive logits are divided by it, negative ones multiplied;
+/// once per distinct token.
+fn apply_repetition_penalty<'a>(
+    logits: &mut [f32],
+    history: impl Iterator<Item = &'a u32>,
+    penalty: f32,
+) {
     let mut seen = vec![false; logits.len()];
     for &t in history {
         if let Some(s) = seen.get_mut(t as usize) {
@@ -360,9 +502,9 @@ mod tests {
     #[test]
     fn greedy_picks_max_and_lowest_on_ties() {
         let p = params(0.0, 1);
-        assert_eq!(p.sample(&mut [0.1, 3.0, -1.0, 2.0], &[], 0), 1);
-        assert_eq!(p.sample(&mut [1.0, 5.0, 5.0], &[], 0), 1);
-        assert_eq!(p.sample(&mut [f32::NAN, 1.0], &[], 0), 1);
+        assert_eq!(p.sample(&mut [0.1, 3.0, -1.0, 2.0], &[], &[], 0), 1);
+        assert_eq!(p.sample(&mut [1.0, 5.0, 5.0], &[], &[], 0), 1);
+        assert_eq!(p.sample(&mut [f32::NAN, 1.0], &[], &[], 0), 1);
     }
 
     #[test]
@@ -384,8 +526,8 @@ mod tests {
         let p = params(1.0, 9);
         let mut counts = [0usize; 3];
         for pos in 0..4000 {
-            let t = p.sample(&mut logits.clone(), &[], pos);
-            assert_eq!(t, p.sample(&mut logits.clone(), &[], pos));
+            let t = p.sample(&mut logits.clone(), &[], &[], pos);
+            assert_eq!(t, p.sample(&mut logits.clone(), &[], &[], pos));
             counts[t as usize] += 1;
         }
         assert_eq!(counts[2], 0);
@@ -474,7 +616,7 @@ mod tests {
                 };
                 for pos in 0..50 {
                     assert_eq!(
-                        p.sample(&mut logits.clone(), &[], pos),
+                        p.sample(&mut logits.clone(), &[], &[], pos),
                         sample_by_full_sort(&p, &logits, pos),
                         "case {case}, T {temperature}, top_k {top_k}, top_p {top_p}, pos {pos}"
                     );
@@ -498,7 +640,7 @@ mod tests {
         assert_eq!((ranked.len, ranked.last), (4, 3));
         for pos in 0..2000 {
             assert_eq!(
-                p.sample(&mut logits.clone(), &[], pos),
+                p.sample(&mut logits.clone(), &[], &[], pos),
                 sample_by_full_sort(&p, &logits, pos)
             );
         }
@@ -518,8 +660,8 @@ mod tests {
             ..Default::default()
         };
         for pos in 0..100 {
-            assert_eq!(k1.sample(&mut logits.clone(), &[], pos), 3);
-            assert_eq!(p_small.sample(&mut logits.clone(), &[], pos), 3);
+            assert_eq!(k1.sample(&mut logits.clone(), &[], &[], pos), 3);
+            assert_eq!(p_small.sample(&mut logits.clone(), &[], &[], pos), 3);
         }
         let k2 = SamplingParams {
             temperature: 1.0,
@@ -527,7 +669,7 @@ mod tests {
             ..Default::default()
         };
         let seen: std::collections::BTreeSet<u32> = (0..200)
-            .map(|pos| k2.sample(&mut logits.clone(), &[], pos))
+            .map(|pos| k2.sample(&mut logits.clone(), &[], &[], pos))
             .collect();
         assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![2, 3]);
     }
@@ -539,10 +681,105 @@ mod tests {
             ..Default::default()
         };
         // Token 0 leads but was already used: 3.0 / 2 < 2.0.
-        assert_eq!(p.sample(&mut [3.0, 2.0], &[0, 0], 0), 1);
+        assert_eq!(p.sample(&mut [3.0, 2.0], &[0], &[0], 0), 1);
         let mut neg = [-1.0f32, -1.5];
-        p.sample(&mut neg, &[0], 0);
+        p.sample(&mut neg, &[0], &[], 0);
         assert_eq!(neg, [-2.0, -1.5]);
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_follow_openais_definition() {
+        let p = SamplingParams {
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            ..Default::default()
+        };
+        // logit −= presence × [count > 0] + frequency × count, over the output only.
+        let mut l = [1.0f32, 1.0, 1.0, 1.0];
+        p.adjust(&mut l, &[3, 3, 3], &[0, 1, 1, 1]);
+        assert_eq!(l, [1.0 - 0.75, 1.0 - 1.25, 1.0, 1.0]);
+        // Greedy: token 0 leads, but the output already holds it three times.
+        assert_eq!(p.sample(&mut [2.0, 1.5], &[], &[0, 0, 0], 0), 1);
+        assert_eq!(p.sample(&mut [2.0, 1.5], &[0, 0, 0], &[], 0), 0);
+        // A negative presence penalty encourages repeats.
+        let encourage = SamplingParams {
+            presence_penalty: -2.0,
+            ..Default::default()
+        };
+        assert_eq!(encourage.sample(&mut [2.0, 1.5], &[], &[1], 0), 1);
+    }
+
+    #[test]
+    fn logit_bias_moves_the_draw() {
+        let p = SamplingParams {
+            logit_bias: vec![(2, 100.0), (0, -100.0), (99, 5.0)],
+            temperature: 1.0,
+            ..Default::default()
+        };
+        for pos in 0..200 {
+            assert_eq!(p.sample(&mut [5.0, 4.0, -3.0], &[], &[], pos), 2);
+        }
+        let ban = SamplingParams {
+            logit_bias: vec![(0, -100.0)],
+            ..Default::default()
+        };
+        assert_eq!(ban.sample(&mut [5.0, 4.0], &[], &[], 0), 1);
+    }
+
+    #[test]
+    fn min_p_drops_tokens_far_below_the_most_likely() {
+        // Probabilities 0.5, 0.25, 0.125, 0.125 at temperature 1.
+        let logits = [0.0f32, -(2.0f32).ln(), -(4.0f32).ln(), -(4.0f32).ln()];
+        let seen = |min_p: f32| {
+            let p = SamplingParams {
+                temperature: 1.0,
+                min_p,
+                seed: 3,
+                ..Default::default()
+            };
+            (0..2000)
+                .map(|pos| p.sample(&mut logits.clone(), &[], &[], pos))
+                .collect::<std::collections::BTreeSet<u32>>()
+                .into_iter()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(seen(0.0), vec![0, 1, 2, 3]);
+        assert_eq!(seen(0.2), vec![0, 1, 2, 3]);
+        assert_eq!(seen(0.3), vec![0, 1]);
+        assert_eq!(seen(0.45), vec![0, 1]);
+        assert_eq!(seen(0.6), vec![0]);
+        assert_eq!(seen(1.0), vec![0]);
+        // Only ratios to the largest count: the far tail goes with any min_p.
+        let mut wide = vec![-300.0f32; 100];
+        wide[7] = 0.0;
+        let p = SamplingParams {
+            temperature: 1.0,
+            min_p: 1e-30,
+            ..Default::default()
+        };
+        for pos in 0..200 {
+            assert_eq!(p.sample(&mut wide.clone(), &[], &[], pos), 7);
+        }
+    }
+
+    #[test]
+    fn logprobs_are_a_log_softmax_with_the_most_likely_first() {
+        let logits = [1.0f32, 3.0, f32::NEG_INFINITY, 3.0, f32::NAN, 2.0];
+        let (chosen, top) = logprobs(&logits, 5, 3);
+        let z: f64 = [1.0f64, 3.0, 3.0, 2.0].iter().map(|l| l.exp()).sum();
+        let lp = |l: f64| (l - z.ln()) as f32;
+        assert!((chosen - lp(2.0)).abs() < 1e-6, "{chosen}");
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 5]);
+        assert!((top[0].1 - lp(3.0)).abs() < 1e-6);
+        let total: f64 = [0u32, 1, 3, 5]
+            .iter()
+            .map(|&i| f64::from(logprobs(&logits, i, 0).0).exp())
+            .sum();
+        assert!((total - 1.0).abs() < 1e-6, "{total}");
+        // Forbidden tokens are never listed, even when fewer are left than asked for.
+        let (none, top) = logprobs(&logits, 2, 20);
+        assert_eq!(none, f32::NEG_INFINITY);
+        assert_eq!(top.len(), 4);
     }
 
     #[test]
@@ -556,6 +793,19 @@ mod tests {
         p.repetition_penalty = 0.0;
         assert!(p.validate().is_err());
         p.repetition_penalty = 1.1;
+        assert!(p.validate().is_ok());
+        p.min_p = 1.5;
+        assert!(p.validate().is_err());
+        p.min_p = 0.1;
+        p.presence_penalty = 2.5;
+        assert!(p.validate().is_err());
+        p.presence_penalty = -2.0;
+        p.frequency_penalty = f32::NAN;
+        assert!(p.validate().is_err());
+        p.frequency_penalty = 2.0;
+        p.logit_bias = vec![(1, 101.0)];
+        assert!(p.validate().is_err());
+        p.logit_bias = vec![(1, -100.0)];
         assert!(p.validate().is_ok());
     }
 }

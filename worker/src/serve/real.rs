@@ -2,7 +2,7 @@
 
 use baton_common::protocol::{
     ErrorKind, EventKind, FinishReason as WireFinish, Finished, GenParams, ModelInfo, PromptSpec,
-    SeqRequest, TokenEvent, WireError,
+    SeqRequest, TokenEvent, TokenLogprobs, TopLogprob, WireError,
 };
 use burn_tensor::backend::Backend;
 
@@ -23,6 +23,15 @@ impl<B: Backend> RealEngine<B> {
     pub fn new(engine: Engine<B>, name: String) -> Self {
         Self { engine, name }
     }
+    /// The bytes of token `id`, for its logprobs (rows past the tokenizer's vocabulary,
+    /// padding, have none).
+    fn bytes_of(&self, id: u32) -> Vec<u8> {
+        self.engine
+            .tokenizer()
+            .token_bytes(id)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default()
+    }
 }
 
 fn wire_error(e: EngineError) -> WireError {
@@ -36,6 +45,8 @@ fn wire_error(e: EngineError) -> WireError {
         | EngineError::Tokenizer(_)
         | EngineError::Forward(_)
         | EngineError::ResumePastEnd { .. }
+        | EngineError::TokenOutOfVocab { .. }
+        | EngineError::TooManyLogprobs(_)
         | EngineError::Grammar(_) => ErrorKind::InvalidRequest,
         EngineError::ResumeOffGrammar { .. } => ErrorKind::ChainMismatch,
         EngineError::Gguf(_) | EngineError::Load(_) | EngineError::Device { .. } => {
@@ -56,12 +67,19 @@ pub fn generate_params(p: &GenParams) -> GenerateParams {
             temperature: p.temperature,
             top_k: p.top_k as usize,
             top_p: p.top_p,
+            min_p: p.min_p,
             repetition_penalty: p.repetition_penalty,
+            presence_penalty: p.presence_penalty,
+            frequency_penalty: p.frequency_penalty,
+            logit_bias: p.logit_bias.iter().map(|b| (b.id, b.bias)).collect(),
             seed: p.seed,
         },
         stop: p.stop.clone(),
         ignore_eos: p.ignore_eos,
         grammar: p.grammar.clone(),
+        min_tokens: p.min_tokens as usize,
+        stop_token_ids: p.stop_token_ids.clone(),
+        logprobs: p.logprobs.map(usize::from),
     }
 }
 
@@ -117,11 +135,25 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
             .map(|(ev, seq)| {
                 let mut out = Vec::with_capacity(2);
                 if let Some(ev) = ev {
+                    let logprobs = ev.logprobs.map(|l| TokenLogprobs {
+                        logprob: l.logprob,
+                        bytes: self.bytes_of(ev.id),
+                        top: l
+                            .top
+                            .into_iter()
+                            .map(|(id, logprob)| TopLogprob {
+                                id,
+                                logprob,
+                                bytes: self.bytes_of(id),
+                            })
+                            .collect(),
+                    });
                     out.push(EventKind::Token(TokenEvent {
                         index: ev.index as u32,
                         id: ev.id,
                         hash: 0,
                         text: ev.text,
+                        logprobs,
                     }));
                 }
                 let reason = match seq.finish_reason() {

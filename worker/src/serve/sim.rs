@@ -63,6 +63,22 @@ fn prompt_ids(p: &PromptSpec) -> (u64, Vec<u32>) {
     (xxhash_rust::xxh3::xxh3_64(text.as_bytes()), ids)
 }
 
+/// The first parameter a request sets that the simulated words would ignore.
+fn unsimulated(p: &baton_common::protocol::GenParams) -> Option<&'static str> {
+    [
+        ("grammar", p.grammar.is_some()),
+        ("logprobs", p.logprobs.is_some()),
+        ("logit_bias", !p.logit_bias.is_empty()),
+        ("stop_token_ids", !p.stop_token_ids.is_empty()),
+        ("min_tokens", p.min_tokens > 0),
+        ("min_p", p.min_p > 0.0),
+        ("presence_penalty", p.presence_penalty != 0.0),
+        ("frequency_penalty", p.frequency_penalty != 0.0),
+    ]
+    .into_iter()
+    .find_map(|(field, set)| set.then_some(field))
+}
+
 /// The simulated token at `index` of a sequence seeded with `seed`.
 fn token_at(seed: u64, index: u32) -> u32 {
     (xxhash_rust::xxh3::xxh3_64_with_seed(&index.to_le_bytes(), seed) % WORDS.len() as u64) as u32
@@ -84,6 +100,12 @@ impl SeqEngine for SimEngine {
             return Err(WireError {
                 kind: ErrorKind::UnknownModel,
                 message: format!("this worker serves {:?}, not {:?}", self.name, req.model),
+            });
+        }
+        if let Some(field) = unsimulated(&req.params) {
+            return Err(WireError {
+                kind: ErrorKind::InvalidRequest,
+                message: format!("the simulated worker does not do `{field}`"),
             });
         }
         let (seed, ids) = prompt_ids(&req.prompt);
@@ -150,6 +172,7 @@ impl SeqEngine for SimEngine {
                         id,
                         hash: 0,
                         text: format!(" {}", WORDS[id as usize]),
+                        logprobs: None,
                     }));
                 }
                 if s.generated >= s.max_tokens {
