@@ -181,6 +181,8 @@ impl NatsTransport {
                     Reply::Drained(d) => serde_json::to_value(d)
                         .map(Decoded::Value)
                         .map_err(|e| ClientError::Protocol(e.to_string())),
+                    Reply::Tokenized(t) => Ok(Decoded::Value(t.json())),
+                    Reply::Detokenized(d) => Ok(Decoded::Value(d.json())),
                 }
             }
             Encoding::Json => {

@@ -122,7 +122,8 @@ pub struct CoordinatorConfig {
     pub listen: String,
     /// Largest `max_tokens` a request may ask for.
     pub max_tokens_limit: u32,
-    /// `max_tokens` when a request gives none.
+    /// `max_tokens` when a request gives none (0: what the context leaves after the
+    /// prompt, up to `max_tokens_limit`).
     pub default_max_tokens: u32,
     /// Largest request body, in bytes.
     pub max_body_bytes: usize,
@@ -132,6 +133,10 @@ pub struct CoordinatorConfig {
     pub worker_timeout_ms: u64,
     /// A stream with no event for this long fails, in milliseconds.
     pub stream_timeout_ms: u64,
+    /// While an SSE answer has nothing to send (queued, a long prefill), a comment line
+    /// goes out this often so that proxies and clients keep the connection, in
+    /// milliseconds (0: never).
+    pub sse_keepalive_ms: u64,
     /// Directory of the checkpoint store (sled).
     pub store_path: String,
     /// Size of the checkpoint store's page cache (sled's `cache_capacity`), in MiB, as
@@ -216,11 +221,12 @@ impl Default for CoordinatorConfig {
         Self {
             listen: "127.0.0.1:8000".into(),
             max_tokens_limit: 4096,
-            default_max_tokens: 256,
+            default_max_tokens: 0,
             max_body_bytes: 1 << 20,
             submit_timeout_ms: 5_000,
             worker_timeout_ms: 3_000,
             stream_timeout_ms: 60_000,
+            sse_keepalive_ms: 15_000,
             store_path: "baton-data/coordinator".into(),
             store_cache_mib: 4,
             checkpoint: CheckpointMode::Async,

@@ -58,6 +58,72 @@ pub enum Body {
     Drain(DrainWorker),
     /// A worker's answer to a [`Body::Drain`].
     DrainReply(DrainReply),
+    /// Token ids of text or chat messages, or the text of token ids, with a model's
+    /// tokenizer (request/reply on a worker's submit subject; nothing runs through the
+    /// model).
+    Tokenize(TokenizeRequest),
+    /// A worker's answer to a [`Body::Tokenize`].
+    TokenizeReply(TokenizeReply),
+}
+
+/// What to tokenize or detokenize.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct TokenizeRequest {
+    /// The model whose tokenizer to use.
+    pub model: String,
+    /// The input.
+    pub input: TokenizeInput,
+}
+
+/// The input of a [`TokenizeRequest`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum TokenizeInput {
+    /// Text.
+    Text(TextInput),
+    /// Chat messages rendered with the model's template, as a chat request's prompt
+    /// is.
+    Chat(ChatInput),
+    /// Token ids to turn back into text (special tokens included).
+    Ids(Vec<u32>),
+}
+
+/// Text to tokenize.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct TextInput {
+    /// The text.
+    pub text: String,
+    /// Add the tokenizer's own special tokens (a leading BOS where the model wants one).
+    pub add_special: bool,
+}
+
+/// Chat messages to tokenize.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ChatInput {
+    /// The messages.
+    pub turns: Vec<ChatTurn>,
+    /// End with what opens the assistant's turn.
+    pub add_generation_prompt: bool,
+}
+
+/// A worker's answer to a [`TokenizeRequest`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum TokenizeReply {
+    /// The ids of text or chat messages.
+    Tokens(TokenIds),
+    /// The text of ids.
+    Text(String),
+    /// The input cannot be (de)tokenized (an unknown model, an id past the vocabulary,
+    /// a template that refuses the messages).
+    Failed(WireError),
+}
+
+/// Token ids, and the context they must fit.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct TokenIds {
+    /// The ids.
+    pub ids: Vec<u32>,
+    /// The model's context length.
+    pub context_length: u32,
 }
 
 /// An order to drain.
@@ -419,6 +485,9 @@ pub struct Finished {
     pub prompt_tokens: u32,
     /// Generated tokens.
     pub completion_tokens: u32,
+    /// Prompt tokens whose keys and values came from the worker's prefix cache instead of
+    /// running through the model (on the attempt that finished).
+    pub cached_tokens: u32,
 }
 
 /// Why a stream ended.

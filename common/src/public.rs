@@ -204,6 +204,46 @@ pub enum Reply {
     Status(ClusterStatus),
     /// Answer to a drain request.
     Drained(Drained),
+    /// Answer to a tokenize request.
+    Tokenized(Tokenized),
+    /// Answer to a detokenize request.
+    Detokenized(Detokenized),
+}
+
+/// A tokenize request's answer.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Tokenized {
+    /// The token ids.
+    pub tokens: Vec<u32>,
+    /// The model's context length.
+    pub max_model_len: u32,
+}
+
+/// A detokenize request's answer.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Detokenized {
+    /// The text.
+    pub prompt: String,
+}
+
+impl Tokenized {
+    /// The JSON answer (vLLM's shape): `{"count", "max_model_len", "tokens",
+    /// "token_strs": null}`.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "count": self.tokens.len(),
+            "max_model_len": self.max_model_len,
+            "tokens": self.tokens,
+            "token_strs": null,
+        })
+    }
+}
+
+impl Detokenized {
+    /// The JSON answer (vLLM's shape): `{"prompt"}`.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({"prompt": self.prompt})
+    }
 }
 
 /// New text of a stream.
@@ -226,6 +266,8 @@ pub struct Final {
     pub prompt_tokens: u32,
     /// Generated tokens.
     pub completion_tokens: u32,
+    /// Prompt tokens whose keys and values the worker's prefix cache held.
+    pub cached_tokens: u32,
     /// The logprobs of tokens not in any chunk (in a whole answer: empty, they are all
     /// in [`Whole::logprobs`]).
     pub logprobs: Vec<TokenLogprobs>,
@@ -343,6 +385,7 @@ mod tests {
                 finish_reason: "length".into(),
                 prompt_tokens: 3,
                 completion_tokens: 4,
+                cached_tokens: 2,
                 logprobs: vec![],
             }),
             Reply::Error(ErrorReply {

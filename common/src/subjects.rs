@@ -87,6 +87,16 @@ impl Subjects {
         format!("{}.v1.chat.completions", self.prefix)
     }
 
+    /// Public API: token ids of a prompt or messages (`/tokenize` over NATS).
+    pub fn tokenize(&self) -> String {
+        format!("{}.v1.tokenize", self.prefix)
+    }
+
+    /// Public API: the text of token ids (`/detokenize` over NATS).
+    pub fn detokenize(&self) -> String {
+        format!("{}.v1.detokenize", self.prefix)
+    }
+
     /// Public API: replay a stream after a position, served by any coordinator.
     pub fn replay(&self) -> String {
         format!("{}.v1.streams.replay", self.prefix)
@@ -128,6 +138,8 @@ mod tests {
         assert_eq!(s.completions(), "acme.v1.completions");
         assert_eq!(s.chat_completions(), "acme.v1.chat.completions");
         assert_eq!(s.replay(), "acme.v1.streams.replay");
+        assert_eq!(s.tokenize(), "acme.v1.tokenize");
+        assert_eq!(s.detokenize(), "acme.v1.detokenize");
         assert_eq!(
             s.coordinator_replay(CoordinatorId(2)),
             "acme.v1.coord.00000000000000000000000000000002.replay"

@@ -17,7 +17,7 @@ use baton_common::ids::{CoordinatorId, StreamId, WorkerId};
 use baton_common::nats::NatsConnectError;
 use baton_common::protocol::{
     decode, Body, Cancel, DecodeError, DrainReply, DrainWorker, SeqRequest, Sequencer,
-    StreamAttempt, Submit, SubmitReply, Wire,
+    StreamAttempt, Submit, SubmitReply, TokenizeReply, TokenizeRequest, Wire,
 };
 use baton_common::subjects::{Subjects, REQUEST_ID_HEADER};
 use futures::{FutureExt, StreamExt};
@@ -403,6 +403,30 @@ impl NatsHandle {
         }
     }
 
+    /// Asks `worker` to tokenize or detokenize (request/reply on its submit subject),
+    /// waiting up to `timeout`.
+    pub async fn tokenize(
+        &self,
+        worker: WorkerId,
+        request: TokenizeRequest,
+        timeout: Duration,
+    ) -> Result<TokenizeReply, SubmitError> {
+        let subject = self.subjects.submit(worker);
+        let payload = self.sequencers.encode(&subject, Body::Tokenize(request));
+        let request = async_nats::Request::new()
+            .payload(payload.into())
+            .timeout(Some(timeout));
+        let reply = self
+            .client
+            .send_request(subject, request)
+            .await
+            .map_err(|e| SubmitError::from_request(&e, timeout))?;
+        match decode(&reply.payload)?.body {
+            Body::TokenizeReply(reply) => Ok(reply),
+            _ => Err(SubmitError::Unexpected("not a tokenize reply")),
+        }
+    }
+
     /// Tells `worker` to stop `streams` (each up to the attempt given).
     pub async fn cancel(
         &self,
@@ -453,6 +477,8 @@ fn unexpected(counters: &Counters, subject: &str, body: &Body) {
         Body::ProbeReply(_) => "probe reply",
         Body::Drain(_) => "drain",
         Body::DrainReply(_) => "drain reply",
+        Body::Tokenize(_) => "tokenize",
+        Body::TokenizeReply(_) => "tokenize reply",
     };
     warn!(subject, kind, "dropping a message of the wrong kind");
 }

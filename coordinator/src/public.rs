@@ -41,6 +41,7 @@ use crate::http::logprobs::LogprobsWriter;
 use crate::http::openai::Usage;
 use crate::http::routes::open_stream;
 use crate::http::sse::{response_id, ChunkWriter, StreamGuard};
+use crate::http::tokenize::{self, Direction};
 use crate::http::validate::{Endpoint, ValidRequest};
 use crate::nats::{NatsHandle, SubmitError};
 
@@ -76,6 +77,7 @@ enum Route {
     OwnReplay,
     Status,
     Drain,
+    Tokenize(Direction),
 }
 
 /// The public API of one coordinator.
@@ -130,6 +132,11 @@ impl PublicApi {
             (subjects.replay(), Route::Replay),
             (subjects.admin_status(), Route::Status),
             (subjects.admin_drain(), Route::Drain),
+            (subjects.tokenize(), Route::Tokenize(Direction::Tokenize)),
+            (
+                subjects.detokenize(),
+                Route::Tokenize(Direction::Detokenize),
+            ),
         ];
         for (subject, route) in shared {
             let sub = client
@@ -182,6 +189,9 @@ impl PublicApi {
                 Route::OwnReplay => self.replay(&msg, false, &mut out).await,
                 Route::Status => self.status(&mut out).await,
                 Route::Drain => self.drain(&msg.payload, &mut out).await,
+                Route::Tokenize(direction) => {
+                    self.tokenize(direction, &msg.payload, &mut out).await
+                }
             }
         };
         if let Err(error) = result {
@@ -258,12 +268,7 @@ impl PublicApi {
                     }
                 }
                 Update::Finished(f) => {
-                    let prompt = if f.prompt_tokens > 0 {
-                        f.prompt_tokens
-                    } else {
-                        answer.prompt_tokens
-                    };
-                    let usage = Usage::new(prompt, f.completion_tokens);
+                    let usage = Usage::finished(&f, answer.prompt_tokens);
                     let payload = match out.format {
                         Format::Json => {
                             let chunk = answer.writer.finish(f.reason);
@@ -300,12 +305,7 @@ impl PublicApi {
                     logprobs.extend(l);
                 }
                 Update::Finished(f) => {
-                    let prompt = if f.prompt_tokens > 0 {
-                        f.prompt_tokens
-                    } else {
-                        answer.prompt_tokens
-                    };
-                    let usage = Usage::new(prompt, f.completion_tokens);
+                    let usage = Usage::finished(&f, answer.prompt_tokens);
                     let id = response_id(answer.endpoint, answer.stream);
                     let reason = f.reason.openai();
                     let payload = match out.format {
@@ -393,6 +393,27 @@ impl PublicApi {
             events,
         };
         self.forward(answer, out).await
+    }
+
+    /// `/tokenize` and `/detokenize`: one final message.
+    async fn tokenize(
+        &self,
+        direction: Direction,
+        body: &[u8],
+        out: &mut Replier,
+    ) -> Result<(), ApiError> {
+        let request = tokenize::parse(direction, body)?;
+        let timeout = Duration::from_millis(self.config.submit_timeout_ms);
+        let answer = tokenize::run(&self.registry, &self.nats, timeout, request).await?;
+        let payload = match out.format {
+            Format::Json => to_json_bytes(&answer.json()),
+            Format::Rkyv => encode_reply(&match answer {
+                tokenize::Answer::Tokens(t) => Reply::Tokenized(t),
+                tokenize::Answer::Text(d) => Reply::Detokenized(d),
+            }),
+        };
+        out.send(Kind::Single, payload).await;
+        Ok(())
     }
 
     async fn status(&self, out: &mut Replier) -> Result<(), ApiError> {
@@ -543,6 +564,7 @@ fn final_of(reason: FinishReason, usage: Usage) -> Final {
         finish_reason: reason.openai().to_string(),
         prompt_tokens: usage.prompt_tokens,
         completion_tokens: usage.completion_tokens,
+        cached_tokens: usage.prompt_tokens_details.cached_tokens,
         logprobs: Vec::new(),
     }
 }
@@ -627,7 +649,7 @@ enum Kind {
     Chunk(u32),
     /// The last message of a stream or a whole answer; generated tokens.
     Final(u32),
-    /// The only message of an admin answer.
+    /// The only message of an admin or tokenizer answer.
     Single,
 }
 

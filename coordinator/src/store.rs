@@ -477,6 +477,7 @@ mod tests {
                 reason: FinishReason::Stop,
                 prompt_tokens: 1,
                 completion_tokens: 2,
+                cached_tokens: 0,
             }));
             done.ended_at = 10;
             store.put_stream(b, &done).expect("put");

@@ -138,7 +138,8 @@ async fn the_openai_api_end_to_end() {
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     assert_eq!(
         v["usage"],
-        json!({"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6})
+        json!({"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6,
+               "prompt_tokens_details": {"cached_tokens": 0}})
     );
 
     // A streamed chat answer with usage.
@@ -531,6 +532,58 @@ async fn a_stream_does_not_wait_behind_a_submit_older_than_max_wait() {
     assert_eq!(first.await.expect("join").status, 200);
     assert_eq!(second.await.expect("join").status, 200);
     assert_eq!(worker.log.largest_submit.load(Ordering::SeqCst), 1);
+    running.handle.stop(false).await;
+}
+
+/// A stream with nothing to send for a while sends keep-alive comments, which SSE
+/// clients skip: its events are those of a stream without them.
+#[actix_web::test]
+async fn a_silent_stream_sends_keep_alive_comments() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (running, addr) = coordinator_with(&nats, "keepalive", |c| {
+        c.coordinator.sse_keepalive_ms = 50;
+    })
+    .await;
+    let _worker = FakeWorker::start(&nats.url, Subjects::new("keepalive")).await;
+    wait_healthy(addr).await;
+    let r = post(
+        addr,
+        "/v1/chat/completions",
+        chat("PAUSE", json!({"max_tokens": 2, "stream": true})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let comments = r.body.matches(": keep-alive\n\n").count();
+    // 600 ms of silence in 300 ms gaps: at least four comments at 50 ms.
+    assert!(comments >= 4, "{comments} keep-alives in {:?}", r.body);
+    let events: Vec<_> = sse_events(&r.body)
+        .into_iter()
+        .filter(|(_, _, data)| !data.is_empty())
+        .collect();
+    assert_eq!(
+        events.len(),
+        4,
+        "two tokens, the finish and [DONE]: {}",
+        r.body
+    );
+    assert_eq!(events[3].2, "[DONE]");
+    // Without keep-alives the same silence is quiet.
+    let (quiet, quiet_addr) = coordinator_with(&nats, "keepalive", |c| {
+        c.coordinator.sse_keepalive_ms = 0;
+    })
+    .await;
+    wait_healthy(quiet_addr).await;
+    let r = post(
+        quiet_addr,
+        "/v1/chat/completions",
+        chat("PAUSE", json!({"max_tokens": 2, "stream": true})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(!r.body.contains("keep-alive"), "{}", r.body);
+    quiet.handle.stop(false).await;
     running.handle.stop(false).await;
 }
 

@@ -115,6 +115,13 @@ async def main():
         "positions": [int(h["Baton-Position"]) for h, _ in replayed[:-1]],
     }
 
+    sub = await ask(nc, f"{PREFIX}.v1.tokenize", {"model": model, "prompt": prompt})
+    [(headers, tokens)] = await read_answer(sub)
+    out["tokenize"] = tokens
+    sub = await ask(nc, f"{PREFIX}.v1.detokenize", {"model": model, "tokens": tokens["tokens"]})
+    [(headers, text)] = await read_answer(sub)
+    out["detokenize"] = text
+
     sub = await ask(nc, f"{PREFIX}.v1.admin.status", {})
     [(headers, status)] = await read_answer(sub)
     out["status"] = status

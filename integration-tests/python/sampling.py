@@ -35,8 +35,12 @@ def completion_logprobs(lp):
 
 def chat_answer(r):
     c = r.choices[0]
+    details = r.usage.prompt_tokens_details
     return {"text": c.message.content, "finish_reason": c.finish_reason,
-            "completion_tokens": r.usage.completion_tokens, "logprobs": entries(c.logprobs)}
+            "prompt_tokens": r.usage.prompt_tokens,
+            "completion_tokens": r.usage.completion_tokens,
+            "cached_tokens": details.cached_tokens if details else None,
+            "logprobs": entries(c.logprobs)}
 
 
 def main() -> None:

@@ -163,6 +163,16 @@ fn malformed_public_requests_get_errors_and_are_counted() {
                 json!({"model": model, "prompt": "x", "response_format": {"type": "xml"}}),
                 "invalid_value",
             ),
+            (
+                s.tokenize(),
+                json!({"prompt": "x"}),
+                "missing_required_parameter",
+            ),
+            (
+                s.detokenize(),
+                json!({"model": model, "tokens": "x"}),
+                "invalid_value",
+            ),
             // Sampling fields out of range, as over HTTP.
             (
                 s.chat_completions(),

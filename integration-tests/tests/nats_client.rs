@@ -1,6 +1,7 @@
 //! A Python client of the public NATS API (`nats-py`, written from `docs/protocol.md`)
 //! against a cluster running the real model: its streamed greedy text must equal the
-//! HTTP API's answer to the same request, and a replay must give the rest of a stream.
+//! HTTP API's answer to the same request, a replay must give the rest of a stream, and
+//! `tokenize`/`detokenize` answer as `/tokenize` and `/detokenize` do.
 
 use baton_integration_tests::{python_has, python_json, Cluster, ClusterOptions};
 use serde_json::{json, Value};
@@ -95,6 +96,17 @@ fn python_nats_client_gets_the_http_greedy_text() {
         "{}",
         r["replay"]
     );
+
+    let tokenized = cluster
+        .api
+        .post_json(
+            "/tokenize",
+            &json!({"model": cluster.model, "prompt": TEXT_PROMPT}),
+        )
+        .expect("POST /tokenize");
+    assert_eq!(tokenized.status, 200, "{}", tokenized.body);
+    assert_eq!(r["tokenize"], tokenized.body);
+    assert_eq!(r["detokenize"]["prompt"], TEXT_PROMPT);
 
     assert_eq!(r["status"]["health"], "ok");
     assert_eq!(r["status"]["workers"].as_array().map(Vec::len), Some(1));

@@ -4,7 +4,9 @@
 //! `top_logprobs` (whole and streamed alike), text completions' `logprobs` N with their
 //! offsets, `logit_bias`, `stop_token_ids`, `min_tokens`, and the presence and frequency
 //! penalties with `min_p` on a seeded draw; a bias on a token past the vocabulary is a
-//! 400 naming `logit_bias`.
+//! 400 naming `logit_bias`; `usage.prompt_tokens_details.cached_tokens` counts the prompt
+//! tokens a repeated prompt found in the worker's prefix cache; `/tokenize` gives the
+//! engine's prompt ids for text and chat messages, and `/detokenize` their text back.
 
 use baton_integration_tests::{
     generate_json, generate_with, python_has, python_json, Cluster, ClusterOptions,
@@ -116,6 +118,13 @@ fn logprobs_and_sampling_fields_match_the_engine() {
     assert_eq!(r["chat_stream"]["text"], chat["text"]);
     assert_eq!(r["chat_plain_logprobs"], Value::Null, "not asked, not sent");
 
+    // The first request with this prompt ran all of it; later ones found most of it in
+    // the prefix cache (all but the last token, which always runs).
+    assert_eq!(chat["cached_tokens"], 0, "{chat}");
+    let again = &r["bias"];
+    let (cached, prompt) = (f(&again["cached_tokens"]), f(&again["prompt_tokens"]));
+    assert!(cached > 0.0 && cached < prompt, "{again}");
+
     // Text completions: the legacy shape, with offsets into the text.
     let completion_ref = generate_json(COMPLETION_PROMPT, false, MAX_TOKENS, &["--logprobs", &top]);
     let c = &r["completion"];
@@ -203,6 +212,64 @@ fn logprobs_and_sampling_fields_match_the_engine() {
         ],
     );
     assert_eq!(r["sampled"]["text"], same.as_str());
+
+    // /tokenize: the prompt ids the engine ran, for messages and for text; /detokenize
+    // gives text back.
+    let tokenized = cluster
+        .api
+        .post_json(
+            "/tokenize",
+            &json!({"model": cluster.model,
+                    "messages": [{"role": "user", "content": PROMPT}]}),
+        )
+        .expect("POST /tokenize");
+    assert_eq!(tokenized.status, 200, "{}", tokenized.body);
+    assert_eq!(tokenized.body["tokens"], reference["prompt_ids"]);
+    assert_eq!(
+        tokenized.body["count"],
+        reference["prompt_ids"]
+            .as_array()
+            .map(Vec::len)
+            .unwrap_or(0)
+    );
+    assert!(tokenized.body["max_model_len"].as_u64().unwrap_or(0) > 0);
+    let text = cluster
+        .api
+        .post_json(
+            "/tokenize",
+            &json!({"model": cluster.model, "prompt": COMPLETION_PROMPT}),
+        )
+        .expect("POST /tokenize");
+    assert_eq!(
+        text.body["tokens"], completion_ref["prompt_ids"],
+        "{}",
+        text.body
+    );
+    let back = cluster
+        .api
+        .post_json(
+            "/detokenize",
+            &json!({"model": cluster.model, "tokens": text.body["tokens"]}),
+        )
+        .expect("POST /detokenize");
+    assert_eq!(back.status, 200, "{}", back.body);
+    assert_eq!(back.body["prompt"], COMPLETION_PROMPT);
+    let past = cluster
+        .api
+        .post_json(
+            "/detokenize",
+            &json!({"model": cluster.model, "tokens": [99_999_999]}),
+        )
+        .expect("POST /detokenize");
+    assert_eq!(past.status, 400, "{}", past.body);
+    let unknown = cluster
+        .api
+        .post_json(
+            "/tokenize",
+            &json!({"model": "no-such-model", "prompt": "x"}),
+        )
+        .expect("POST /tokenize");
+    assert_eq!(unknown.status, 404, "{}", unknown.body);
 
     let outside = &r["outside"];
     assert_eq!(outside["status"], 400, "{outside}");

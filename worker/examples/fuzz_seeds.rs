@@ -215,6 +215,7 @@ fn wire_seeds(dir: &Path) -> anyhow::Result<()> {
                         reason: FinishReason::Stop,
                         prompt_tokens: 3,
                         completion_tokens: 1,
+                        cached_tokens: 0,
                     }),
                 },
                 StreamEvent {
@@ -258,6 +259,7 @@ fn wire_seeds(dir: &Path) -> anyhow::Result<()> {
         finish_reason: "stop".into(),
         prompt_tokens: 3,
         completion_tokens: 1,
+        cached_tokens: 0,
         logprobs: vec![],
     };
     let replies = [

@@ -7,7 +7,7 @@
 //! | --- | --- |
 //! | `/health` (load balancers), `/` (the status page: static HTML, its data comes from `/v1/status`) | nothing |
 //! | `/admin/*`, `/metrics`, `/v1/status` | an admin key |
-//! | everything else: `/v1/*`, and unknown URLs (no route list for strangers) | an API or admin key |
+//! | everything else: `/v1/*`, `/tokenize`, `/detokenize`, and unknown URLs (no route list for strangers) | an API or admin key |
 //!
 //! The path judged is the one the router matches (percent-decoded), so a route cannot
 //! be reached under a spelling this check reads differently. Refusals are OpenAI error
@@ -135,6 +135,8 @@ mod tests {
             "/v1/chat/completions",
             "/v1/completions",
             "/v1/models",
+            "/tokenize",
+            "/detokenize",
             "/v1/streams/abc",
             "/v2/nothing",
             "/health/x",

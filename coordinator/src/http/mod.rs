@@ -20,6 +20,7 @@ pub mod request_id;
 pub mod routes;
 pub mod sse;
 pub mod status;
+pub mod tokenize;
 pub mod validate;
 
 use std::sync::Arc;

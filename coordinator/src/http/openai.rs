@@ -152,15 +152,41 @@ pub struct Usage {
     pub completion_tokens: u32,
     /// Their sum.
     pub total_tokens: u32,
+    /// What the prompt's count holds.
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// `usage.prompt_tokens_details`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose keys and values the worker's prefix cache held.
+    pub cached_tokens: u32,
 }
 
 impl Usage {
-    /// Usage of `prompt` and `completion` tokens.
+    /// Usage of `prompt` and `completion` tokens, none of them cached.
     pub fn new(prompt_tokens: u32, completion_tokens: u32) -> Self {
         Self {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens.saturating_add(completion_tokens),
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: 0 },
+        }
+    }
+
+    /// Usage of a finished stream; `accepted_prompt` (the count the worker gave when it
+    /// took the stream) stands in for a final count of 0.
+    pub fn finished(f: &baton_common::protocol::Finished, accepted_prompt: u32) -> Self {
+        let prompt = if f.prompt_tokens > 0 {
+            f.prompt_tokens
+        } else {
+            accepted_prompt
+        };
+        Self {
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: f.cached_tokens.min(prompt),
+            },
+            ..Self::new(prompt, f.completion_tokens)
         }
     }
 }
@@ -363,7 +389,8 @@ mod tests {
             json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 7, "model": "m",
                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"},
                                 "logprobs": null, "finish_reason": "stop"}],
-                   "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+                   "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4,
+                             "prompt_tokens_details": {"cached_tokens": 0}}})
         );
         let text = Completion {
             id: "cmpl-1".into(),

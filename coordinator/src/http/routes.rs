@@ -34,6 +34,7 @@ use super::openai::{
 };
 use super::request_id::RequestId;
 use super::sse::{response_id, ChunkWriter, SseStream, StreamGuard};
+use super::tokenize::Direction;
 use super::validate::{Endpoint, ValidRequest};
 use super::AppState;
 use crate::actors::messages::{CheckHealth, ListModels};
@@ -48,6 +49,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/v1/chat/completions", web::post().to(chat_completions))
         .route("/v1/completions", web::post().to(completions))
         .route("/v1/models", web::get().to(models))
+        .route("/tokenize", web::post().to(tokenize))
+        .route("/detokenize", web::post().to(detokenize))
         .route("/v1/streams/{id}", web::get().to(stream_events))
         .route("/health", web::get().to(health))
         .route("/v1/status", web::get().to(super::status::status))
@@ -141,6 +144,36 @@ fn endpoint_label(endpoint: Endpoint) -> &'static str {
         Endpoint::Chat => "chat",
         Endpoint::Completion => "completion",
     }
+}
+
+async fn tokenize(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    tokenizer(state, req, payload, Direction::Tokenize).await
+}
+
+async fn detokenize(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    tokenizer(state, req, payload, Direction::Detokenize).await
+}
+
+/// `/tokenize` and `/detokenize` ([`super::tokenize`]).
+async fn tokenizer(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    payload: web::Payload,
+    direction: Direction,
+) -> Result<HttpResponse, ApiError> {
+    let body = read_body(&req, payload, state.config.max_body_bytes).await?;
+    let request = super::tokenize::parse(direction, &body)?;
+    let timeout = Duration::from_millis(state.config.submit_timeout_ms);
+    let answer = super::tokenize::run(&state.registry, &state.nats, timeout, request).await?;
+    Ok(HttpResponse::Ok().json(answer.json()))
 }
 
 async fn models(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
@@ -338,6 +371,10 @@ fn sse_response(state: &AppState, answer: Answer, resumed: bool) -> HttpResponse
         tracker,
         writer,
         idle_timeout: Duration::from_millis(state.config.stream_timeout_ms),
+        keepalive: match state.config.sse_keepalive_ms {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        },
         include_usage: answer.include_usage,
         prompt_tokens: answer.prompt_tokens,
     };
@@ -432,12 +469,7 @@ async fn collect(
                 logprobs.push(l.as_ref());
             }
             Update::Finished(f) => {
-                let prompt = if f.prompt_tokens > 0 {
-                    f.prompt_tokens
-                } else {
-                    answer.prompt_tokens
-                };
-                let usage = Usage::new(prompt, f.completion_tokens);
+                let usage = Usage::finished(&f, answer.prompt_tokens);
                 return Ok((text, logprobs.take(), f.reason, usage));
             }
             Update::Failed(error) => return Err(ApiError::from_worker(error, &answer.model)),

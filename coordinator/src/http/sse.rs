@@ -233,6 +233,8 @@ pub struct SseStream {
     pub writer: ChunkWriter,
     /// Longest wait for the next event.
     pub idle_timeout: Duration,
+    /// How often a silent stream sends a keep-alive comment (`None`: never).
+    pub keepalive: Option<Duration>,
     /// Send a usage chunk before `[DONE]`.
     pub include_usage: bool,
     /// Prompt tokens, as the worker counted at acceptance.
@@ -243,7 +245,12 @@ struct State {
     s: SseStream,
     pending: VecDeque<Bytes>,
     ended: bool,
+    /// When the last event arrived (or the body started).
+    idle_since: tokio::time::Instant,
 }
+
+/// A comment frame: clients ignore it, proxies see traffic.
+pub const KEEPALIVE: &str = ": keep-alive\n\n";
 
 impl SseStream {
     /// The response body: frames until the stream ends. Dropping it (the client went
@@ -253,6 +260,7 @@ impl SseStream {
             s: self,
             pending: VecDeque::new(),
             ended: false,
+            idle_since: tokio::time::Instant::now(),
         };
         futures::stream::unfold(state, |mut st| async move {
             loop {
@@ -269,19 +277,31 @@ impl SseStream {
 }
 
 impl State {
-    /// Waits for the next event and queues its frames.
+    /// Waits for the next event and queues its frames, or a keep-alive comment when
+    /// the wait runs long.
     async fn step(&mut self) {
         let stream = self.s.guard.stream();
-        let event = match tokio::time::timeout(self.s.idle_timeout, self.s.events.recv()).await {
+        let deadline = self.idle_since + self.s.idle_timeout;
+        let wake = match self.s.keepalive {
+            Some(every) => deadline.min(tokio::time::Instant::now() + every),
+            None => deadline,
+        };
+        let event = match tokio::time::timeout_at(wake, self.s.events.recv()).await {
             Ok(Some(event)) => event,
             Ok(None) => {
                 return self.fail(ApiError::Internal("the stream's session closed".into()));
+            }
+            Err(_) if wake < deadline => {
+                self.pending
+                    .push_back(Bytes::from_static(KEEPALIVE.as_bytes()));
+                return;
             }
             Err(_) => {
                 let ms = u64::try_from(self.s.idle_timeout.as_millis()).unwrap_or(u64::MAX);
                 return self.fail(ApiError::StreamTimeout(ms));
             }
         };
+        self.idle_since = tokio::time::Instant::now();
         match event {
             Update::Token {
                 index,
@@ -301,12 +321,10 @@ impl State {
                 let data = self.s.writer.finish(f.reason);
                 self.pending.push_back(frame(None, Some(&id), &data));
                 if self.s.include_usage {
-                    let prompt = if f.prompt_tokens > 0 {
-                        f.prompt_tokens
-                    } else {
-                        self.s.prompt_tokens
-                    };
-                    let data = self.s.writer.usage(Usage::new(prompt, f.completion_tokens));
+                    let data = self
+                        .s
+                        .writer
+                        .usage(Usage::finished(&f, self.s.prompt_tokens));
                     self.pending.push_back(frame(None, Some(&id), &data));
                 }
                 self.pending.push_back(Bytes::from_static(DONE.as_bytes()));
@@ -373,7 +391,8 @@ mod tests {
         assert_eq!(usage["choices"], json!([]));
         assert_eq!(
             usage["usage"],
-            json!({"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5})
+            json!({"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5,
+                   "prompt_tokens_details": {"cached_tokens": 0}})
         );
     }
 

@@ -121,6 +121,9 @@ impl ValidRequest {
     ) -> Result<Self, ApiError> {
         let limit = config.max_tokens_limit;
         let max_tokens = match max_tokens {
+            // The worker stops at the end of the context (`finish_reason: "length"`), so
+            // the limit means "what the context leaves", as vLLM's default does.
+            None if config.default_max_tokens == 0 => limit,
             None => config.default_max_tokens.min(limit),
             Some(n) if n <= 0 => {
                 return Err(ApiError::invalid(
@@ -624,7 +627,8 @@ pub fn refuse_unsupported(f: &NotSupported) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn model(model: Option<String>) -> Result<String, ApiError> {
+/// The model a request names (required, not blank).
+pub(crate) fn model(model: Option<String>) -> Result<String, ApiError> {
     match model {
         None => Err(ApiError::MissingField("model")),
         Some(m) if m.trim().is_empty() => Err(ApiError::MissingField("model")),
@@ -667,7 +671,7 @@ fn token_ids(ids: &[Value]) -> Result<PromptSpec, ApiError> {
 }
 
 /// One chat message: `content` may be a string, text parts (joined by newlines) or null.
-fn turn(i: usize, m: ChatMessageIn) -> Result<ChatTurn, ApiError> {
+pub(crate) fn turn(i: usize, m: ChatMessageIn) -> Result<ChatTurn, ApiError> {
     let role = match m.role {
         Some(r) if !r.trim().is_empty() => r,
         _ => {
@@ -782,7 +786,13 @@ mod tests {
                 content: "hi".into()
             }])
         );
-        assert_eq!(r.params.max_tokens, config().default_max_tokens);
+        // No `max_tokens`: up to the end of the context, within the server's limit.
+        assert_eq!(r.params.max_tokens, config().max_tokens_limit);
+        let mut fixed = config();
+        fixed.default_max_tokens = 64;
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        let r = ValidRequest::chat(body.to_string().as_bytes(), &fixed).expect("valid");
+        assert_eq!(r.params.max_tokens, 64);
         assert_eq!(r.params.temperature, 1.0);
         assert_eq!(r.params.top_p, 1.0);
         assert_eq!((r.params.top_k, r.params.repetition_penalty), (0, 1.0));

@@ -109,7 +109,8 @@ pub struct FakeLog {
 /// context length). Prompts
 /// containing `TOO_LONG`, `BUSY` or `BROKEN` are refused (context length) or
 /// overloaded, or fail after one token; `SLOW` prompts produce a token every 20 ms until
-/// cancelled; `LATE_REPLY` prompts answer their submit after 300 ms.
+/// cancelled; `PAUSE` prompts wait 300 ms before each token; `LATE_REPLY` prompts
+/// answer their submit after 300 ms.
 pub struct FakeWorker {
     pub id: WorkerId,
     pub log: Arc<FakeLog>,
@@ -268,8 +269,12 @@ impl FakeWorker {
                             async move { c.publish(subject, bytes.into()).await.expect("publish") }
                         };
                         let slow = text.contains("SLOW");
+                        let pause = text.contains("PAUSE");
                         let limit = if slow { 10_000 } else { max_tokens };
                         for i in 0..limit {
+                            if pause {
+                                tokio::time::sleep(Duration::from_millis(300)).await;
+                            }
                             if l.cancelled.lock().expect("lock").contains(&stream) {
                                 return;
                             }
@@ -298,6 +303,7 @@ impl FakeWorker {
                             reason: FinishReason::Length,
                             prompt_tokens: PROMPT_TOKENS,
                             completion_tokens: limit,
+                            cached_tokens: 0,
                         };
                         send(EventKind::Finished(finished)).await;
                     });

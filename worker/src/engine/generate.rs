@@ -478,13 +478,21 @@ impl<B: Backend> Engine<B> {
     pub fn encode_prompt(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
         match prompt {
             Prompt::Text(t) => Ok(self.tokenizer.encode(t, true)?),
-            Prompt::Chat(messages) => {
-                let chat = self.chat.as_ref().ok_or(EngineError::NoChatTemplate)?;
-                let text = chat.render(messages, true)?;
-                // The template writes any BOS itself.
-                Ok(self.tokenizer.encode(&text, false)?)
-            }
+            Prompt::Chat(messages) => self.encode_chat(messages, true),
         }
+    }
+
+    /// Renders chat messages with the model's template and tokenizes them; with
+    /// `add_generation_prompt` the prompt ends with what opens the assistant's turn.
+    pub fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, EngineError> {
+        let chat = self.chat.as_ref().ok_or(EngineError::NoChatTemplate)?;
+        let text = chat.render(messages, add_generation_prompt)?;
+        // The template writes any BOS itself.
+        Ok(self.tokenizer.encode(&text, false)?)
     }
 
     /// Starts a sequence after checking the request against the model's limits.
@@ -549,6 +557,7 @@ impl<B: Backend> Engine<B> {
             finish: None,
             guide,
             failure: None,
+            reused: 0,
         })
     }
 
@@ -659,6 +668,7 @@ impl<B: Backend> Engine<B> {
                 }
                 looked.push((i, loaded, candidates));
                 s.pending.drain(..loaded);
+                s.reused = s.reused.max(loaded.min(s.prompt_ids.len()));
             }
         }
         // How many pending tokens each sequence runs this step: one for each generating
@@ -961,6 +971,8 @@ pub struct Sequence<B: Backend> {
     guide: Option<Guide>,
     /// Why the grammar ended the sequence ([`FinishReason::GrammarFailed`]).
     failure: Option<String>,
+    /// Prompt tokens whose keys and values came from the prefix cache.
+    reused: usize,
 }
 
 impl<B: Backend> Sequence<B> {
@@ -989,6 +1001,12 @@ impl<B: Backend> Sequence<B> {
         self.failure = Some(message);
         self.finish = Some(FinishReason::GrammarFailed);
         self.decoder = None;
+    }
+
+    /// Prompt tokens whose keys and values came from the prefix cache instead of running
+    /// through the model.
+    pub fn reused_prompt_tokens(&self) -> usize {
+        self.reused
     }
 
     /// Prompt length in tokens.

@@ -10,7 +10,7 @@ use baton_common::{
     ids::{StreamId, WorkerId},
     protocol::{
         Body, Heartbeat, ModelInfo, ProbeReply, Sequencer, StreamAttempt, Submit, SubmitOutcome,
-        SubmitReply,
+        SubmitReply, TokenizeRequest,
     },
     subjects::Subjects,
 };
@@ -121,6 +121,42 @@ impl Handler<SubmitMsg> for Worker {
                 let payload = sequencer.encode(Body::SubmitReply(SubmitReply { outcomes }));
                 if let Err(e) = client.publish(reply, payload.into()).await {
                     tracing::warn!(error = %e, "submit reply not published");
+                }
+            }
+        });
+    }
+}
+
+/// A client's tokenize or detokenize request, forwarded by a coordinator.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct TokenizeMsg {
+    /// What to tokenize.
+    pub request: TokenizeRequest,
+    /// Where the coordinator waits for the answer.
+    pub reply: async_nats::Subject,
+}
+
+impl Handler<TokenizeMsg> for Worker {
+    type Result = ();
+
+    fn handle(&mut self, msg: TokenizeMsg, _: &mut Self::Context) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let sent = self.commands.send(Command::Tokenize {
+            request: msg.request,
+            reply: tx,
+        });
+        if sent.is_err() {
+            tracing::error!("engine thread is gone; tokenize request dropped");
+            return;
+        }
+        let client = self.client.clone();
+        let sequencer = self.sequencer.clone();
+        actix::spawn(async move {
+            if let Ok(answer) = rx.await {
+                let payload = sequencer.encode(Body::TokenizeReply(answer));
+                if let Err(e) = client.publish(msg.reply, payload.into()).await {
+                    tracing::warn!(error = %e, "tokenize reply not published");
                 }
             }
         });

@@ -36,7 +36,7 @@ use crate::{
     compute::{self, ComputePriority},
     engine::{llama::WeightDtype, Engine},
 };
-use actor::{CancelMsg, Drain, ProbeMsg, SubmitMsg, Worker};
+use actor::{CancelMsg, Drain, ProbeMsg, SubmitMsg, TokenizeMsg, Worker};
 use scheduler::{Limits, Load, Outbox, SeqEngine};
 
 /// Arguments of `serve`; each overrides `cluster.toml`.
@@ -282,6 +282,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                         streams: probe.streams,
                         reply,
                     });
+                }
+                true
+            }
+            Body::Tokenize(request) => {
+                if let Some(reply) = reply {
+                    addr.do_send(TokenizeMsg { request, reply });
                 }
                 true
             }

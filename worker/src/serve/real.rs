@@ -2,7 +2,8 @@
 
 use baton_common::protocol::{
     ErrorKind, EventKind, FinishReason as WireFinish, Finished, GenParams, ModelInfo, PromptSpec,
-    SeqRequest, TokenEvent, TokenLogprobs, TopLogprob, WireError,
+    SeqRequest, TokenEvent, TokenIds, TokenLogprobs, TokenizeInput, TokenizeReply, TokenizeRequest,
+    TopLogprob, WireError,
 };
 use burn_tensor::backend::Backend;
 
@@ -32,6 +33,16 @@ impl<B: Backend> RealEngine<B> {
             .map(<[u8]>::to_vec)
             .unwrap_or_default()
     }
+}
+
+fn messages(turns: &[baton_common::protocol::ChatTurn]) -> Vec<ChatMessage> {
+    turns
+        .iter()
+        .map(|t| ChatMessage {
+            role: t.role.clone(),
+            content: t.content.clone(),
+        })
+        .collect()
 }
 
 fn wire_error(e: EngineError) -> WireError {
@@ -103,15 +114,7 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
         }
         let ids = match &req.prompt {
             PromptSpec::Text(t) => self.engine.encode_prompt(&Prompt::Text(t.clone())),
-            PromptSpec::Chat(turns) => self.engine.encode_prompt(&Prompt::Chat(
-                turns
-                    .iter()
-                    .map(|t| ChatMessage {
-                        role: t.role.clone(),
-                        content: t.content.clone(),
-                    })
-                    .collect(),
-            )),
+            PromptSpec::Chat(turns) => self.engine.encode_prompt(&Prompt::Chat(messages(turns))),
             PromptSpec::Tokens(ids) => Ok(ids.clone()),
         }
         .map_err(wire_error)?;
@@ -176,6 +179,7 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
                         reason,
                         prompt_tokens: seq.prompt_len() as u32,
                         completion_tokens: seq.generated().len() as u32,
+                        cached_tokens: seq.reused_prompt_tokens() as u32,
                     }));
                 }
                 out
@@ -189,5 +193,39 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
 
     fn prefix_stats(&self) -> crate::engine::prefix::PrefixStats {
         self.engine.prefix_stats()
+    }
+
+    fn tokenize(&self, request: &TokenizeRequest) -> TokenizeReply {
+        if request.model != self.name {
+            return TokenizeReply::Failed(WireError {
+                kind: ErrorKind::UnknownModel,
+                message: format!(
+                    "this worker serves {:?}, not {:?}",
+                    self.name, request.model
+                ),
+            });
+        }
+        let tokenizer = self.engine.tokenizer();
+        let ids = match &request.input {
+            TokenizeInput::Text(t) => tokenizer
+                .encode(&t.text, t.add_special)
+                .map_err(EngineError::from),
+            TokenizeInput::Chat(c) => self
+                .engine
+                .encode_chat(&messages(&c.turns), c.add_generation_prompt),
+            TokenizeInput::Ids(ids) => {
+                return match tokenizer.decode(ids, false) {
+                    Ok(text) => TokenizeReply::Text(text),
+                    Err(e) => TokenizeReply::Failed(wire_error(e.into())),
+                }
+            }
+        };
+        match ids {
+            Ok(ids) => TokenizeReply::Tokens(TokenIds {
+                ids,
+                context_length: self.engine.context_length() as u32,
+            }),
+            Err(e) => TokenizeReply::Failed(wire_error(e)),
+        }
     }
 }

@@ -18,7 +18,7 @@ use baton_common::{
     ids::{CoordinatorId, StreamId},
     protocol::{
         Accepted, ErrorKind, EventKind, ModelInfo, Refused, SeqRequest, StreamEvent, SubmitOutcome,
-        WireError,
+        TokenizeReply, TokenizeRequest, WireError,
     },
 };
 
@@ -59,6 +59,9 @@ pub trait SeqEngine {
     fn prefix_stats(&self) -> PrefixStats {
         PrefixStats::default()
     }
+
+    /// Token ids of text or messages, or text of ids, with the served model's tokenizer.
+    fn tokenize(&self, request: &TokenizeRequest) -> TokenizeReply;
 }
 
 /// What the engine thread is asked to do.
@@ -74,6 +77,13 @@ pub enum Command {
     },
     /// Stop these sequences: each stream's attempts up to the one given.
     Cancel(Vec<(StreamId, u32)>),
+    /// Tokenize or detokenize for a client, between steps.
+    Tokenize {
+        /// What.
+        request: TokenizeRequest,
+        /// The answer.
+        reply: tokio::sync::oneshot::Sender<TokenizeReply>,
+    },
     /// Refuse new work from now on.
     Drain,
     /// Drop every sequence held, each with a [`ErrorKind::Draining`] failure: the
@@ -297,6 +307,9 @@ pub fn run<E: SeqEngine>(
                         }
                     }
                 }
+                Command::Tokenize { request, reply } => {
+                    let _ = reply.send(engine.tokenize(&request));
+                }
                 Command::Drain => draining = true,
                 Command::HandOver => {
                     draining = true;
@@ -340,6 +353,7 @@ pub fn run<E: SeqEngine>(
                     reason: baton_common::protocol::FinishReason::Cancelled,
                     prompt_tokens: 0,
                     completion_tokens: 0,
+                    cached_tokens: 0,
                 }),
             });
         }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use baton_common::protocol::{
     ErrorKind, EventKind, FinishReason, Finished, ModelInfo, PromptSpec, SeqRequest, TokenEvent,
-    WireError,
+    TokenIds, TokenizeInput, TokenizeReply, TokenizeRequest, WireError,
 };
 
 use super::scheduler::{SeqEngine, Started};
@@ -157,6 +157,33 @@ impl SeqEngine for SimEngine {
         })
     }
 
+    fn tokenize(&self, request: &TokenizeRequest) -> TokenizeReply {
+        if request.model != self.name {
+            return TokenizeReply::Failed(WireError {
+                kind: ErrorKind::UnknownModel,
+                message: format!(
+                    "this worker serves {:?}, not {:?}",
+                    self.name, request.model
+                ),
+            });
+        }
+        // The simulated words have no text to decode back, and their ids are hashes.
+        let prompt = match &request.input {
+            TokenizeInput::Text(t) => PromptSpec::Text(t.text.clone()),
+            TokenizeInput::Chat(c) => PromptSpec::Chat(c.turns.clone()),
+            TokenizeInput::Ids(_) => {
+                return TokenizeReply::Failed(WireError {
+                    kind: ErrorKind::InvalidRequest,
+                    message: "the simulated worker does not detokenize".into(),
+                })
+            }
+        };
+        TokenizeReply::Tokens(TokenIds {
+            ids: prompt_ids(&prompt).1,
+            context_length: self.context_length,
+        })
+    }
+
     fn step(&self, seqs: &mut [&mut SimSeq]) -> Result<Vec<Vec<EventKind>>, WireError> {
         std::thread::sleep(self.pace);
         Ok(seqs
@@ -180,6 +207,7 @@ impl SeqEngine for SimEngine {
                         reason: FinishReason::Length,
                         prompt_tokens: s.prompt_tokens,
                         completion_tokens: s.generated,
+                        cached_tokens: 0,
                     }));
                 }
                 out
