@@ -157,6 +157,7 @@ impl NatsTransport {
             Encoding::Rkyv => {
                 match decode_reply(payload).map_err(|e| ClientError::Protocol(e.to_string()))? {
                     Reply::Chunk(c) => Ok(Decoded::Text(c.text)),
+                    Reply::Prompt(p) => Ok(Decoded::Text(p.text)),
                     Reply::Final(f) => Ok(Decoded::Finished(Finish {
                         reason: f.finish_reason,
                         prompt_tokens: f.prompt_tokens,

@@ -306,6 +306,11 @@ pub struct GenParams {
     /// Report each drawn token's log-probability and this many of the most likely
     /// tokens' (0..=20) with it; `None`: none.
     pub logprobs: Option<u8>,
+    /// Score the prompt (a completion's `echo`): each prompt token's log-probability
+    /// given the tokens before it, with this many of the most likely tokens' (0..=20),
+    /// sent once the prompt has run ([`EventKind::Prompt`]); `None`: not asked. With it
+    /// `max_tokens` may be 0: the prompt is scored and nothing generated.
+    pub prompt_logprobs: Option<u8>,
 }
 
 /// A bias added to one token's logit.
@@ -337,6 +342,7 @@ impl GenParams {
             min_tokens: 0,
             stop_token_ids: Vec::new(),
             logprobs: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -427,12 +433,27 @@ pub struct StreamEvent {
 /// Stream event kinds.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub enum EventKind {
+    /// The scored prompt ([`GenParams::prompt_logprobs`]), before the first token.
+    Prompt(PromptEcho),
     /// A generated token.
     Token(TokenEvent),
     /// The stream ended normally (after its last token event).
     Finished(Finished),
     /// The stream failed on the worker.
     Failed(WireError),
+}
+
+/// A prompt as the model read it, with each token's log-probability.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct PromptEcho {
+    /// The prompt's text (special tokens left out).
+    pub text: String,
+    /// The first prompt token's bytes (it has no log-probability: nothing precedes it).
+    pub first: Vec<u8>,
+    /// Every later prompt token's log-probability given the tokens before it, from the
+    /// model's logits as they are (no penalty or mask applies to a prompt), with
+    /// `text_offset` counted in [`PromptEcho::text`].
+    pub logprobs: Vec<TokenLogprobs>,
 }
 
 /// A generated token.
@@ -461,6 +482,9 @@ pub struct TokenLogprobs {
     pub logprob: f32,
     /// The drawn token's bytes (a token may hold part of a UTF-8 character).
     pub bytes: Vec<u8>,
+    /// Characters of the output's text before the text this token made final (the
+    /// legacy completions format's `text_offset`).
+    pub text_offset: u32,
     /// The most likely tokens, most likely first (equal values by id).
     pub top: Vec<TopLogprob>,
 }
@@ -657,6 +681,7 @@ mod tests {
                             logprobs: Some(TokenLogprobs {
                                 logprob: -0.5,
                                 bytes: b"h\xc3".to_vec(),
+                                text_offset: 3,
                                 top: vec![TopLogprob {
                                     id: 3,
                                     logprob: -1.25,

@@ -11,7 +11,7 @@
 use rkyv::{rancor, util::AlignedVec, Archive, Deserialize, Serialize};
 
 use crate::ids::{CoordinatorId, StreamId, WorkerId};
-use crate::protocol::{TokenLogprobs, MAX_MESSAGE_BYTES};
+use crate::protocol::{PromptEcho, TokenLogprobs, MAX_MESSAGE_BYTES};
 
 /// The NATS queue group every coordinator serves the public subjects in.
 pub const QUEUE_GROUP: &str = "baton-coordinators";
@@ -192,6 +192,8 @@ pub struct LoadStatus {
 /// also said by the headers: a chunk has neither `Baton-Final` nor `Baton-Error`.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub enum Reply {
+    /// The echoed prompt of a stream (a completion's `echo`), before its chunks.
+    Prompt(PromptEcho),
     /// New text of a stream.
     Chunk(Chunk),
     /// The end of a stream.
@@ -284,6 +286,8 @@ pub struct Whole {
     pub text: String,
     /// Every token's logprobs, when the request asked.
     pub logprobs: Vec<TokenLogprobs>,
+    /// The echoed prompt (a completion's `echo`): `text` starts with its text.
+    pub prompt: Option<PromptEcho>,
     /// How it ended.
     pub end: Final,
 }
@@ -378,6 +382,7 @@ mod tests {
                 logprobs: vec![TokenLogprobs {
                     logprob: -0.5,
                     bytes: b"h".to_vec(),
+                    text_offset: 0,
                     top: vec![],
                 }],
             }),

@@ -323,19 +323,33 @@ impl NatsHandle {
                 sequences,
             }),
         );
-        let request = async_nats::Request::new()
+        match self.ask(subject, payload, Some(headers), timeout).await? {
+            Body::SubmitReply(reply) => Ok(reply),
+            _ => Err(SubmitError::Unexpected("not a submit reply")),
+        }
+    }
+
+    /// Publishes `payload` on a worker's `subject` and waits up to `timeout` for the
+    /// body of its reply.
+    async fn ask(
+        &self,
+        subject: String,
+        payload: Vec<u8>,
+        headers: Option<async_nats::HeaderMap>,
+        timeout: Duration,
+    ) -> Result<Body, SubmitError> {
+        let mut request = async_nats::Request::new()
             .payload(payload.into())
-            .headers(headers)
             .timeout(Some(timeout));
+        if let Some(headers) = headers {
+            request = request.headers(headers);
+        }
         let reply = self
             .client
             .send_request(subject, request)
             .await
             .map_err(|e| SubmitError::from_request(&e, timeout))?;
-        match decode(&reply.payload)?.body {
-            Body::SubmitReply(reply) => Ok(reply),
-            _ => Err(SubmitError::Unexpected("not a submit reply")),
-        }
+        Ok(decode(&reply.payload)?.body)
     }
 
     /// Asks `worker` whether it is alive and still holds `streams`, waiting up to
@@ -389,15 +403,7 @@ impl NatsHandle {
                 handover_after_ms,
             }),
         );
-        let request = async_nats::Request::new()
-            .payload(payload.into())
-            .timeout(Some(timeout));
-        let reply = self
-            .client
-            .send_request(subject, request)
-            .await
-            .map_err(|e| SubmitError::from_request(&e, timeout))?;
-        match decode(&reply.payload)?.body {
+        match self.ask(subject, payload, None, timeout).await? {
             Body::DrainReply(reply) => Ok(reply),
             _ => Err(SubmitError::Unexpected("not a drain reply")),
         }
@@ -413,15 +419,7 @@ impl NatsHandle {
     ) -> Result<TokenizeReply, SubmitError> {
         let subject = self.subjects.submit(worker);
         let payload = self.sequencers.encode(&subject, Body::Tokenize(request));
-        let request = async_nats::Request::new()
-            .payload(payload.into())
-            .timeout(Some(timeout));
-        let reply = self
-            .client
-            .send_request(subject, request)
-            .await
-            .map_err(|e| SubmitError::from_request(&e, timeout))?;
-        match decode(&reply.payload)?.body {
+        match self.ask(subject, payload, None, timeout).await? {
             Body::TokenizeReply(reply) => Ok(reply),
             _ => Err(SubmitError::Unexpected("not a tokenize reply")),
         }

@@ -21,7 +21,7 @@ use actix::Addr;
 use async_nats::{Client, HeaderMap, Message, Subject, Subscriber};
 use baton_common::config::CoordinatorConfig;
 use baton_common::ids::{CoordinatorId, StreamId};
-use baton_common::protocol::{FinishReason, TokenLogprobs};
+use baton_common::protocol::{FinishReason, PromptEcho, TokenLogprobs};
 use baton_common::public::{
     encode_reply, headers, Chunk, ClusterStatus, CoordinatorStatus, DrainRequest, Drained,
     ErrorReply, Final, LoadStatus, ModelStatus, ReplayRequest, Reply, Whole, WorkerStatus,
@@ -219,10 +219,12 @@ impl PublicApi {
             (opened.stream, opened.created, opened.prompt_tokens);
         let (events, _guard) = (opened.events, opened.guard);
         out.stream = Some(stream);
-        let writer = ChunkWriter::new(endpoint, stream, request.model.clone(), created);
+        let asked = request.params.logprobs.is_some();
+        let writer = ChunkWriter::new(endpoint, stream, request.model.clone(), created, asked);
         let answer = Answer {
             writer,
             endpoint,
+            logprobs: asked,
             stream,
             model: request.model,
             created,
@@ -242,6 +244,13 @@ impl PublicApi {
         let mut pending: Vec<TokenLogprobs> = Vec::new();
         loop {
             match self.next(&mut answer.events).await? {
+                Update::Prompt(p) => {
+                    let payload = match out.format {
+                        Format::Json => answer.writer.prompt(&p).into_bytes(),
+                        Format::Rkyv => encode_reply(&Reply::Prompt(p)),
+                    };
+                    out.send(Kind::Prompt, payload).await;
+                }
                 Update::Token {
                     index,
                     text,
@@ -294,8 +303,13 @@ impl PublicApi {
     async fn whole(&self, mut answer: Answer, out: &mut Replier) -> Result<(), ApiError> {
         let mut text = String::new();
         let mut logprobs: Vec<TokenLogprobs> = Vec::new();
+        let mut prompt: Option<PromptEcho> = None;
         loop {
             match self.next(&mut answer.events).await? {
+                Update::Prompt(p) => {
+                    text.insert_str(0, &p.text);
+                    prompt = Some(p);
+                }
                 Update::Token {
                     text: t,
                     logprobs: l,
@@ -309,12 +323,20 @@ impl PublicApi {
                     let id = response_id(answer.endpoint, answer.stream);
                     let reason = f.reason.openai();
                     let payload = match out.format {
-                        Format::Json => whole_json(&answer, id, text, &logprobs, reason, usage),
+                        Format::Json => whole_json(
+                            &answer,
+                            id,
+                            text,
+                            (prompt.as_ref(), &logprobs),
+                            reason,
+                            usage,
+                        ),
                         Format::Rkyv => encode_reply(&Reply::Whole(Whole {
                             id,
                             model: answer.model,
                             text,
                             logprobs,
+                            prompt,
                             end: final_of(f.reason, usage),
                         })),
                     };
@@ -379,13 +401,21 @@ impl PublicApi {
         out.stream = Some(stream);
         let record = attached.record;
         let model = record.request.model;
-        let mut writer = ChunkWriter::new(record.endpoint, stream, model.clone(), record.created);
+        let asked = record.request.params.logprobs.is_some();
+        let mut writer = ChunkWriter::new(
+            record.endpoint,
+            stream,
+            model.clone(),
+            record.created,
+            asked,
+        );
         if request.after.is_some() {
             writer.role_sent();
         }
         let answer = Answer {
             writer,
             endpoint: record.endpoint,
+            logprobs: asked,
             stream,
             model,
             created: record.created,
@@ -524,6 +554,8 @@ impl PublicApi {
 struct Answer {
     writer: ChunkWriter,
     endpoint: Endpoint,
+    /// The request asked for logprobs.
+    logprobs: bool,
     stream: StreamId,
     model: String,
     created: u64,
@@ -574,11 +606,14 @@ fn whole_json(
     answer: &Answer,
     id: String,
     text: String,
-    logprobs: &[TokenLogprobs],
+    (prompt, logprobs): (Option<&PromptEcho>, &[TokenLogprobs]),
     reason: &str,
     usage: Usage,
 ) -> Vec<u8> {
-    let mut writer = LogprobsWriter::new(answer.endpoint);
+    let mut writer = LogprobsWriter::new(answer.endpoint, answer.logprobs);
+    if let Some(p) = prompt {
+        writer.push_prompt(p);
+    }
     for l in logprobs {
         writer.push(Some(l));
     }
@@ -651,6 +686,8 @@ enum Kind {
     Final(u32),
     /// The only message of an admin or tokenizer answer.
     Single,
+    /// An echoed prompt, before a stream's chunks (no position: no token made it).
+    Prompt,
 }
 
 /// Publishes the messages of one answer to one inbox, numbering them.
@@ -690,6 +727,20 @@ impl Replier {
     }
 
     async fn send(&mut self, kind: Kind, payload: Vec<u8>) {
+        // NATS drops a message over its limit: the client gets an error instead of
+        // waiting for an answer that never comes.
+        let limit = self.client.server_info().max_payload;
+        if payload.len() > limit {
+            let error = ApiError::InvalidRequest {
+                param: None,
+                message: format!(
+                    "the answer is {} bytes, more than this NATS server's max_payload of \
+                     {limit}: ask for it with \"stream\": true, or for fewer logprobs",
+                    payload.len()
+                ),
+            };
+            return self.error(&error).await;
+        }
         let mut h = self.headers();
         match kind {
             Kind::Chunk(position) => h.insert(headers::POSITION, position.to_string()),
@@ -698,6 +749,7 @@ impl Replier {
                 h.insert(headers::FINAL, "true");
             }
             Kind::Single => h.insert(headers::FINAL, "true"),
+            Kind::Prompt => {}
         }
         self.publish(h, payload).await;
     }
@@ -756,8 +808,9 @@ mod tests {
     fn whole_bodies_have_the_http_shape() {
         let (_tx, events) = unbounded_channel();
         let answer = Answer {
-            writer: ChunkWriter::new(Endpoint::Chat, StreamId(1), "m".into(), 7),
+            writer: ChunkWriter::new(Endpoint::Chat, StreamId(1), "m".into(), 7, false),
             endpoint: Endpoint::Chat,
+            logprobs: false,
             stream: StreamId(1),
             model: "m".into(),
             created: 7,
@@ -768,7 +821,7 @@ mod tests {
             &answer,
             "chatcmpl-1".into(),
             "Hi".into(),
-            &[],
+            (None, &[]),
             "stop",
             Usage::new(2, 1),
         ))
@@ -780,13 +833,18 @@ mod tests {
         let entry = TokenLogprobs {
             logprob: -0.5,
             bytes: b"Hi".to_vec(),
+            text_offset: 0,
             top: Vec::new(),
         };
+        let asked = Answer {
+            logprobs: true,
+            ..answer
+        };
         let body: Value = serde_json::from_slice(&whole_json(
-            &answer,
+            &asked,
             "chatcmpl-1".into(),
             "Hi".into(),
-            &[entry],
+            (None, &[entry]),
             "stop",
             Usage::new(2, 1),
         ))

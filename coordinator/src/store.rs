@@ -6,9 +6,9 @@
 //!   and how it ended.
 //! - `tokens`: stream id ‖ position (4 bytes, big-endian) → token id (u32 LE) ‖ chain
 //!   hash (u64 LE) ‖ text length (u32 LE) ‖ text (UTF-8), then, when the request asked
-//!   for logprobs, the token's (f32 LE) ‖ its bytes (u16 LE length first) ‖ the number
-//!   of alternatives (u8) ‖ each as id (u32 LE) ‖ logprob (f32 LE) ‖ bytes (u16 LE
-//!   length first). Keys sort by stream, then position, so one range scan reads a
+//!   for logprobs, the token's (f32 LE) ‖ its text offset (u32 LE) ‖ its bytes (u16 LE
+//!   length first) ‖ the number of alternatives (u8) ‖ each as id (u32 LE) ‖ logprob
+//!   (f32 LE) ‖ bytes (u16 LE length first). Keys sort by stream, then position, so one range scan reads a
 //!   stream's tokens in order.
 //! - `meta`: this coordinator's id, so that a restarted coordinator keeps its token
 //!   subject and its workers' messages still reach it.
@@ -33,7 +33,7 @@ use std::path::Path;
 
 use baton_common::ids::{StreamId, WorkerId};
 use baton_common::protocol::{
-    Finished, SeqRequest, TokenEvent, TokenLogprobs, TopLogprob, WireError,
+    Finished, PromptEcho, SeqRequest, TokenEvent, TokenLogprobs, TopLogprob, WireError,
 };
 use rkyv::{rancor, util::AlignedVec, Archive, Deserialize, Serialize};
 
@@ -85,6 +85,8 @@ pub struct StreamRecord {
     /// The API key that opened it (`None`: opened while the API was open, or over
     /// NATS). Only that key, or an admin key, may reattach to it over HTTP.
     pub owner: Option<KeyId>,
+    /// The scored prompt, once a worker sent it (a completion's `echo`).
+    pub prompt: Option<PromptEcho>,
 }
 
 /// One checkpointed token.
@@ -196,6 +198,7 @@ fn encode_token(t: &TokenEvent) -> Vec<u8> {
     value.extend_from_slice(t.text.as_bytes());
     if let Some(l) = &t.logprobs {
         value.extend_from_slice(&l.logprob.to_le_bytes());
+        value.extend_from_slice(&l.text_offset.to_le_bytes());
         put_short_bytes(&mut value, &l.bytes);
         let top = &l.top[..l.top.len().min(u8::MAX as usize)];
         value.push(top.len() as u8);
@@ -224,6 +227,7 @@ fn decode_token(key: &[u8], value: &[u8]) -> Result<StoredToken, StoreError> {
         None
     } else {
         let logprob = r.f32()?;
+        let text_offset = r.u32()?;
         let bytes = r.short_bytes()?;
         let n = r.take(1)?[0];
         let top = (0..n)
@@ -243,6 +247,7 @@ fn decode_token(key: &[u8], value: &[u8]) -> Result<StoredToken, StoreError> {
         Some(TokenLogprobs {
             logprob,
             bytes,
+            text_offset,
             top,
         })
     };
@@ -433,6 +438,7 @@ mod tests {
             end: None,
             ended_at: 0,
             owner: Some(KeyId::of("sk-test")),
+            prompt: None,
         }
     }
 
@@ -485,6 +491,7 @@ mod tests {
             t1.logprobs = Some(TokenLogprobs {
                 logprob: -0.25,
                 bytes: "é".as_bytes().to_vec(),
+                text_offset: 1,
                 top: vec![
                     TopLogprob {
                         id: 101,
@@ -586,6 +593,7 @@ mod tests {
             logprobs: Some(TokenLogprobs {
                 logprob: -1.0,
                 bytes: b"ab".to_vec(),
+                text_offset: 7,
                 top: vec![TopLogprob {
                     id: 1,
                     logprob: -1.0,

@@ -87,6 +87,31 @@ def main() -> None:
                     parts[k] += v
     out["completion_stream"] = {"text": text, "logprobs": parts}
 
+    # echo: a prompt scored alone (max_tokens 0, as log-likelihood evaluations ask), and
+    # echoed before its completion, whole and streamed.
+    score = client.completions.create(model=model, prompt=cases["completion_prompt"],
+                                      max_tokens=0, temperature=0, echo=True, logprobs=1)
+    out["echo_score"] = {"text": score.choices[0].text,
+                         "finish_reason": score.choices[0].finish_reason,
+                         "completion_tokens": score.usage.completion_tokens,
+                         "logprobs": completion_logprobs(score.choices[0].logprobs)}
+    echoed = client.completions.create(model=model, prompt=cases["completion_prompt"],
+                                       max_tokens=max_tokens, temperature=0, echo=True,
+                                       logprobs=cases["top"])
+    out["echo"] = {"text": echoed.choices[0].text,
+                   "logprobs": completion_logprobs(echoed.choices[0].logprobs)}
+    parts = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    text = ""
+    for chunk in client.completions.create(model=model, prompt=cases["completion_prompt"],
+                                           max_tokens=max_tokens, temperature=0, echo=True,
+                                           logprobs=cases["top"], stream=True):
+        for ch in chunk.choices:
+            text += ch.text
+            if ch.logprobs is not None:
+                for k, v in completion_logprobs(ch.logprobs).items():
+                    parts[k] += v
+    out["echo_stream"] = {"text": text, "logprobs": parts}
+
     # The sampling fields.
     out["bias"] = chat_answer(client.chat.completions.create(
         model=model, messages=messages, max_tokens=max_tokens, temperature=0,

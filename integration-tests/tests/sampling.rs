@@ -6,7 +6,10 @@
 //! penalties with `min_p` on a seeded draw; a bias on a token past the vocabulary is a
 //! 400 naming `logit_bias`; `usage.prompt_tokens_details.cached_tokens` counts the prompt
 //! tokens a repeated prompt found in the worker's prefix cache; `/tokenize` gives the
-//! engine's prompt ids for text and chat messages, and `/detokenize` their text back.
+//! engine's prompt ids for text and chat messages, and `/detokenize` their text back;
+//! `echo` with `max_tokens: 0` scores a prompt with the engine's own prompt logprobs
+//! (lm-eval's log-likelihood request), and `echo` puts the prompt and its tokens before
+//! the completion, whole and streamed alike.
 
 use baton_integration_tests::{
     generate_json, generate_with, python_has, python_json, Cluster, ClusterOptions,
@@ -161,6 +164,55 @@ fn logprobs_and_sampling_fields_match_the_engine() {
     );
     assert_eq!(r["completion_stream"]["logprobs"], *lp);
     assert_eq!(r["completion_stream"]["text"], c["text"]);
+
+    // echo + max_tokens 0: the prompt's log-likelihood, token by token the engine's own.
+    let scored = generate_json(COMPLETION_PROMPT, false, 0, &["--prompt-logprobs", "1"]);
+    let prompt_ids = scored["prompt_ids"].as_array().expect("prompt ids").len();
+    let score = &r["echo_score"];
+    assert_eq!(score["text"], COMPLETION_PROMPT, "{score}");
+    assert_eq!(score["completion_tokens"], 0, "{score}");
+    assert_eq!(score["finish_reason"], "length", "{score}");
+    let lp = &score["logprobs"]["token_logprobs"];
+    assert_eq!(lp.as_array().map(Vec::len), Some(prompt_ids), "{score}");
+    assert_eq!(lp[0], Value::Null, "nothing scores the first token");
+    let engine_scores = scored["prompt_logprobs"].as_array().expect("engine scores");
+    assert_eq!(engine_scores.len(), prompt_ids - 1);
+    let (mut got, mut want) = (0.0, 0.0);
+    for (i, e) in engine_scores.iter().enumerate() {
+        close(
+            f(&lp[i + 1]),
+            f(&e["logprob"]),
+            &format!("prompt token {}", i + 1),
+        );
+        got += f(&lp[i + 1]);
+        want += f(&e["logprob"]);
+    }
+    close(got, want, "the prompt's log-likelihood");
+    assert!(got < 0.0);
+    // echo before a completion: the prompt's tokens, then the completion's, with the
+    // completion's offsets counted after the prompt's text.
+    let echoed = &r["echo"];
+    let completion_text = c["text"].as_str().expect("text");
+    assert_eq!(
+        echoed["text"].as_str(),
+        Some(format!("{COMPLETION_PROMPT}{completion_text}").as_str())
+    );
+    let lp = &echoed["logprobs"];
+    let n = lp["tokens"].as_array().map(Vec::len).unwrap_or(0);
+    assert_eq!(n, prompt_ids + tokens.len(), "{lp}");
+    assert_eq!(
+        lp["token_logprobs"].as_array().expect("logprobs")[prompt_ids..],
+        c["logprobs"]["token_logprobs"]
+            .as_array()
+            .expect("logprobs")[..],
+        "generating after an echo changes nothing"
+    );
+    assert_eq!(
+        lp["text_offset"][prompt_ids],
+        COMPLETION_PROMPT.chars().count()
+    );
+    assert_eq!(r["echo_stream"]["logprobs"], *lp);
+    assert_eq!(r["echo_stream"]["text"], echoed["text"]);
 
     // logit_bias: the first token is banned, and the answer is the engine's with the
     // same bias.

@@ -125,6 +125,7 @@ fn wire_seeds(dir: &Path) -> anyhow::Result<()> {
         min_tokens: 2,
         stop_token_ids: vec![7],
         logprobs: Some(2),
+        prompt_logprobs: Some(1),
     };
     let bodies = [
         Body::Heartbeat(Heartbeat {
@@ -200,6 +201,7 @@ fn wire_seeds(dir: &Path) -> anyhow::Result<()> {
                         logprobs: Some(baton_common::protocol::TokenLogprobs {
                             logprob: -0.75,
                             bytes: b"h\xc3".to_vec(),
+                            text_offset: 2,
                             top: vec![baton_common::protocol::TopLogprob {
                                 id: 5,
                                 logprob: -1.5,
@@ -273,6 +275,7 @@ fn wire_seeds(dir: &Path) -> anyhow::Result<()> {
             model: "m".into(),
             text: "hi".into(),
             logprobs: vec![],
+            prompt: None,
             end,
         }),
         Reply::Error(ErrorReply {

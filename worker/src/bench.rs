@@ -673,6 +673,7 @@ pub fn run_serve(args: &ServeBenchArgs) -> anyhow::Result<()> {
                         }
                     }
                     EventKind::Finished(_) | EventKind::Failed(_) => done += 1,
+                    EventKind::Prompt(_) => {}
                 }
             }
         }

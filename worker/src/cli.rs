@@ -125,6 +125,10 @@ pub struct GenerateArgs {
     /// Report each token's log-probability and this many alternatives (with `--json`).
     #[arg(long)]
     pub logprobs: Option<usize>,
+    /// Score the prompt: each prompt token's log-probability given those before it,
+    /// with this many alternatives (with `--json`); `--max-tokens` may then be 0.
+    #[arg(long)]
+    pub prompt_logprobs: Option<usize>,
     /// Print one JSON object (text, ids, finish, logprobs) instead of the text.
     #[arg(long)]
     pub json: bool,
@@ -260,6 +264,7 @@ fn generate<B: Backend>(args: &GenerateArgs, device: &B::Device) -> anyhow::Resu
         min_tokens: args.min_tokens,
         stop_token_ids: args.stop_token_id.clone(),
         logprobs: args.logprobs,
+        prompt_logprobs: args.prompt_logprobs,
     };
     let n_prompt = ids.len();
     let t1 = Instant::now();
@@ -286,6 +291,11 @@ fn generate<B: Backend>(args: &GenerateArgs, device: &B::Device) -> anyhow::Resu
             "ids": completion.ids,
             "finish": completion.finish.openai(),
             "logprobs": logprobs,
+            "prompt_logprobs": completion
+                .prompt_logprobs
+                .iter()
+                .map(|l| serde_json::json!({"logprob": l.logprob, "top": l.top}))
+                .collect::<Vec<_>>(),
         });
         let _ = write!(stdout, "{out}");
     }

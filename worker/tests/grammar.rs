@@ -265,6 +265,22 @@ fn a_grammar_that_does_not_compile_is_refused_at_start<B: Backend>(dtype: Weight
     }
 }
 
+/// `min_tokens` bans the end tokens, but where the grammar allows nothing else its end
+/// wins: a choice ends after its word, not with a failure.
+fn min_tokens_gives_way_to_a_grammars_end<B: Backend>(dtype: WeightDtype) {
+    let dir = TempDir::new().expect("tempdir");
+    let engine = load::<B>(&tiny(&dir, 25), dtype);
+    let ids = engine
+        .encode_prompt(&Prompt::Text("answer: ".into()))
+        .expect("encode");
+    for (temperature, seed) in [(0.0, 0), (1.0, 7)] {
+        let mut p = params(Grammar::Regex("(yes|no)".into()), temperature, seed);
+        p.min_tokens = 50;
+        let out = text(&events(&engine, &ids, &p));
+        assert!(out == "yes" || out == "no", "{out:?}");
+    }
+}
+
 macro_rules! grammar_suite {
     ($name:ident, $backend:ty, $dtype:expr) => {
         mod $name {
@@ -283,6 +299,10 @@ macro_rules! grammar_suite {
             #[test]
             fn a_grammar_that_does_not_compile_is_refused_at_start() {
                 super::a_grammar_that_does_not_compile_is_refused_at_start::<$backend>($dtype);
+            }
+            #[test]
+            fn min_tokens_gives_way_to_a_grammars_end() {
+                super::min_tokens_gives_way_to_a_grammars_end::<$backend>($dtype);
             }
         }
     };

@@ -560,3 +560,82 @@ fn sampled_sequences_stepped_together_draw_what_each_draws_alone() {
         .ids;
     assert_ne!(alone[0], greedy);
 }
+
+/// A scored prompt (a completion's `echo`) gets each of its tokens' log-probability
+/// given the tokens before it, equal to what a forward pass over that prefix gives; it
+/// runs one token a step, which changes nothing it generates after; with `max_tokens` 0
+/// it generates nothing. On the host path and the burn path.
+#[test]
+fn a_scored_prompt_gets_each_tokens_logprob() {
+    let dir = TempDir::new().expect("tempdir");
+    let path = tiny(&dir, &SyntheticSpec::tiny(8));
+    for dtype in [WeightDtype::Native, WeightDtype::F32] {
+        let engine = Engine::<B>::load(&path, dtype, &Default::default()).expect("load");
+        let model = load(&path, dtype);
+        let ids = engine
+            .encode_prompt(&Prompt::Text("the quick brown fox jumps".into()))
+            .expect("encode");
+        assert!(ids.len() > 4, "{ids:?}");
+        let scoring = GenerateParams {
+            max_tokens: 0,
+            prompt_logprobs: Some(3),
+            ..Default::default()
+        };
+        let out = engine
+            .generate(ids.clone(), scoring.clone(), &mut |_| {})
+            .expect("score");
+        assert!(out.ids.is_empty(), "{:?}", out.ids);
+        assert_eq!(out.finish, FinishReason::MaxTokens);
+        assert_eq!(out.prompt_logprobs.len(), ids.len() - 1);
+        for (i, entry) in out.prompt_logprobs.iter().enumerate() {
+            let mut cache = model.new_cache();
+            let row = logits(
+                &model,
+                &mut [SeqInput {
+                    tokens: &ids[..=i],
+                    cache: &mut cache,
+                }],
+            )
+            .remove(0);
+            let (want, top) = baton_worker::engine::sampler::logprobs(&row, ids[i + 1], 3);
+            assert!(
+                (entry.logprob - want).abs() <= 1e-4 * want.abs().max(1.0),
+                "{dtype:?} token {}: {} against {want}",
+                i + 1,
+                entry.logprob
+            );
+            assert_eq!(entry.top.len(), 3);
+            assert_eq!(
+                entry.top.iter().map(|t| t.0).collect::<Vec<_>>(),
+                top.iter().map(|t| t.0).collect::<Vec<_>>()
+            );
+        }
+        // Scoring first changes nothing generated after.
+        let plain = GenerateParams {
+            max_tokens: 6,
+            ignore_eos: true,
+            ..Default::default()
+        };
+        let scored_then = GenerateParams {
+            prompt_logprobs: Some(0),
+            ..plain.clone()
+        };
+        let a = engine
+            .generate(ids.clone(), plain, &mut |_| {})
+            .expect("plain");
+        let b = engine
+            .generate(ids.clone(), scored_then, &mut |_| {})
+            .expect("scored");
+        assert_eq!(a.ids, b.ids, "{dtype:?}");
+        assert_eq!(b.prompt_logprobs.len(), ids.len() - 1);
+        // Without scoring, max_tokens 0 is refused.
+        let zero = GenerateParams {
+            max_tokens: 0,
+            ..Default::default()
+        };
+        assert!(matches!(
+            engine.start(ids.clone(), zero),
+            Err(EngineError::ZeroMaxTokens)
+        ));
+    }
+}

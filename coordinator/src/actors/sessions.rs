@@ -39,8 +39,8 @@ use actix::prelude::*;
 use baton_common::config::CheckpointMode;
 use baton_common::ids::{StreamId, WorkerId};
 use baton_common::protocol::{
-    ErrorKind, EventKind, FinishReason, Finished, Resume, SeqRequest, TokenBatch, TokenEvent,
-    TokenLogprobs, WireError,
+    ErrorKind, EventKind, FinishReason, Finished, PromptEcho, Resume, SeqRequest, TokenBatch,
+    TokenEvent, TokenLogprobs, WireError,
 };
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
@@ -72,6 +72,8 @@ pub enum Update {
         /// Its logprobs, when the request asked.
         logprobs: Option<TokenLogprobs>,
     },
+    /// The scored prompt (a completion's `echo`), before the first token.
+    Prompt(PromptEcho),
     /// The stream ended normally.
     Finished(Finished),
     /// The stream failed.
@@ -241,6 +243,10 @@ impl Session {
             tokens: self.tokens.iter().map(|t| t.id).collect(),
             hash: last.hash,
         });
+        // A prompt already scored is not scored again (unless scoring is all it asks).
+        if self.record.prompt.is_some() && req.params.max_tokens > 0 {
+            req.params.prompt_logprobs = None;
+        }
         req
     }
 }
@@ -769,6 +775,8 @@ impl Sessions {
     ) -> Vec<(StreamId, Update)> {
         let mut updates: Vec<(StreamId, Update)> = Vec::new();
         let mut stored: Vec<(StreamId, TokenEvent)> = Vec::new();
+        // Streams whose record gained their scored prompt.
+        let mut prompts: Vec<StreamId> = Vec::new();
         let mut stop: HashMap<WorkerId, Vec<(StreamId, u32)>> = HashMap::new();
         let mut resume: Vec<(StreamId, Option<WorkerId>, &'static str)> = Vec::new();
         let mut ended: HashSet<StreamId> = HashSet::new();
@@ -801,6 +809,14 @@ impl Sessions {
                     continue;
                 }
                 match event.kind {
+                    EventKind::Prompt(p) => {
+                        s.last_progress = Instant::now();
+                        if s.record.prompt.is_none() {
+                            s.record.prompt = Some(p.clone());
+                            prompts.push(stream);
+                            updates.push((stream, Update::Prompt(p)));
+                        }
+                    }
                     EventKind::Token(t) => {
                         let next = s.tokens.len() as u32;
                         if t.index < next {
@@ -866,6 +882,13 @@ impl Sessions {
             if let Err(e) = store.append(stored.iter().map(|(s, t)| (*s, t))) {
                 warn!(error = %e, "cannot checkpoint tokens");
             }
+            for stream in prompts {
+                if let Some(s) = self.sessions.get(&stream) {
+                    if let Err(e) = store.put_stream(stream, &s.record) {
+                        warn!(%stream, error = %e, "cannot checkpoint a scored prompt");
+                    }
+                }
+            }
         }
         for (worker, streams) in stop {
             let nats = self.nats.clone();
@@ -877,7 +900,9 @@ impl Sessions {
         }
         for (stream, avoid, why) in resume {
             // Tokens accepted before the gap stay; the rest comes from the new attempt.
-            updates.retain(|(id, u)| *id != stream || matches!(u, Update::Token { .. }));
+            updates.retain(|(id, u)| {
+                *id != stream || matches!(u, Update::Token { .. } | Update::Prompt(_))
+            });
             self.resume(stream, avoid, why, ctx);
         }
         updates
@@ -1033,6 +1058,9 @@ impl Sessions {
         let tokens = store
             .tokens(stream, after.unwrap_or(0))
             .map_err(|e| AttachError::Store(e.to_string()))?;
+        if let (None, Some(p)) = (after, &record.prompt) {
+            let _ = subscriber.send(Update::Prompt(p.clone()));
+        }
         for t in tokens {
             if Some(t.index) == after {
                 if msg.after_hash.is_some_and(|h| h != t.hash) {
@@ -1139,6 +1167,9 @@ impl Handler<Attach> for Sessions {
         self.metrics.reattached.inc();
         // Tokens not yet flushed reach this client with everyone else's, after the flush.
         let from = msg.after.map_or(0, |a| a as usize + 1);
+        if let (0, 1.., Some(p)) = (from, s.forwarded, &s.record.prompt) {
+            let _ = msg.subscriber.send(Update::Prompt(p.clone()));
+        }
         for i in from..s.forwarded {
             let _ = msg.subscriber.send(s.replay(i));
         }
@@ -1277,6 +1308,7 @@ mod tests {
             end: None,
             ended_at: 0,
             owner: None,
+            prompt: None,
         };
         let held = Held {
             id: 7,

@@ -6,8 +6,9 @@
 //! "text_offset"}`. A streamed chunk carries the entries of the tokens since the last
 //! chunk: a token whose text is held back (part of a character, or of a possible stop
 //! string) has its entry sent with the next chunk that has text, or with the final one.
+//! `text_offset` is the worker's: where the token's text starts in the output's text.
 
-use baton_common::protocol::TokenLogprobs;
+use baton_common::protocol::{PromptEcho, TokenLogprobs};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -51,30 +52,48 @@ struct ChatEntry {
 #[derive(Debug, Clone)]
 pub struct LogprobsWriter {
     endpoint: Endpoint,
-    /// Entries not yet sent.
-    pending: Vec<TokenLogprobs>,
-    /// Whether any token carried logprobs: the request asked for them.
+    /// Entries not yet sent; `None` the first token of an echoed prompt's bytes (it has
+    /// no log-probability).
+    pending: Vec<(Option<TokenLogprobs>, Vec<u8>)>,
+    /// Whether the request asked for logprobs.
     asked: bool,
-    /// Characters of the completion's tokens so far (`text_offset`).
-    offset: usize,
+    /// Characters of an echoed prompt: generated tokens' offsets count from its end.
+    shift: u32,
 }
 
 impl LogprobsWriter {
-    /// A writer for answers of `endpoint`.
-    pub fn new(endpoint: Endpoint) -> Self {
+    /// A writer for answers of `endpoint` to a request that `asked` for logprobs or not.
+    pub fn new(endpoint: Endpoint, asked: bool) -> Self {
         Self {
             endpoint,
             pending: Vec::new(),
-            asked: false,
-            offset: 0,
+            asked,
+            shift: 0,
         }
     }
 
     /// Adds a token's logprobs (`None`: the request did not ask).
     pub fn push(&mut self, logprobs: Option<&TokenLogprobs>) {
         if let Some(l) = logprobs {
-            self.asked = true;
-            self.pending.push(l.clone());
+            let l = TokenLogprobs {
+                text_offset: l.text_offset + self.shift,
+                ..l.clone()
+            };
+            let bytes = l.bytes.clone();
+            self.pending.push((Some(l), bytes));
+        }
+    }
+
+    /// Adds an echoed prompt's entries (a completion's `echo`): its first token without
+    /// a log-probability, then the others; later tokens' offsets count from its end.
+    pub fn push_prompt(&mut self, prompt: &PromptEcho) {
+        self.shift = prompt.text.chars().count() as u32;
+        if !self.asked {
+            return;
+        }
+        self.pending.push((None, prompt.first.clone()));
+        for l in &prompt.logprobs {
+            self.pending.push((Some(l.clone()), l.bytes.clone()));
         }
     }
 
@@ -89,6 +108,7 @@ impl LogprobsWriter {
             Endpoint::Chat => {
                 let content: Vec<ChatEntry> = entries
                     .into_iter()
+                    .filter_map(|(l, _)| l)
                     .map(|l| ChatEntry {
                         token: token_text(&l.bytes),
                         logprob: finite(l.logprob),
@@ -111,12 +131,17 @@ impl LogprobsWriter {
                 let mut token_logprobs = Vec::with_capacity(entries.len());
                 let mut top_logprobs = Vec::with_capacity(entries.len());
                 let mut text_offset = Vec::with_capacity(entries.len());
-                for l in entries {
-                    let token = token_text(&l.bytes);
-                    text_offset.push(self.offset);
-                    self.offset += token.chars().count();
-                    tokens.push(token);
-                    token_logprobs.push(finite(l.logprob));
+                for (l, bytes) in entries {
+                    tokens.push(token_text(&bytes));
+                    let Some(l) = l else {
+                        // An echoed prompt's first token: nothing before it to score it.
+                        text_offset.push(0);
+                        token_logprobs.push(Value::Null);
+                        top_logprobs.push(Value::Null);
+                        continue;
+                    };
+                    text_offset.push(l.text_offset);
+                    token_logprobs.push(Value::from(finite(l.logprob)));
                     let mut top = Map::new();
                     for t in l.top {
                         // Two tokens spelled alike keep the likelier one's entry.
@@ -146,6 +171,7 @@ mod tests {
         TokenLogprobs {
             logprob,
             bytes: bytes.to_vec(),
+            text_offset: 0,
             top: top
                 .iter()
                 .enumerate()
@@ -160,14 +186,14 @@ mod tests {
 
     #[test]
     fn nothing_asked_is_null() {
-        let mut w = LogprobsWriter::new(Endpoint::Chat);
+        let mut w = LogprobsWriter::new(Endpoint::Chat, false);
         w.push(None);
         assert_eq!(w.take(), None);
     }
 
     #[test]
     fn chat_entries_have_openais_shape() {
-        let mut w = LogprobsWriter::new(Endpoint::Chat);
+        let mut w = LogprobsWriter::new(Endpoint::Chat, true);
         w.push(Some(&entry(
             b"Hi",
             -0.5,
@@ -187,10 +213,13 @@ mod tests {
     }
 
     #[test]
-    fn completion_entries_count_offsets_across_chunks() {
-        let mut w = LogprobsWriter::new(Endpoint::Completion);
+    fn completion_entries_have_the_legacy_shape() {
+        let mut w = LogprobsWriter::new(Endpoint::Completion, true);
         w.push(Some(&entry(b" a", -1.0, &[(b" a", -1.0), (b" b", -2.0)])));
-        w.push(Some(&entry("é".as_bytes(), -0.25, &[])));
+        w.push(Some(&TokenLogprobs {
+            text_offset: 2,
+            ..entry("é".as_bytes(), -0.25, &[])
+        }));
         assert_eq!(
             w.take(),
             Some(
@@ -199,7 +228,29 @@ mod tests {
                         "text_offset": [0, 2]})
             )
         );
-        w.push(Some(&entry(b"!", -3.0, &[])));
-        assert_eq!(w.take().expect("asked")["text_offset"], json!([3]));
+        // A chunk of no token (a reconnect that had everything but the end) still
+        // carries the shape.
+        assert_eq!(w.take().expect("asked")["tokens"], json!([]));
+    }
+
+    #[test]
+    fn an_echoed_prompt_comes_first_and_shifts_the_offsets() {
+        let mut w = LogprobsWriter::new(Endpoint::Completion, true);
+        w.push_prompt(&PromptEcho {
+            text: "Hi you".into(),
+            first: b"Hi".to_vec(),
+            logprobs: vec![TokenLogprobs {
+                text_offset: 2,
+                ..entry(b" you", -2.5, &[(b" there", -0.5)])
+            }],
+        });
+        w.push(Some(&entry(b"!", -1.0, &[])));
+        assert_eq!(
+            w.take(),
+            Some(json!({"tokens": ["Hi", " you", "!"],
+                        "token_logprobs": [null, -2.5, -1.0],
+                        "top_logprobs": [null, {" there": -0.5}, {}],
+                        "text_offset": [0, 2, 6]}))
+        );
     }
 }

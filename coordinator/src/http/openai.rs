@@ -51,6 +51,9 @@ pub struct SamplingFields {
     pub logprobs: Option<Value>,
     /// Chat: how many alternatives per token (0..=20), with `logprobs: true`.
     pub top_logprobs: Option<i64>,
+    /// Completions: the answer starts with the prompt (its tokens' logprobs first, with
+    /// `logprobs`); `max_tokens` may then be 0, to score a prompt.
+    pub echo: Option<bool>,
 }
 
 /// `stream_options`.
@@ -65,7 +68,6 @@ pub struct StreamOptions {
 /// value asks for nothing (see `validate::refuse_unsupported`).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct NotSupported {
-    pub echo: Option<Value>,
     pub best_of: Option<Value>,
     pub suffix: Option<Value>,
     pub tools: Option<Value>,

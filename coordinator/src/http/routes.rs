@@ -49,8 +49,14 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/v1/chat/completions", web::post().to(chat_completions))
         .route("/v1/completions", web::post().to(completions))
         .route("/v1/models", web::get().to(models))
-        .route("/tokenize", web::post().to(tokenize))
-        .route("/detokenize", web::post().to(detokenize))
+        .route(
+            "/tokenize",
+            web::post().to(|s, r, p| tokenizer(s, r, p, Direction::Tokenize)),
+        )
+        .route(
+            "/detokenize",
+            web::post().to(|s, r, p| tokenizer(s, r, p, Direction::Detokenize)),
+        )
         .route("/v1/streams/{id}", web::get().to(stream_events))
         .route("/health", web::get().to(health))
         .route("/v1/status", web::get().to(super::status::status))
@@ -146,22 +152,6 @@ fn endpoint_label(endpoint: Endpoint) -> &'static str {
     }
 }
 
-async fn tokenize(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    payload: web::Payload,
-) -> Result<HttpResponse, ApiError> {
-    tokenizer(state, req, payload, Direction::Tokenize).await
-}
-
-async fn detokenize(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    payload: web::Payload,
-) -> Result<HttpResponse, ApiError> {
-    tokenizer(state, req, payload, Direction::Detokenize).await
-}
-
 /// `/tokenize` and `/detokenize` ([`super::tokenize`]).
 async fn tokenizer(
     state: web::Data<AppState>,
@@ -241,6 +231,8 @@ struct Answer {
     model: String,
     created: u64,
     include_usage: bool,
+    /// The request asked for logprobs.
+    logprobs: bool,
     prompt_tokens: u32,
     events: UnboundedReceiver<Update>,
     guard: StreamGuard,
@@ -265,6 +257,7 @@ async fn generate(
         model: request.model,
         created,
         include_usage: request.include_usage,
+        logprobs: request.params.logprobs.is_some(),
         prompt_tokens,
         events,
         guard,
@@ -328,6 +321,7 @@ pub async fn open_stream(
         end: None,
         ended_at: 0,
         owner,
+        prompt: None,
     };
     let (tx, events) = unbounded_channel();
     // From here on, a client that goes away stops the stream.
@@ -355,7 +349,13 @@ pub async fn open_stream(
 
 fn sse_response(state: &AppState, answer: Answer, resumed: bool) -> HttpResponse {
     let request_id = answer.stream.to_string();
-    let mut writer = ChunkWriter::new(answer.endpoint, answer.stream, answer.model, answer.created);
+    let mut writer = ChunkWriter::new(
+        answer.endpoint,
+        answer.stream,
+        answer.model,
+        answer.created,
+        answer.logprobs,
+    );
     if resumed {
         writer.role_sent();
     }
@@ -448,7 +448,7 @@ async fn collect(
     tracker: &mut StreamTracker,
 ) -> Result<(String, Option<Value>, FinishReason, Usage), ApiError> {
     let mut text = String::new();
-    let mut logprobs = LogprobsWriter::new(answer.endpoint);
+    let mut logprobs = LogprobsWriter::new(answer.endpoint, answer.logprobs);
     loop {
         let event = match tokio::time::timeout(idle_timeout, answer.events.recv()).await {
             Ok(Some(event)) => event,
@@ -459,6 +459,10 @@ async fn collect(
             }
         };
         match event {
+            Update::Prompt(p) => {
+                text.insert_str(0, &p.text);
+                logprobs.push_prompt(&p);
+            }
             Update::Token {
                 text: t,
                 logprobs: l,
@@ -578,6 +582,7 @@ async fn reattach(
         model: record.request.model,
         created: record.created,
         include_usage: record.include_usage,
+        logprobs: record.request.params.logprobs.is_some(),
         prompt_tokens: attached.prompt_tokens,
         events,
         guard,

@@ -13,7 +13,7 @@ use std::time::Duration;
 use actix::Addr;
 use actix_web::web::Bytes;
 use baton_common::ids::StreamId;
-use baton_common::protocol::{FinishReason, TokenLogprobs};
+use baton_common::protocol::{FinishReason, PromptEcho, TokenLogprobs};
 use futures::Stream;
 use serde::Serialize;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -108,15 +108,22 @@ pub struct ChunkWriter {
 }
 
 impl ChunkWriter {
-    /// Chunks for `stream` of `model`, created at `created` (Unix seconds).
-    pub fn new(endpoint: Endpoint, stream: StreamId, model: String, created: u64) -> Self {
+    /// Chunks for `stream` of `model`, created at `created` (Unix seconds), with
+    /// `logprobs` when the request asked for them.
+    pub fn new(
+        endpoint: Endpoint,
+        stream: StreamId,
+        model: String,
+        created: u64,
+        logprobs: bool,
+    ) -> Self {
         Self {
             endpoint,
             id: response_id(endpoint, stream),
             created,
             model,
             role_sent: false,
-            logprobs: LogprobsWriter::new(endpoint),
+            logprobs: LogprobsWriter::new(endpoint, logprobs),
         }
     }
 
@@ -130,6 +137,13 @@ impl ChunkWriter {
     pub fn token(&mut self, text: &str, logprobs: Option<&TokenLogprobs>) -> Option<String> {
         self.logprobs.push(logprobs);
         (!text.is_empty()).then(|| self.chunk(Some(text.to_string()), None, None))
+    }
+
+    /// The chunk of an echoed prompt (a completion's `echo`): its text, and its tokens'
+    /// logprobs when asked.
+    pub fn prompt(&mut self, prompt: &PromptEcho) -> String {
+        self.logprobs.push_prompt(prompt);
+        self.chunk(Some(prompt.text.clone()), None, None)
     }
 
     /// The final chunk, with `finish_reason` (and the logprobs not sent yet).
@@ -315,6 +329,11 @@ impl State {
                     self.pending.push_back(frame(None, Some(&id), &data));
                 }
             }
+            Update::Prompt(p) => {
+                // No id: a client that reconnects has it if it has any token.
+                let data = self.s.writer.prompt(&p);
+                self.pending.push_back(frame(None, None, &data));
+            }
             Update::Finished(f) => {
                 self.s.tracker.finish("finished");
                 let id = format!("{stream}:{}", f.completion_tokens);
@@ -372,7 +391,7 @@ mod tests {
 
     #[test]
     fn chat_chunks_carry_the_role_first_then_content_then_finish() {
-        let mut w = ChunkWriter::new(Endpoint::Chat, StreamId(1), "m".into(), 9);
+        let mut w = ChunkWriter::new(Endpoint::Chat, StreamId(1), "m".into(), 9, false);
         let id = format!("chatcmpl-{}", StreamId(1));
         assert_eq!(
             parse(&w.token("Hel", None).expect("text")),
@@ -398,7 +417,7 @@ mod tests {
 
     #[test]
     fn completion_chunks_are_text_completions() {
-        let mut w = ChunkWriter::new(Endpoint::Completion, StreamId(2), "m".into(), 9);
+        let mut w = ChunkWriter::new(Endpoint::Completion, StreamId(2), "m".into(), 9, false);
         assert_eq!(
             parse(&w.token("Hi", None).expect("text")),
             json!({"id": format!("cmpl-{}", StreamId(2)), "object": "text_completion",

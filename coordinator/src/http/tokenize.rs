@@ -45,8 +45,9 @@ struct DetokenizeBody {
     tokens: Option<Value>,
 }
 
-/// Most ids one `/detokenize` takes.
-pub const MAX_DETOKENIZE_IDS: usize = 1 << 20;
+/// Most ids one `/detokenize` takes: far more than any context, and a request that
+/// stays well under NATS's payload limit on its way to the worker.
+pub const MAX_DETOKENIZE_IDS: usize = 1 << 16;
 
 /// Validates a body into what a worker is asked.
 pub fn parse(direction: Direction, body: &[u8]) -> Result<TokenizeRequest, ApiError> {

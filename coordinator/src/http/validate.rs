@@ -120,11 +120,20 @@ impl ValidRequest {
         config: &CoordinatorConfig,
     ) -> Result<Self, ApiError> {
         let limit = config.max_tokens_limit;
+        let echo = s.echo.unwrap_or(false);
+        if echo && endpoint == Endpoint::Chat {
+            return Err(ApiError::invalid(
+                "echo",
+                "`echo` is for /v1/completions (a chat answer does not repeat its messages)",
+            ));
+        }
         let max_tokens = match max_tokens {
             // The worker stops at the end of the context (`finish_reason: "length"`), so
             // the limit means "what the context leaves", as vLLM's default does.
             None if config.default_max_tokens == 0 => limit,
             None => config.default_max_tokens.min(limit),
+            // Scoring a prompt, as log-likelihood evaluations do.
+            Some(0) if echo => 0,
             Some(n) if n <= 0 => {
                 return Err(ApiError::invalid(
                     "max_tokens",
@@ -260,6 +269,8 @@ impl ValidRequest {
                 min_tokens,
                 stop_token_ids: stop_token_ids(s.stop_token_ids)?,
                 logprobs,
+                // The prompt's text and, with logprobs, its tokens' come back first.
+                prompt_logprobs: echo.then_some(logprobs.unwrap_or(0)),
             },
             stream,
             include_usage: stream && s.stream_options.is_some_and(|o| o.include_usage),
@@ -598,8 +609,7 @@ fn neutral(v: &Value) -> bool {
 pub fn refuse_unsupported(f: &NotSupported) -> Result<(), ApiError> {
     let no_tools = f.tools.as_ref().is_none_or(neutral) && f.functions.as_ref().is_none_or(neutral);
     type Check<'a> = (&'static str, &'a Option<Value>, &'a dyn Fn(&Value) -> bool);
-    let checks: [Check<'_>; 8] = [
-        ("echo", &f.echo, &neutral),
+    let checks: [Check<'_>; 7] = [
         ("best_of", &f.best_of, &|v| {
             neutral(v) || v.as_f64() == Some(1.0)
         }),
@@ -992,7 +1002,6 @@ mod tests {
         };
         let tool = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
         let refused = [
-            ("echo", json!(true)),
             ("best_of", json!(2)),
             ("suffix", json!("end")),
             ("tools", tool.clone()),
@@ -1106,6 +1115,28 @@ mod tests {
         assert_eq!(c.params.logprobs, Some(3));
         let c = completion(json!({"model": "m", "prompt": "x", "logprobs": 0})).expect("valid");
         assert_eq!(c.params.logprobs, Some(0));
+        // echo: the prompt is scored (with the request's logprobs count), and only then
+        // may max_tokens be 0; chat has no echo.
+        let c = completion(
+            json!({"model": "m", "prompt": "x", "echo": true, "logprobs": 2,
+                                  "max_tokens": 0}),
+        )
+        .expect("valid");
+        assert_eq!(
+            (c.params.prompt_logprobs, c.params.max_tokens),
+            (Some(2), 0)
+        );
+        let c = completion(json!({"model": "m", "prompt": "x", "echo": true})).expect("valid");
+        assert_eq!(c.params.prompt_logprobs, Some(0));
+        let c = completion(json!({"model": "m", "prompt": "x", "echo": false})).expect("valid");
+        assert_eq!(c.params.prompt_logprobs, None);
+        assert_eq!(
+            param(completion(
+                json!({"model": "m", "prompt": "x", "max_tokens": 0})
+            )),
+            Some("max_tokens")
+        );
+        assert_eq!(param(with(json!({"echo": true}))), Some("echo"));
         for (body, field) in [
             (json!({"presence_penalty": 2.5}), "presence_penalty"),
             (json!({"frequency_penalty": -3}), "frequency_penalty"),

@@ -72,8 +72,8 @@ pub enum EngineError {
         /// Context length.
         context: usize,
     },
-    /// `max_tokens` was 0.
-    #[error("max_tokens must be at least 1")]
+    /// `max_tokens` was 0 for a prompt not scored.
+    #[error("max_tokens must be at least 1 (0 only when the prompt is scored)")]
     ZeroMaxTokens,
     /// The forward pass refused its input.
     #[error(transparent)]
@@ -172,6 +172,11 @@ pub struct GenerateParams {
     pub stop_token_ids: Vec<u32>,
     /// Report each token's log-probability with this many of the most likely tokens'.
     pub logprobs: Option<usize>,
+    /// Score the prompt: each prompt token's log-probability given the tokens before
+    /// it, with this many of the most likely tokens' ([`Sequence::take_prompt_scores`]).
+    /// Such a prompt runs one token a step (every position's logits are needed, and the
+    /// prefix cache is not used for it); `max_tokens` may then be 0.
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Default for GenerateParams {
@@ -185,6 +190,7 @@ impl Default for GenerateParams {
             min_tokens: 0,
             stop_token_ids: Vec::new(),
             logprobs: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -238,6 +244,8 @@ pub struct Logprobs {
     pub logprob: f32,
     /// The most likely tokens and theirs, most likely first.
     pub top: Vec<(u32, f32)>,
+    /// Characters of the output's text before the text this token made final.
+    pub text_offset: usize,
 }
 
 /// A finished completion.
@@ -251,6 +259,9 @@ pub struct Completion {
     pub text: String,
     /// Why it ended.
     pub finish: FinishReason,
+    /// The scored prompt's entries ([`GenerateParams::prompt_logprobs`]; empty when not
+    /// asked).
+    pub prompt_logprobs: Vec<Logprobs>,
 }
 
 /// A prompt, as text or as chat messages.
@@ -502,7 +513,7 @@ impl<B: Backend> Engine<B> {
         params: GenerateParams,
     ) -> Result<Sequence<B>, EngineError> {
         params.sampling.validate()?;
-        if params.max_tokens == 0 {
+        if params.max_tokens == 0 && params.prompt_logprobs.is_none() {
             return Err(EngineError::ZeroMaxTokens);
         }
         if prompt_ids.is_empty() {
@@ -530,8 +541,13 @@ impl<B: Backend> Engine<B> {
                 return Err(EngineError::TokenOutOfVocab { field, id, vocab });
             }
         }
-        if params.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
-            return Err(EngineError::TooManyLogprobs(params.logprobs.unwrap_or(0)));
+        for n in [params.logprobs, params.prompt_logprobs]
+            .into_iter()
+            .flatten()
+        {
+            if n > MAX_TOP_LOGPROBS {
+                return Err(EngineError::TooManyLogprobs(n));
+            }
         }
         let guide = match &params.grammar {
             None => None,
@@ -553,11 +569,14 @@ impl<B: Backend> Engine<B> {
             generated: Vec::new(),
             params,
             text: String::new(),
+            text_chars: 0,
             decoder: Some(StreamDecoder::new(self.tokenizer.clone()).skip_special(true)),
             finish: None,
             guide,
             failure: None,
             reused: 0,
+            prompt_scores: Vec::new(),
+            prompt_scored: false,
         })
     }
 
@@ -636,7 +655,8 @@ impl<B: Backend> Engine<B> {
             let mut cache = self.prefix_cache();
             for &i in &active {
                 let s = &mut *seqs[i];
-                if !s.cache.is_empty() {
+                // A scored prompt needs the logits of every position it holds.
+                if !s.cache.is_empty() || s.params.prompt_logprobs.is_some() {
                     continue;
                 }
                 let hashes = block_hashes(self.fingerprint, &s.pending);
@@ -688,7 +708,7 @@ impl<B: Backend> Engine<B> {
             .filter_map(|&i| {
                 let s = &seqs[i];
                 let mut n = s.pending.len();
-                if n == 1 {
+                if n == 1 || s.scoring() {
                     return Some((i, 1));
                 }
                 if !self.model.host_path() {
@@ -723,7 +743,9 @@ impl<B: Backend> Engine<B> {
             tracing::debug!(rows, generating, prompts, "forward");
         }
         // Where every row that draws is greedy, the device engine downloads ids only.
-        let want_logits = runs.iter().any(|&(i, _)| !seqs[i].plain_greedy());
+        let scored: Vec<bool> = runs.iter().map(|&(i, _)| seqs[i].scoring()).collect();
+        let want_logits =
+            scored.iter().any(|&s| s) || runs.iter().any(|&(i, _)| !seqs[i].plain_greedy());
         // The grammar masks of the rows that draw are computed on a thread of their own
         // while the forward pass runs: they depend on the tokens so far only.
         let (forward, computed) = {
@@ -782,6 +804,19 @@ impl<B: Backend> Engine<B> {
         } else {
             logits.chunks_exact_mut(vocab).collect()
         };
+        // A scored prompt's row: the next prompt token's log-probability, from the logits
+        // as the model gave them.
+        for ((&(i, _), row), _) in runs.iter().zip(&rows).zip(&scored).filter(|x| *x.1) {
+            let s = &mut *seqs[i];
+            let next = s.prompt_ids[s.cache.len()];
+            let top = s.params.prompt_logprobs.unwrap_or(0);
+            let (logprob, top) = super::sampler::logprobs(row, next, top);
+            s.prompt_scores.push(Logprobs {
+                logprob,
+                top,
+                text_offset: 0,
+            });
+        }
         // Every draw depends only on its own row, parameters, history and position, so
         // several run in parallel on the compute threads (a draw at temperature > 0 sorts
         // most of the vocabulary); the commits then run in order. A prompt that ran only
@@ -795,7 +830,9 @@ impl<B: Backend> Engine<B> {
                 .zip(rows.iter_mut())
                 .zip(masks)
                 .enumerate()
-                .filter(|(_, (((i, take), _), _))| *take == seqs[*i].pending.len())
+                .filter(|(_, (((i, take), _), _))| {
+                    *take == seqs[*i].pending.len() && seqs[*i].params.max_tokens > 0
+                })
                 .map(|(r, ((&(i, _), row), mask))| {
                     let s = &*seqs[i];
                     let known = greedy
@@ -824,13 +861,20 @@ impl<B: Backend> Engine<B> {
         for &(i, take) in &runs {
             if take < seqs[i].pending.len() {
                 seqs[i].pending.drain(..take);
+            } else if seqs[i].params.max_tokens == 0 {
+                // A prompt scored and nothing asked of it beyond.
+                seqs[i].finish = Some(FinishReason::MaxTokens);
+                seqs[i].decoder = None;
             }
         }
         for (i, drawn) in draws {
             match drawn {
                 Ok((id, logprobs)) => {
                     let mut event = seqs[i].take(self, id)?;
-                    event.logprobs = logprobs;
+                    event.logprobs = logprobs.map(|l| Logprobs {
+                        text_offset: seqs[i].text_chars - event.text.chars().count(),
+                        ..l
+                    });
                     events[i] = Some(event);
                 }
                 Err(message) => seqs[i].fail(message),
@@ -858,15 +902,23 @@ impl<B: Backend> Engine<B> {
         on_token: &mut dyn FnMut(&TokenEvent),
     ) -> Result<Completion, EngineError> {
         let mut seq = self.start(prompt_ids, params)?;
+        let mut scores = Vec::new();
         while seq.finish.is_none() {
-            if let Some(ev) = self.step(&mut [&mut seq])?.pop().flatten() {
+            let event = self.step(&mut [&mut seq])?.pop().flatten();
+            if let Some(p) = seq.take_prompt_scores() {
+                scores = p;
+            }
+            if let Some(ev) = event {
                 on_token(&ev);
             }
         }
         if let Some(message) = seq.failure.take() {
             return Err(EngineError::Grammar(message));
         }
-        Ok(seq.into_completion())
+        Ok(Completion {
+            prompt_logprobs: scores,
+            ..seq.into_completion()
+        })
     }
 }
 
@@ -902,25 +954,34 @@ impl Draw<'_> {
             Some(Ok(m)) => apply_mask(m, self.row),
             None => {}
         }
+        let mut lifted: Vec<(usize, f32)> = Vec::with_capacity(self.banned.len());
         for &t in &self.banned {
             if let Some(l) = self.row.get_mut(t as usize) {
+                lifted.push((t as usize, *l));
                 *l = f32::NEG_INFINITY;
+            }
+        }
+        if !lifted.is_empty() && super::sampler::first_max(self.row).is_none() {
+            // The grammar allows nothing but what min_tokens bans (its end): it ends.
+            for (t, l) in lifted {
+                self.row[t] = l;
             }
         }
         let sampling = &self.params.sampling;
         sampling.adjust(self.row, self.prompt, self.output);
         if constrained && super::sampler::first_max(self.row).is_none() {
-            return (
-                self.seq,
-                Err("no token is allowed here (the grammar and min_tokens)".into()),
-            );
+            return (self.seq, Err("no token is allowed here".into()));
         }
         // The position of the token drawn: what its draw is keyed by.
         let position = (self.prompt.len() + self.output.len()) as u64;
         let id = sampling.pick(self.row, position);
         let logprobs = self.params.logprobs.map(|top| {
             let (logprob, top) = super::sampler::logprobs(self.row, id, top);
-            Logprobs { logprob, top }
+            Logprobs {
+                logprob,
+                top,
+                text_offset: 0,
+            }
         });
         (self.seq, Ok((id, logprobs)))
     }
@@ -964,6 +1025,8 @@ pub struct Sequence<B: Backend> {
     stops: StopMatcher,
     /// Text emitted so far.
     text: String,
+    /// Its length in characters.
+    text_chars: usize,
     /// Turns ids into whole characters as they come; taken when the sequence ends.
     decoder: Option<StreamDecoder>,
     finish: Option<FinishReason>,
@@ -973,6 +1036,10 @@ pub struct Sequence<B: Backend> {
     failure: Option<String>,
     /// Prompt tokens whose keys and values came from the prefix cache.
     reused: usize,
+    /// The scored prompt's entries so far ([`GenerateParams::prompt_logprobs`]).
+    prompt_scores: Vec<Logprobs>,
+    /// Whether they were taken.
+    prompt_scored: bool,
 }
 
 impl<B: Backend> Sequence<B> {
@@ -1022,6 +1089,27 @@ impl<B: Backend> Sequence<B> {
     /// The KV cache (its length is the number of positions processed).
     pub fn cache(&self) -> &KvCache<B> {
         &self.cache
+    }
+
+    /// Whether its next row is a scored prompt's, with a prompt token after it.
+    fn scoring(&self) -> bool {
+        self.params.prompt_logprobs.is_some() && self.cache.len() + 1 < self.prompt_ids.len()
+    }
+
+    /// The scored prompt's entries, once its whole prompt has run (then never again):
+    /// the log-probability of each prompt token after the first given those before it.
+    pub fn take_prompt_scores(&mut self) -> Option<Vec<Logprobs>> {
+        let done = self.cache.len() >= self.prompt_ids.len();
+        if self.params.prompt_logprobs.is_none() || self.prompt_scored || !done {
+            return None;
+        }
+        self.prompt_scored = true;
+        Some(std::mem::take(&mut self.prompt_scores))
+    }
+
+    /// The prompt's token ids.
+    pub fn prompt_ids(&self) -> &[u32] {
+        &self.prompt_ids
     }
 
     /// Whether its next draw is the argmax of the logits as the model gives them.
@@ -1120,6 +1208,7 @@ impl<B: Backend> Sequence<B> {
             }
         }
         self.text.push_str(&text);
+        self.text_chars += text.chars().count();
         Ok(TokenEvent {
             index,
             id,
@@ -1135,6 +1224,7 @@ impl<B: Backend> Sequence<B> {
             ids: self.generated,
             text: self.text,
             finish: self.finish.unwrap_or(FinishReason::MaxTokens),
+            prompt_logprobs: self.prompt_scores,
         }
     }
 }

@@ -27,5 +27,6 @@ pub mod stops;
 pub mod tokenizer;
 
 pub use generate::{
-    Completion, Engine, EngineError, FinishReason, GenerateParams, Prompt, Sequence, TokenEvent,
+    Completion, Engine, EngineError, FinishReason, GenerateParams, Logprobs, Prompt, Sequence,
+    TokenEvent,
 };

@@ -553,15 +553,23 @@ mod tests {
         }
         let max = cands[0].1;
         let mut probs: Vec<f64> = cands.iter().map(|c| ((c.1 - max) as f64).exp()).collect();
+        let mut keep = probs.len();
+        if p.min_p > 0.0 {
+            // Ratios to the likeliest, before normalizing.
+            keep = probs
+                .iter()
+                .take_while(|&&q| q >= f64::from(p.min_p))
+                .count()
+                .max(1);
+        }
         let sum: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|p| *p /= sum);
-        let mut keep = probs.len();
         if p.top_p < 1.0 {
             let mut acc = 0.0;
             for (i, q) in probs.iter().enumerate() {
                 acc += q;
                 if acc >= p.top_p as f64 {
-                    keep = i + 1;
+                    keep = keep.min(i + 1);
                     break;
                 }
             }
@@ -598,19 +606,23 @@ mod tests {
                     _ => rng.random_range(-30.0f32..30.0),
                 })
                 .collect();
-            for (temperature, top_k, top_p) in [
-                (1.0, 0, 1.0),
-                (0.7, 0, 0.9),
-                (1.3, 40, 1.0),
-                (1.0, 1, 1.0),
-                (0.5, n + 3, 0.999_999),
-                (3.0, 0, 0.5),
-                (0.05, 0, 1.0),
+            for (temperature, top_k, top_p, min_p) in [
+                (1.0, 0, 1.0, 0.0),
+                (0.7, 0, 0.9, 0.0),
+                (1.3, 40, 1.0, 0.0),
+                (1.0, 1, 1.0, 0.0),
+                (0.5, n + 3, 0.999_999, 0.0),
+                (3.0, 0, 0.5, 0.0),
+                (0.05, 0, 1.0, 0.0),
+                (1.0, 0, 1.0, 0.05),
+                (2.0, 0, 0.8, 0.3),
+                (0.9, 50, 1.0, 0.01),
             ] {
                 let p = SamplingParams {
                     temperature,
                     top_k,
                     top_p,
+                    min_p,
                     seed: case as u64,
                     ..Default::default()
                 };

@@ -1,16 +1,16 @@
 //! [`SeqEngine`] over the burn engine: the real model.
 
 use baton_common::protocol::{
-    ErrorKind, EventKind, FinishReason as WireFinish, Finished, GenParams, ModelInfo, PromptSpec,
-    SeqRequest, TokenEvent, TokenIds, TokenLogprobs, TokenizeInput, TokenizeReply, TokenizeRequest,
-    TopLogprob, WireError,
+    ErrorKind, EventKind, FinishReason as WireFinish, Finished, GenParams, ModelInfo, PromptEcho,
+    PromptSpec, SeqRequest, TokenEvent, TokenIds, TokenLogprobs, TokenizeInput, TokenizeReply,
+    TokenizeRequest, TopLogprob, WireError,
 };
 use burn_tensor::backend::Backend;
 
-use super::scheduler::{SeqEngine, Started};
+use super::scheduler::{other_model, SeqEngine, Started};
 use crate::engine::{
     chat::ChatMessage, sampler::SamplingParams, Engine, EngineError, FinishReason, GenerateParams,
-    Prompt, Sequence,
+    Logprobs, Prompt, Sequence,
 };
 
 /// The burn engine serving one model under a public name.
@@ -24,6 +24,66 @@ impl<B: Backend> RealEngine<B> {
     pub fn new(engine: Engine<B>, name: String) -> Self {
         Self { engine, name }
     }
+    /// Token `id`'s logprobs as they travel.
+    fn wire_logprobs(&self, id: u32, l: Logprobs) -> TokenLogprobs {
+        TokenLogprobs {
+            logprob: l.logprob,
+            bytes: self.bytes_of(id),
+            text_offset: l.text_offset as u32,
+            top: l
+                .top
+                .into_iter()
+                .map(|(id, logprob)| TopLogprob {
+                    id,
+                    logprob,
+                    bytes: self.bytes_of(id),
+                })
+                .collect(),
+        }
+    }
+
+    /// A scored prompt as it travels: its text (special tokens left out), and each
+    /// later token's entry with its offset in that text.
+    fn echo(&self, prompt: &[u32], scores: Vec<Logprobs>) -> PromptEcho {
+        let tokenizer = self.engine.tokenizer();
+        let mut chars = 0;
+        // Bytes of a character not complete yet.
+        let mut partial: Vec<u8> = Vec::new();
+        let mut logprobs = Vec::with_capacity(scores.len());
+        for (i, &id) in prompt.iter().enumerate() {
+            if let Some(score) = i.checked_sub(1).and_then(|j| scores.get(j)) {
+                logprobs.push(self.wire_logprobs(
+                    id,
+                    Logprobs {
+                        text_offset: chars,
+                        ..score.clone()
+                    },
+                ));
+            }
+            if tokenizer.is_special(id) {
+                continue;
+            }
+            partial.extend_from_slice(&self.bytes_of(id));
+            let whole = match std::str::from_utf8(&partial) {
+                Ok(s) => s.len(),
+                // Bytes that can never be a character count as one; a character cut
+                // short waits for the next token.
+                Err(e) if e.error_len().is_some() => partial.len(),
+                Err(e) => e.valid_up_to(),
+            };
+            chars += String::from_utf8_lossy(&partial[..whole]).chars().count();
+            partial.drain(..whole);
+        }
+        PromptEcho {
+            text: tokenizer.decode(prompt, true).unwrap_or_default(),
+            first: prompt
+                .first()
+                .map(|&id| self.bytes_of(id))
+                .unwrap_or_default(),
+            logprobs,
+        }
+    }
+
     /// The bytes of token `id`, for its logprobs (rows past the tokenizer's vocabulary,
     /// padding, have none).
     fn bytes_of(&self, id: u32) -> Vec<u8> {
@@ -34,6 +94,9 @@ impl<B: Backend> RealEngine<B> {
             .unwrap_or_default()
     }
 }
+
+/// Most ids a tokenize answer carries.
+const MAX_TOKENIZED: usize = 1 << 17;
 
 fn messages(turns: &[baton_common::protocol::ChatTurn]) -> Vec<ChatMessage> {
     turns
@@ -91,6 +154,7 @@ pub fn generate_params(p: &GenParams) -> GenerateParams {
         min_tokens: p.min_tokens as usize,
         stop_token_ids: p.stop_token_ids.clone(),
         logprobs: p.logprobs.map(usize::from),
+        prompt_logprobs: p.prompt_logprobs.map(usize::from),
     }
 }
 
@@ -106,11 +170,8 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
     }
 
     fn start(&self, req: &SeqRequest) -> Result<Started<Self::Seq>, WireError> {
-        if req.model != self.name {
-            return Err(WireError {
-                kind: ErrorKind::UnknownModel,
-                message: format!("this worker serves {:?}, not {:?}", self.name, req.model),
-            });
+        if let Some(e) = other_model(&self.name, &req.model) {
+            return Err(e);
         }
         let ids = match &req.prompt {
             PromptSpec::Text(t) => self.engine.encode_prompt(&Prompt::Text(t.clone())),
@@ -134,23 +195,14 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
         let events = self.engine.step(seqs).map_err(wire_error)?;
         Ok(events
             .into_iter()
-            .zip(seqs.iter())
+            .zip(seqs.iter_mut())
             .map(|(ev, seq)| {
-                let mut out = Vec::with_capacity(2);
+                let mut out = Vec::with_capacity(3);
+                if let Some(scores) = seq.take_prompt_scores() {
+                    out.push(EventKind::Prompt(self.echo(seq.prompt_ids(), scores)));
+                }
                 if let Some(ev) = ev {
-                    let logprobs = ev.logprobs.map(|l| TokenLogprobs {
-                        logprob: l.logprob,
-                        bytes: self.bytes_of(ev.id),
-                        top: l
-                            .top
-                            .into_iter()
-                            .map(|(id, logprob)| TopLogprob {
-                                id,
-                                logprob,
-                                bytes: self.bytes_of(id),
-                            })
-                            .collect(),
-                    });
+                    let logprobs = ev.logprobs.map(|l| self.wire_logprobs(ev.id, l));
                     out.push(EventKind::Token(TokenEvent {
                         index: ev.index as u32,
                         id: ev.id,
@@ -196,14 +248,8 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
     }
 
     fn tokenize(&self, request: &TokenizeRequest) -> TokenizeReply {
-        if request.model != self.name {
-            return TokenizeReply::Failed(WireError {
-                kind: ErrorKind::UnknownModel,
-                message: format!(
-                    "this worker serves {:?}, not {:?}",
-                    self.name, request.model
-                ),
-            });
+        if let Some(e) = other_model(&self.name, &request.model) {
+            return TokenizeReply::Failed(e);
         }
         let tokenizer = self.engine.tokenizer();
         let ids = match &request.input {
@@ -221,6 +267,14 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
             }
         };
         match ids {
+            // The answer must fit a NATS message (4 bytes an id).
+            Ok(ids) if ids.len() > MAX_TOKENIZED => TokenizeReply::Failed(WireError {
+                kind: ErrorKind::InvalidRequest,
+                message: format!(
+                    "the input has {} tokens, more than the {MAX_TOKENIZED} one answer holds",
+                    ids.len()
+                ),
+            }),
             Ok(ids) => TokenizeReply::Tokens(TokenIds {
                 ids,
                 context_length: self.engine.context_length() as u32,

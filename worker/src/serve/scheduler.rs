@@ -64,6 +64,15 @@ pub trait SeqEngine {
     fn tokenize(&self, request: &TokenizeRequest) -> TokenizeReply;
 }
 
+/// Refuses a request for `asked` when this worker serves `served` (`None` when they
+/// are the same).
+pub fn other_model(served: &str, asked: &str) -> Option<WireError> {
+    (served != asked).then(|| WireError {
+        kind: ErrorKind::UnknownModel,
+        message: format!("this worker serves {served:?}, not {asked:?}"),
+    })
+}
+
 /// What the engine thread is asked to do.
 pub enum Command {
     /// New sequences; the outcomes go back on `reply`.
@@ -398,6 +407,7 @@ pub fn run<E: SeqEngine>(
                                     load.tokens.fetch_add(1, Ordering::Relaxed);
                                 }
                                 EventKind::Finished(_) | EventKind::Failed(_) => done.push(i),
+                                EventKind::Prompt(_) => {}
                             }
                             outbox
                                 .entry(slot.coordinator)

@@ -8,7 +8,7 @@ use baton_common::protocol::{
     TokenIds, TokenizeInput, TokenizeReply, TokenizeRequest, WireError,
 };
 
-use super::scheduler::{SeqEngine, Started};
+use super::scheduler::{other_model, SeqEngine, Started};
 
 /// Words the simulated tokens spell.
 const WORDS: [&str; 8] = [
@@ -68,6 +68,7 @@ fn unsimulated(p: &baton_common::protocol::GenParams) -> Option<&'static str> {
     [
         ("grammar", p.grammar.is_some()),
         ("logprobs", p.logprobs.is_some()),
+        ("echo", p.prompt_logprobs.is_some()),
         ("logit_bias", !p.logit_bias.is_empty()),
         ("stop_token_ids", !p.stop_token_ids.is_empty()),
         ("min_tokens", p.min_tokens > 0),
@@ -96,11 +97,8 @@ impl SeqEngine for SimEngine {
     }
 
     fn start(&self, req: &SeqRequest) -> Result<Started<SimSeq>, WireError> {
-        if req.model != self.name {
-            return Err(WireError {
-                kind: ErrorKind::UnknownModel,
-                message: format!("this worker serves {:?}, not {:?}", self.name, req.model),
-            });
+        if let Some(e) = other_model(&self.name, &req.model) {
+            return Err(e);
         }
         if let Some(field) = unsimulated(&req.params) {
             return Err(WireError {
@@ -158,14 +156,8 @@ impl SeqEngine for SimEngine {
     }
 
     fn tokenize(&self, request: &TokenizeRequest) -> TokenizeReply {
-        if request.model != self.name {
-            return TokenizeReply::Failed(WireError {
-                kind: ErrorKind::UnknownModel,
-                message: format!(
-                    "this worker serves {:?}, not {:?}",
-                    self.name, request.model
-                ),
-            });
+        if let Some(e) = other_model(&self.name, &request.model) {
+            return TokenizeReply::Failed(e);
         }
         // The simulated words have no text to decode back, and their ids are hashes.
         let prompt = match &request.input {
