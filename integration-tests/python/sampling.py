@@ -33,6 +33,19 @@ def completion_logprobs(lp):
             "top_logprobs": lp.top_logprobs, "text_offset": lp.text_offset}
 
 
+def streamed_completion(stream):
+    """A streamed text completion's text and its chunks' logprobs, joined."""
+    parts = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    text = ""
+    for chunk in stream:
+        for ch in chunk.choices:
+            text += ch.text
+            if ch.logprobs is not None:
+                for k, v in completion_logprobs(ch.logprobs).items():
+                    parts[k] += v
+    return {"text": text, "logprobs": parts}
+
+
 def chat_answer(r):
     c = r.choices[0]
     details = r.usage.prompt_tokens_details
@@ -75,17 +88,9 @@ def main() -> None:
     out["completion"] = {"text": c.choices[0].text,
                          "completion_tokens": c.usage.completion_tokens,
                          "logprobs": completion_logprobs(c.choices[0].logprobs)}
-    parts = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    text = ""
-    for chunk in client.completions.create(model=model, prompt=cases["completion_prompt"],
-                                           max_tokens=max_tokens, temperature=0,
-                                           logprobs=cases["top"], stream=True):
-        for ch in chunk.choices:
-            text += ch.text
-            if ch.logprobs is not None:
-                for k, v in completion_logprobs(ch.logprobs).items():
-                    parts[k] += v
-    out["completion_stream"] = {"text": text, "logprobs": parts}
+    out["completion_stream"] = streamed_completion(client.completions.create(
+        model=model, prompt=cases["completion_prompt"], max_tokens=max_tokens,
+        temperature=0, logprobs=cases["top"], stream=True))
 
     # echo: a prompt scored alone (max_tokens 0, as log-likelihood evaluations ask), and
     # echoed before its completion, whole and streamed.
@@ -100,17 +105,9 @@ def main() -> None:
                                        logprobs=cases["top"])
     out["echo"] = {"text": echoed.choices[0].text,
                    "logprobs": completion_logprobs(echoed.choices[0].logprobs)}
-    parts = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    text = ""
-    for chunk in client.completions.create(model=model, prompt=cases["completion_prompt"],
-                                           max_tokens=max_tokens, temperature=0, echo=True,
-                                           logprobs=cases["top"], stream=True):
-        for ch in chunk.choices:
-            text += ch.text
-            if ch.logprobs is not None:
-                for k, v in completion_logprobs(ch.logprobs).items():
-                    parts[k] += v
-    out["echo_stream"] = {"text": text, "logprobs": parts}
+    out["echo_stream"] = streamed_completion(client.completions.create(
+        model=model, prompt=cases["completion_prompt"], max_tokens=max_tokens,
+        temperature=0, echo=True, logprobs=cases["top"], stream=True))
 
     # The sampling fields.
     out["bias"] = chat_answer(client.chat.completions.create(

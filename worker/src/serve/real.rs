@@ -213,9 +213,11 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
                 }
                 let reason = match seq.finish_reason() {
                     None => return out,
+                    // A grammar with no way on is the request's, and every worker would
+                    // fail it alike: not a failure to move elsewhere.
                     Some(FinishReason::GrammarFailed) => {
                         out.push(EventKind::Failed(WireError {
-                            kind: ErrorKind::Internal,
+                            kind: ErrorKind::InvalidRequest,
                             message: format!(
                                 "the grammar stopped the output: {}",
                                 seq.failure().unwrap_or_default()
