@@ -288,11 +288,9 @@ fn a_resumed_stream_goes_on_identically<B: Backend>() {
                 .resume(ids.clone(), &done, params.clone())
                 .expect("resume");
             let mut rest = Vec::new();
-            while seq.finish_reason().is_none() {
-                if let Some(ev) = engine.step(&mut [&mut seq]).expect("step").pop().flatten() {
-                    rest.push(ev);
-                }
-            }
+            engine
+                .run(&mut seq, &mut |ev| rest.push(ev.clone()))
+                .expect("run");
             assert_eq!(rest, original[cut..], "resumed at {cut}");
         }
     }
@@ -349,11 +347,9 @@ fn the_prefix_cache_serves_the_device_engine<B: Backend>() {
         .resume(prompts[0].clone(), done, sampled.clone())
         .expect("resume");
     let mut rest = Vec::new();
-    while seq.finish_reason().is_none() {
-        if let Some(ev) = engine.step(&mut [&mut seq]).expect("step").pop().flatten() {
-            rest.push(ev.id);
-        }
-    }
+    engine
+        .run(&mut seq, &mut |ev| rest.push(ev.id))
+        .expect("run");
     assert_eq!(rest, cold[1][4..]);
 }
 

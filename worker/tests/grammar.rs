@@ -183,11 +183,9 @@ fn a_constrained_resume_goes_on_identically<B: Backend>(dtype: WeightDtype) {
                 .resume(ids.clone(), &done, p.clone())
                 .expect("resume");
             let mut rest = Vec::new();
-            while seq.finish_reason().is_none() {
-                if let Some(ev) = engine.step(&mut [&mut seq]).expect("step").pop().flatten() {
-                    rest.push(ev);
-                }
-            }
+            engine
+                .run(&mut seq, &mut |ev| rest.push(ev.clone()))
+                .expect("run");
             assert_eq!(rest, original[cut..], "resumed at {cut}");
             assert_eq!(seq.finish_reason(), Some(FinishReason::Eos));
         }

@@ -178,9 +178,7 @@ fn a_resumed_stream_reuses_its_blocks_and_goes_on_as_before() {
             let mut seq = engine
                 .resume(prompt.clone(), &cold[..cut], p.clone())
                 .expect("resume");
-            while seq.finish_reason().is_none() {
-                engine.step(&mut [&mut seq]).expect("step");
-            }
+            engine.run(&mut seq, &mut |_| {}).expect("run");
             assert_eq!(
                 seq.generated(),
                 &cold[..],

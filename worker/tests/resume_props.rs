@@ -145,11 +145,9 @@ fn a_stream_resumed_at_any_cut_ends_as_the_uncut_one() {
                 .resume(prompt.clone(), &done, params.clone())
                 .map_err(|e| TestCaseError::fail(format!("resume at {cut}: {e}")))?;
             let mut rest = Vec::new();
-            while seq.finish_reason().is_none() {
-                if let Some(ev) = engine.step(&mut [&mut seq]).expect("step").pop().flatten() {
-                    rest.push(ev);
-                }
-            }
+            engine
+                .run(&mut seq, &mut |ev| rest.push(ev.clone()))
+                .expect("run");
             prop_assert_eq!(&rest[..], &original[cut..], "resumed at {}", cut);
             // A scored prompt is scored again only by a resume that runs (one already
             // at its end has nothing to run: its first scores were kept by the client);
@@ -191,11 +189,9 @@ fn a_resume_replays_generated_tokens_as_decode_rows() {
             .resume(prompt.clone(), &done, params.clone())
             .expect("resume");
         let mut rest = Vec::new();
-        while seq.finish_reason().is_none() {
-            if let Some(ev) = engine.step(&mut [&mut seq]).expect("step").pop().flatten() {
-                rest.push(ev);
-            }
-        }
+        engine
+            .run(&mut seq, &mut |ev| rest.push(ev.clone()))
+            .expect("run");
         assert_eq!(rest, original[cut..], "resumed at {cut}");
         assert_eq!(seq.into_completion(), uncut);
     }

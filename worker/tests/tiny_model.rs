@@ -468,11 +468,9 @@ fn a_stream_resumed_at_any_position_goes_on_exactly_as_the_original() {
                 Err(e) => panic!("resume at {cut}: {e}"),
             };
             let mut rest = Vec::new();
-            while seq.finish_reason().is_none() {
-                if let Some(ev) = engine.step(&mut [&mut seq]).expect("step").pop().flatten() {
-                    rest.push(ev);
-                }
-            }
+            engine
+                .run(&mut seq, &mut |ev| rest.push(ev.clone()))
+                .expect("run");
             assert_eq!(
                 rest,
                 original[cut..],

@@ -902,23 +902,26 @@ impl<B: Backend> Engine<B> {
         on_token: &mut dyn FnMut(&TokenEvent),
     ) -> Result<Completion, EngineError> {
         let mut seq = self.start(prompt_ids, params)?;
-        let mut scores = Vec::new();
-        while seq.finish.is_none() {
-            let event = self.step(&mut [&mut seq])?.pop().flatten();
-            if let Some(p) = seq.take_prompt_scores() {
-                scores = p;
-            }
-            if let Some(ev) = event {
-                on_token(&ev);
-            }
-        }
+        self.run(&mut seq, on_token)?;
         if let Some(message) = seq.failure.take() {
             return Err(EngineError::Grammar(message));
         }
-        Ok(Completion {
-            prompt_logprobs: scores,
-            ..seq.into_completion()
-        })
+        Ok(seq.into_completion())
+    }
+
+    /// Steps `seq` alone until it ends (a started or a resumed sequence), calling
+    /// `on_token` for each token as it comes.
+    pub fn run(
+        &self,
+        seq: &mut Sequence<B>,
+        on_token: &mut dyn FnMut(&TokenEvent),
+    ) -> Result<(), EngineError> {
+        while seq.finish.is_none() {
+            if let Some(ev) = self.step(&mut [&mut *seq])?.pop().flatten() {
+                on_token(&ev);
+            }
+        }
+        Ok(())
     }
 }
 
