@@ -7,8 +7,9 @@ Usage:
 TEMPLATES_DIR is llama.cpp's `models/templates` (the llama-cpp-python source package
 carries it; `scripts/setup` extracts it into `$BATON_CACHE/llamacpp/templates`). For each
 template below, a few conversations (a system message or not, several turns, the
-generation prompt or not, a list of tools for templates that take one) are rendered with
-transformers' own chat-template renderer (jinja2 with its extensions), with a fixed
+generation prompt or not, a list of tools for templates that take one and, for those, a
+history with an assistant's tool call of null content and the tool's result) are rendered
+with transformers' own chat-template renderer (jinja2 with its extensions), with a fixed
 `date_string` so that the templates that print a date do not print today's. Writes
 `worker/tests/fixtures/templates/rendered.json` unless `--out` says otherwise:
 {"source", "templates": [{"file", "sha256", "bos_token", "eos_token", "cases":
@@ -51,7 +52,9 @@ WEATHER = {
 }
 
 
-def conversations(with_system: bool, tools: bool) -> list[tuple[str, list[dict], list | None, bool]]:
+def conversations(
+    with_system: bool, tools: bool, call_content: str | None = None
+) -> list[tuple[str, list[dict], list | None, bool]]:
     system = [{"role": "system", "content": "You are a terse assistant."}] if with_system else []
     out = [
         ("one_turn", system + [{"role": "user", "content": "Hello!"}], None, True),
@@ -75,6 +78,31 @@ def conversations(with_system: bool, tools: bool) -> list[tuple[str, list[dict],
     ]
     if tools:
         out.append(("tools", system + [{"role": "user", "content": "Weather in Paris?"}], [WEATHER], True))
+        # Mistral's template wants a tool call id of exactly 9 alphanumeric characters.
+        call_id = "call9abcd"
+        out.append(
+            (
+                "tool_history",
+                system
+                + [
+                    {"role": "user", "content": "Weather in Paris?"},
+                    {
+                        "role": "assistant",
+                        "content": call_content,
+                        "tool_calls": [
+                            {
+                                "id": call_id,
+                                "type": "function",
+                                "function": {"name": WEATHER["function"]["name"], "arguments": {"city": "Paris"}},
+                            }
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": call_id, "content": "18°C, sunny."},
+                ],
+                [WEATHER],
+                True,
+            )
+        )
     return out
 
 
@@ -89,8 +117,11 @@ def main() -> None:
         source = (args.templates / file).read_text()
         # Gemma's and Mistral Nemo's templates refuse a system message.
         with_system = not file.startswith(("google-gemma", "mistralai-Mistral-Nemo"))
+        # Qwen3's template looks for '</think>' in an assistant's content, which fails on a
+        # null content (a TypeError): its tool call comes with an empty content instead.
+        call_content = "" if file.startswith("Qwen-Qwen3") else None
         cases = []
-        for name, messages, tools, gen in conversations(with_system, takes_tools):
+        for name, messages, tools, gen in conversations(with_system, takes_tools, call_content):
             rendered, _ = render_jinja_template(
                 conversations=[messages],
                 tools=tools,

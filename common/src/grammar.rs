@@ -39,18 +39,7 @@ fn schema_value(text: &str) -> Result<Value, GrammarError> {
     let mut schema: Value =
         serde_json::from_str(text).map_err(|e| GrammarError::NotJson(e.to_string()))?;
     match &mut schema {
-        Value::Object(map) => {
-            if !map.contains_key("x-guidance") {
-                map.insert(
-                    "x-guidance".into(),
-                    json!({
-                        "whitespace_flexible": false,
-                        "item_separator": ", ",
-                        "key_separator": ": ",
-                    }),
-                );
-            }
-        }
+        Value::Object(_) => compact_layout(&mut schema),
         Value::Bool(_) => {}
         other => {
             return Err(GrammarError::NotJson(format!(
@@ -65,6 +54,22 @@ fn schema_value(text: &str) -> Result<Value, GrammarError> {
         }
     }
     Ok(schema)
+}
+
+/// Gives an object schema Baton's compact layout, unless it has its own `x-guidance`.
+pub fn compact_layout(schema: &mut Value) {
+    if let Value::Object(map) = schema {
+        if !map.contains_key("x-guidance") {
+            map.insert(
+                "x-guidance".into(),
+                json!({
+                    "whitespace_flexible": false,
+                    "item_separator": ", ",
+                    "key_separator": ": ",
+                }),
+            );
+        }
+    }
 }
 
 /// The grammar in llguidance's terms.

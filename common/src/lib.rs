@@ -29,3 +29,4 @@ pub mod protocol;
 pub mod public;
 pub mod secret;
 pub mod subjects;
+pub mod tools;

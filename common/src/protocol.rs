@@ -10,7 +10,7 @@ use rkyv::{rancor, util::AlignedVec, Archive, Deserialize, Serialize};
 use crate::ids::{CoordinatorId, StreamId, WorkerId};
 
 /// Version of this protocol; receivers drop messages of another major version.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// Largest message a receiver accepts (bytes), whatever NATS allows.
 pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
@@ -263,8 +263,70 @@ pub enum PromptSpec {
 pub struct ChatTurn {
     /// `system`, `user`, `assistant`, …
     pub role: String,
-    /// Text.
+    /// Text (empty for an assistant turn that only calls tools).
     pub content: String,
+    /// The tools an assistant turn called (OpenAI's `tool_calls`); empty otherwise.
+    pub tool_calls: Vec<ToolCall>,
+    /// Which call a `tool` turn answers (OpenAI's `tool_call_id`).
+    pub tool_call_id: Option<String>,
+}
+
+impl ChatTurn {
+    /// A turn of `role` saying `content`, with no tool calls.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+}
+
+/// One call of a function, in a chat's history or in a model's output.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    /// Its place among the output's calls (0 for the first); in a history, its place in
+    /// the turn's list.
+    pub index: u32,
+    /// `call_…`, unique within the stream ([`tool_call_id`]); a history's as the client
+    /// sent it.
+    pub id: String,
+    /// The function's name.
+    pub name: String,
+    /// Its arguments, as JSON text (an object).
+    pub arguments: String,
+}
+
+/// The id of a stream's `index`-th tool call: the same on every worker that runs the
+/// stream, so that a resumed stream names its calls as the first attempt did.
+pub fn tool_call_id(stream: crate::ids::StreamId, index: u32) -> String {
+    let hex = stream.to_string().replace('-', "");
+    format!("call_{}{index:04x}", &hex[..hex.len().min(20)])
+}
+
+/// The functions a chat may call, and whether it must.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Tools {
+    /// OpenAI's `tools` array as JSON text (`[{"type": "function", "function": {"name",
+    /// "description", "parameters"}}]`), checked by the coordinator: each function has a
+    /// name and a `parameters` JSON schema that compiles.
+    pub definitions: String,
+    /// Whether the model must call one (`tool_choice`).
+    pub choice: ToolChoice,
+    /// Whether it may call several in one turn (`parallel_tool_calls`).
+    pub parallel: bool,
+}
+
+/// OpenAI's `tool_choice` (`none` travels as no [`Tools`] at all).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model decides; its output is parsed for calls.
+    Auto,
+    /// The model calls at least one of the functions (a grammar holds it to that).
+    Required,
+    /// The model calls this function (a grammar holds it to that).
+    Function(String),
 }
 
 /// Generation parameters.
@@ -311,6 +373,8 @@ pub struct GenParams {
     /// sent once the prompt has run ([`EventKind::Prompt`]); `None`: not asked. With it
     /// `max_tokens` may be 0: the prompt is scored and nothing generated.
     pub prompt_logprobs: Option<u8>,
+    /// Functions the model may call (chat only); `None`: no tools.
+    pub tools: Option<Tools>,
 }
 
 /// A bias added to one token's logit.
@@ -343,6 +407,7 @@ impl GenParams {
             stop_token_ids: Vec::new(),
             logprobs: None,
             prompt_logprobs: None,
+            tools: None,
         }
     }
 }
@@ -470,6 +535,9 @@ pub struct TokenEvent {
     /// Its log-probability and the most likely alternatives, when the request asked
     /// ([`GenParams::logprobs`]).
     pub logprobs: Option<TokenLogprobs>,
+    /// Tool calls this token completed ([`GenParams::tools`]): their text is not in
+    /// `text`.
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// A drawn token's log-probability and the most likely tokens' at its position, from
@@ -523,6 +591,8 @@ pub enum FinishReason {
     Length,
     /// Cancelled by the coordinator.
     Cancelled,
+    /// The output ended (as with `Stop`) after calling tools.
+    ToolCalls,
 }
 
 impl FinishReason {
@@ -531,6 +601,7 @@ impl FinishReason {
         match self {
             FinishReason::Stop => "stop",
             FinishReason::Length | FinishReason::Cancelled => "length",
+            FinishReason::ToolCalls => "tool_calls",
         }
     }
 }
@@ -688,6 +759,12 @@ mod tests {
                                     bytes: b"x".to_vec(),
                                 }],
                             }),
+                            tool_calls: vec![ToolCall {
+                                index: 0,
+                                id: "call_1".into(),
+                                name: "f".into(),
+                                arguments: "{}".into(),
+                            }],
                         }),
                     },
                     StreamEvent {

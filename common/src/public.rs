@@ -11,7 +11,7 @@
 use rkyv::{rancor, util::AlignedVec, Archive, Deserialize, Serialize};
 
 use crate::ids::{CoordinatorId, StreamId, WorkerId};
-use crate::protocol::{PromptEcho, TokenLogprobs, MAX_MESSAGE_BYTES};
+use crate::protocol::{PromptEcho, TokenLogprobs, ToolCall, MAX_MESSAGE_BYTES};
 
 /// The NATS queue group every coordinator serves the public subjects in.
 pub const QUEUE_GROUP: &str = "baton-coordinators";
@@ -257,12 +257,15 @@ pub struct Chunk {
     /// whose text is held back has its entry in the next chunk with text, or in the
     /// final message).
     pub logprobs: Vec<TokenLogprobs>,
+    /// Tool calls completed since the last chunk (a chat that offered tools); their
+    /// text is not in `text`.
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// How a stream ended.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct Final {
-    /// OpenAI's `finish_reason`: `stop` or `length`.
+    /// OpenAI's `finish_reason`: `stop`, `length` or `tool_calls`.
     pub finish_reason: String,
     /// Prompt tokens.
     pub prompt_tokens: u32,
@@ -288,6 +291,8 @@ pub struct Whole {
     pub logprobs: Vec<TokenLogprobs>,
     /// The echoed prompt (a completion's `echo`): `text` starts with its text.
     pub prompt: Option<PromptEcho>,
+    /// The tools the answer called (a chat that offered tools).
+    pub tool_calls: Vec<ToolCall>,
     /// How it ended.
     pub end: Final,
 }
@@ -384,6 +389,12 @@ mod tests {
                     bytes: b"h".to_vec(),
                     text_offset: 0,
                     top: vec![],
+                }],
+                tool_calls: vec![ToolCall {
+                    index: 2,
+                    id: "call_2".into(),
+                    name: "f".into(),
+                    arguments: r#"{"a":[1]}"#.into(),
                 }],
             }),
             Reply::Final(Final {

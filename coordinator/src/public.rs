@@ -21,7 +21,7 @@ use actix::Addr;
 use async_nats::{Client, HeaderMap, Message, Subject, Subscriber};
 use baton_common::config::CoordinatorConfig;
 use baton_common::ids::{CoordinatorId, StreamId};
-use baton_common::protocol::{FinishReason, PromptEcho, TokenLogprobs};
+use baton_common::protocol::{FinishReason, PromptEcho, TokenLogprobs, ToolCall};
 use baton_common::public::{
     encode_reply, headers, Chunk, ClusterStatus, CoordinatorStatus, DrainRequest, Drained,
     ErrorReply, Final, LoadStatus, ModelStatus, ReplayRequest, Reply, Whole, WorkerStatus,
@@ -38,7 +38,7 @@ use crate::actors::sessions::{Attach, AttachError, Sessions, Update};
 use crate::auth::StreamAccess;
 use crate::http::error::ApiError;
 use crate::http::logprobs::LogprobsWriter;
-use crate::http::openai::Usage;
+use crate::http::openai::{ChatMessageOut, Usage};
 use crate::http::routes::open_stream;
 use crate::http::sse::{response_id, ChunkWriter, StreamGuard};
 use crate::http::tokenize::{self, Direction};
@@ -255,19 +255,21 @@ impl PublicApi {
                     index,
                     text,
                     logprobs,
+                    tool_calls,
                     ..
                 } => {
                     let payload = match out.format {
                         Format::Json => answer
                             .writer
-                            .token(&text, logprobs.as_ref())
+                            .token(&text, logprobs.as_ref(), &tool_calls)
                             .map(String::into_bytes),
                         Format::Rkyv => {
                             pending.extend(logprobs);
-                            (!text.is_empty()).then(|| {
+                            (!text.is_empty() || !tool_calls.is_empty()).then(|| {
                                 encode_reply(&Reply::Chunk(Chunk {
                                     text,
                                     logprobs: std::mem::take(&mut pending),
+                                    tool_calls,
                                 }))
                             })
                         }
@@ -303,6 +305,7 @@ impl PublicApi {
     async fn whole(&self, mut answer: Answer, out: &mut Replier) -> Result<(), ApiError> {
         let mut text = String::new();
         let mut logprobs: Vec<TokenLogprobs> = Vec::new();
+        let mut tool_calls: Vec<ToolCall> = Vec::new();
         let mut prompt: Option<PromptEcho> = None;
         loop {
             match self.next(&mut answer.events).await? {
@@ -313,10 +316,12 @@ impl PublicApi {
                 Update::Token {
                     text: t,
                     logprobs: l,
+                    tool_calls: calls,
                     ..
                 } => {
                     text.push_str(&t);
                     logprobs.extend(l);
+                    tool_calls.extend(calls);
                 }
                 Update::Finished(f) => {
                     let usage = Usage::finished(&f, answer.prompt_tokens);
@@ -326,7 +331,7 @@ impl PublicApi {
                         Format::Json => whole_json(
                             &answer,
                             id,
-                            text,
+                            (text, &tool_calls),
                             (prompt.as_ref(), &logprobs),
                             reason,
                             usage,
@@ -337,6 +342,7 @@ impl PublicApi {
                             text,
                             logprobs,
                             prompt,
+                            tool_calls,
                             end: final_of(f.reason, usage),
                         })),
                     };
@@ -605,7 +611,7 @@ fn final_of(reason: FinishReason, usage: Usage) -> Final {
 fn whole_json(
     answer: &Answer,
     id: String,
-    text: String,
+    (text, tool_calls): (String, &[ToolCall]),
     (prompt, logprobs): (Option<&PromptEcho>, &[TokenLogprobs]),
     reason: &str,
     usage: Usage,
@@ -622,7 +628,7 @@ fn whole_json(
         Endpoint::Chat => json!({
             "id": id, "object": "chat.completion", "created": answer.created,
             "model": answer.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+            "choices": [{"index": 0, "message": ChatMessageOut::answer(text, tool_calls),
                          "logprobs": logprobs, "finish_reason": reason}],
             "usage": usage,
         }),
@@ -820,7 +826,7 @@ mod tests {
         let body: Value = serde_json::from_slice(&whole_json(
             &answer,
             "chatcmpl-1".into(),
-            "Hi".into(),
+            ("Hi".into(), &[]),
             (None, &[]),
             "stop",
             Usage::new(2, 1),
@@ -843,7 +849,7 @@ mod tests {
         let body: Value = serde_json::from_slice(&whole_json(
             &asked,
             "chatcmpl-1".into(),
-            "Hi".into(),
+            ("Hi".into(), &[]),
             (None, &[entry]),
             "stop",
             Usage::new(2, 1),
@@ -853,5 +859,26 @@ mod tests {
             body["choices"][0]["logprobs"]["content"][0]["token"], "Hi",
             "{body}"
         );
+        let call = ToolCall {
+            index: 0,
+            id: "call_1".into(),
+            name: "f".into(),
+            arguments: "{}".into(),
+        };
+        let body: Value = serde_json::from_slice(&whole_json(
+            &asked,
+            "chatcmpl-1".into(),
+            (String::new(), &[call]),
+            (None, &[]),
+            "tool_calls",
+            Usage::new(2, 1),
+        ))
+        .expect("json");
+        assert_eq!(
+            body["choices"][0]["message"],
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
+                   "type": "function", "function": {"name": "f", "arguments": "{}"}}]})
+        );
+        assert_eq!(body["choices"][0]["finish_reason"], "tool_calls");
     }
 }

@@ -33,7 +33,7 @@ use std::path::Path;
 
 use baton_common::ids::{StreamId, WorkerId};
 use baton_common::protocol::{
-    Finished, PromptEcho, SeqRequest, TokenEvent, TokenLogprobs, TopLogprob, WireError,
+    Finished, PromptEcho, SeqRequest, TokenEvent, TokenLogprobs, ToolCall, TopLogprob, WireError,
 };
 use rkyv::{rancor, util::AlignedVec, Archive, Deserialize, Serialize};
 
@@ -102,6 +102,8 @@ pub struct StoredToken {
     pub text: String,
     /// Its logprobs, when the request asked.
     pub logprobs: Option<TokenLogprobs>,
+    /// Tool calls it completed.
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// What one collection of the store did.
@@ -177,6 +179,12 @@ impl<'a> Reader<'a> {
         Ok(f32::from_le_bytes(self.array()?))
     }
 
+    fn text(&mut self) -> Result<String, StoreError> {
+        let len = self.u32()? as usize;
+        String::from_utf8(self.take(len)?.to_vec())
+            .map_err(|_| StoreError::Damaged("token text is not UTF-8".into()))
+    }
+
     fn short_bytes(&mut self) -> Result<Vec<u8>, StoreError> {
         let n = u16::from_le_bytes(self.array()?) as usize;
         Ok(self.take(n)?.to_vec())
@@ -190,13 +198,32 @@ fn put_short_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(&bytes[..n]);
 }
 
+/// A token entry's sections after its text, each behind its tag byte.
+const LOGPROBS: u8 = 1;
+const TOOL_CALLS: u8 = 2;
+
+fn put_text(out: &mut Vec<u8>, text: &str) {
+    out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+    out.extend_from_slice(text.as_bytes());
+}
+
 fn encode_token(t: &TokenEvent) -> Vec<u8> {
     let mut value = Vec::with_capacity(16 + t.text.len());
     value.extend_from_slice(&t.id.to_le_bytes());
     value.extend_from_slice(&t.hash.to_le_bytes());
-    value.extend_from_slice(&(t.text.len() as u32).to_le_bytes());
-    value.extend_from_slice(t.text.as_bytes());
+    put_text(&mut value, &t.text);
+    if !t.tool_calls.is_empty() {
+        value.push(TOOL_CALLS);
+        value.extend_from_slice(&(t.tool_calls.len() as u32).to_le_bytes());
+        for c in &t.tool_calls {
+            value.extend_from_slice(&c.index.to_le_bytes());
+            put_text(&mut value, &c.id);
+            put_text(&mut value, &c.name);
+            put_text(&mut value, &c.arguments);
+        }
+    }
     if let Some(l) = &t.logprobs {
+        value.push(LOGPROBS);
         value.extend_from_slice(&l.logprob.to_le_bytes());
         value.extend_from_slice(&l.text_offset.to_le_bytes());
         put_short_bytes(&mut value, &l.bytes);
@@ -220,12 +247,28 @@ fn decode_token(key: &[u8], value: &[u8]) -> Result<StoredToken, StoreError> {
     let mut r = Reader { bytes: value };
     let id = r.u32()?;
     let hash = u64::from_le_bytes(r.array()?);
-    let len = r.u32()? as usize;
-    let text = String::from_utf8(r.take(len)?.to_vec())
-        .map_err(|_| StoreError::Damaged("token text is not UTF-8".into()))?;
+    let text = r.text()?;
+    let mut tool_calls = Vec::new();
+    if r.bytes.first() == Some(&TOOL_CALLS) {
+        r.take(1)?;
+        let n = r.u32()?;
+        for _ in 0..n {
+            tool_calls.push(ToolCall {
+                index: r.u32()?,
+                id: r.text()?,
+                name: r.text()?,
+                arguments: r.text()?,
+            });
+        }
+    }
     let logprobs = if r.bytes.is_empty() {
         None
     } else {
+        if r.take(1)?[0] != LOGPROBS {
+            return Err(StoreError::Damaged(
+                "unknown section in a token entry".into(),
+            ));
+        }
         let logprob = r.f32()?;
         let text_offset = r.u32()?;
         let bytes = r.short_bytes()?;
@@ -257,6 +300,7 @@ fn decode_token(key: &[u8], value: &[u8]) -> Result<StoredToken, StoreError> {
         hash,
         text,
         logprobs,
+        tool_calls,
     })
 }
 
@@ -442,6 +486,15 @@ mod tests {
         }
     }
 
+    fn call() -> ToolCall {
+        ToolCall {
+            index: 0,
+            id: "call_1".into(),
+            name: "get_weather".into(),
+            arguments: r#"{"city":"Oslo"}"#.into(),
+        }
+    }
+
     fn token(index: u32, text: &str) -> TokenEvent {
         TokenEvent {
             index,
@@ -449,6 +502,7 @@ mod tests {
             hash: u64::from(index) * 7,
             text: text.into(),
             logprobs: None,
+            tool_calls: Vec::new(),
         }
     }
 
@@ -505,6 +559,7 @@ mod tests {
                     },
                 ],
             });
+            t1.tool_calls = vec![call()];
             store
                 .append([(a, &t0), (a, &t1), (b, &t2)])
                 .expect("append");
@@ -534,6 +589,7 @@ mod tests {
                     hash: 0,
                     text: "a".into(),
                     logprobs: None,
+                    tool_calls: Vec::new(),
                 },
                 StoredToken {
                     index: 1,
@@ -541,6 +597,7 @@ mod tests {
                     hash: 7,
                     text: "é".into(),
                     logprobs: t1.logprobs.clone(),
+                    tool_calls: vec![call()],
                 },
             ]
         );
@@ -600,17 +657,29 @@ mod tests {
                     bytes: b"ab".to_vec(),
                 }],
             }),
+            tool_calls: vec![call()],
         };
         let whole = encode_token(&t);
-        assert!(decode_token(&[0; 20], &whole).is_ok());
-        // Every cut of an entry is an error or an entry without logprobs, never a panic.
+        let back = decode_token(&[0; 20], &whole).expect("decodes");
+        assert_eq!(
+            (back.tool_calls, back.logprobs),
+            (t.tool_calls.clone(), t.logprobs.clone())
+        );
+        let calls_end = {
+            let mut no_logprobs = t.clone();
+            no_logprobs.logprobs = None;
+            encode_token(&no_logprobs).len()
+        };
+        // Every cut of an entry is an error or an entry without its last sections, never
+        // a panic.
         for cut in 0..whole.len() {
             if let Ok(back) = decode_token(&[0; 20], &whole[..cut]) {
-                assert_eq!(cut, 18, "only the entry without its logprobs decodes");
+                assert!(cut == 18 || cut == calls_end, "cut {cut} decodes");
                 assert!(back.logprobs.is_none());
             }
         }
         t.logprobs = None;
+        t.tool_calls.clear();
         assert_eq!(encode_token(&t).len(), 18);
     }
 }

@@ -636,3 +636,83 @@ async fn a_stream_its_client_left_is_dropped_after_the_reconnect_window() {
     assert_eq!(r.status, 404, "{}", r.body);
     running.handle.stop(false).await;
 }
+
+/// A worker's tool call reaches the client named after the stream (`call_…`, the same on
+/// a replay), as one streamed delta with its index, and in a whole answer as the
+/// message's `tool_calls` beside the text before it; `finish_reason` is `tool_calls`.
+#[actix_web::test]
+async fn tool_calls_are_named_streamed_whole_and_replayed() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (running, addr) = coordinator(&nats, "tools").await;
+    let _worker = FakeWorker::start(&nats.url, Subjects::new("tools")).await;
+    wait_healthy(addr).await;
+    let tools = json!({"tools": [{"type": "function", "function": {"name": "get_weather"}}],
+                       "tool_choice": "required", "max_tokens": 2});
+    let mut streamed = tools.clone();
+    streamed["stream"] = json!(true);
+    let r = post(
+        addr,
+        "/v1/chat/completions",
+        chat("TOOLCALL", streamed.clone()),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let events = sse_events(&r.body);
+    let chunks: Vec<Value> = events
+        .iter()
+        .filter(|(_, _, d)| d.starts_with('{'))
+        .map(|(_, _, d)| serde_json::from_str(d).expect("json"))
+        .collect();
+    let stream_id = events[0]
+        .1
+        .as_deref()
+        .expect("id")
+        .split(':')
+        .next()
+        .expect("stream");
+    let want_id = format!("call_{}0000", &stream_id[..20]);
+    let call_chunk = chunks
+        .iter()
+        .find(|c| !c["choices"][0]["delta"]["tool_calls"].is_null())
+        .expect("a tool call chunk");
+    assert_eq!(
+        call_chunk["choices"][0]["delta"]["tool_calls"],
+        json!([{"index": 0, "id": want_id, "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}}])
+    );
+    assert_eq!(
+        chunks.last().expect("finish")["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+    // A replay from the start gives the same call, named the same.
+    let r = support::request_with(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat("TOOLCALL", streamed).to_string()),
+        &[("Last-Event-ID", stream_id)],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        r.body.contains(&format!("\"id\":\"{want_id}\"")),
+        "{}",
+        r.body
+    );
+    // Whole.
+    let r = post(addr, "/v1/chat/completions", chat("TOOLCALL", tools)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let body = r.json();
+    let message = &body["choices"][0]["message"];
+    // The fake's first token is text, its second the call.
+    assert_eq!(message["content"], "Hello", "{body}");
+    assert_eq!(message["tool_calls"][0]["function"]["name"], "get_weather");
+    assert!(message["tool_calls"][0].get("index").is_none(), "{body}");
+    assert!(message["tool_calls"][0]["id"]
+        .as_str()
+        .is_some_and(|id| id.starts_with("call_")));
+    assert_eq!(body["choices"][0]["finish_reason"], "tool_calls");
+    running.handle.stop(false).await;
+}

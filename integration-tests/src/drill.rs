@@ -117,6 +117,9 @@ struct Outcome {
     completion_tokens: Option<u64>,
     /// Every token's logprobs entry, in order (empty when not asked for).
     logprobs: Vec<Value>,
+    /// The streamed tool-call deltas, in order, each without its `id` (named after the
+    /// stream, so another in each run).
+    tool_calls: Vec<Value>,
 }
 
 impl Seen {
@@ -151,6 +154,7 @@ impl Seen {
         let mut finish_reason = None;
         let mut completion_tokens = None;
         let mut logprobs = Vec::new();
+        let mut tool_calls = Vec::new();
         let mut done = false;
         let mut last: Option<u64> = None;
         for (_, e) in &self.events {
@@ -184,6 +188,15 @@ impl Seen {
                             .flatten()
                             .cloned(),
                     );
+                    for call in c["delta"]["tool_calls"].as_array().into_iter().flatten() {
+                        let id = call["id"].as_str().unwrap_or_default();
+                        if !id.starts_with("call_") {
+                            return Err(format!("a tool call without a call_ id: {call}"));
+                        }
+                        let mut call = call.clone();
+                        call["id"] = Value::Null;
+                        tool_calls.push(call);
+                    }
                 }
                 if let Some(n) = json["usage"]["completion_tokens"].as_u64() {
                     completion_tokens = Some(n);
@@ -198,6 +211,7 @@ impl Seen {
             finish_reason,
             completion_tokens,
             logprobs,
+            tool_calls,
         })
     }
 }
@@ -312,6 +326,166 @@ pub fn structured_request(
     body["logprobs"] = json!(true);
     body["top_logprobs"] = json!(2);
     body
+}
+
+/// The tool-call drill's request: the supplies schema as the parameters of a function
+/// the model must call, with each token's logprobs and two alternatives.
+pub fn tool_call_request(cluster: &Cluster, sampling: Sampling, max_tokens: u32) -> Value {
+    let mut body = structured_request(cluster, sampling, max_tokens, 0);
+    body.as_object_mut()
+        .expect("an object")
+        .remove("response_format");
+    body["messages"][1]["content"] = json!("Record the supplies of lighthouse keeper number 0.");
+    body["tools"] = json!([{"type": "function", "function": {
+        "name": "record_supplies",
+        "description": "Records what a lighthouse keeper has in store.",
+        "parameters": supplies_schema()}}]);
+    body["tool_choice"] = json!({"type": "function", "function": {"name": "record_supplies"}});
+    // One call, then the end (a small model offered more would go on calling).
+    body["parallel_tool_calls"] = json!(false);
+    body
+}
+
+/// The arguments of the one call of `outcome`, or why it is not one valid call.
+fn one_call(outcome: &Outcome) -> Result<String, String> {
+    match outcome.tool_calls.as_slice() {
+        [call] if call["function"]["name"] == "record_supplies" => {
+            let args = call["function"]["arguments"].as_str().unwrap_or_default();
+            match supplies_fault(args) {
+                None => Ok(args.to_string()),
+                Some(fault) => Err(fault),
+            }
+        }
+        calls => Err(format!("not one call of record_supplies: {calls:?}")),
+    }
+}
+
+/// The worker's count of generated tokens, from its metrics endpoint.
+fn generated_tokens(cluster: &Cluster, worker: usize) -> Option<u64> {
+    let addr = cluster.worker_metrics_addr(worker)?;
+    let text = reqwest::blocking::get(format!("http://{addr}/metrics"))
+        .ok()?
+        .text()
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("baton_worker_generation_tokens_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+}
+
+/// `kill -9` the worker serving a stream that must call a function (its arguments held
+/// to [`supplies_schema`] by the call's grammar), once it has generated about half of
+/// the call. A call's text reaches the client only when the call is whole, so the break
+/// is timed by the worker's own token count, and the coordinator's log says at which
+/// position the stream resumed. The resumed stream must give the uninterrupted run's
+/// call, finish reason and every token's logprobs; the call itself validates.
+pub fn kill_worker_tool_call(
+    cluster: &mut Cluster,
+    sampling: Sampling,
+    max_tokens: u32,
+) -> Verdict {
+    let mut verdict = Verdict {
+        name: format!(
+            "kill -9 the serving worker ({}, tool call)",
+            sampling.name()
+        ),
+        runs: 1,
+        passed: 0,
+        gaps: Vec::new(),
+        failures: Vec::new(),
+    };
+    let live = cluster
+        .workers
+        .iter_mut()
+        .filter_map(|w| w.try_status().is_none().then_some(()))
+        .count();
+    let body = tool_call_request(cluster, sampling, max_tokens);
+    let reference = match reference(cluster, &body) {
+        Ok(r) => r,
+        Err(e) => {
+            verdict.failures.push(e);
+            return verdict;
+        }
+    };
+    let checks = one_call(&reference).and_then(|_| {
+        match (&reference.finish_reason, reference.completion_tokens) {
+            (Some(f), Some(n)) if f == "tool_calls" && n as usize == reference.logprobs.len() => {
+                Ok(n)
+            }
+            other => Err(format!(
+                "finish and logprobs: {other:?}, {} entries",
+                reference.logprobs.len()
+            )),
+        }
+    });
+    let tokens = match checks {
+        Ok(n) => n,
+        Err(e) => {
+            verdict.failures.push(format!("reference run: {e}"));
+            return verdict;
+        }
+    };
+    let before: Vec<Option<u64>> = (0..cluster.workers.len())
+        .map(|w| generated_tokens(cluster, w))
+        .collect();
+    let accepted_before = cluster.coordinator.log().matches("stream accepted").count();
+    let reader = Reader::spawn(cluster.api.stream(PATH, &body));
+    let mut seen = Seen::default();
+    // The worker that took the stream, and the moment it is half-way through.
+    let deadline = Instant::now() + STREAM_TIMEOUT;
+    let mut serving = None;
+    while Instant::now() < deadline {
+        if serving.is_none() {
+            let log = cluster.coordinator.log();
+            serving = log
+                .lines()
+                .filter(|l| l.contains("stream accepted"))
+                .nth(accepted_before)
+                .and_then(|l| crate::cluster::field(l, "worker"))
+                .and_then(|id| {
+                    (0..cluster.workers.len())
+                        .find(|&i| cluster.worker_id(i).as_deref() == Some(id.as_str()))
+                });
+        }
+        if let Some(w) = serving {
+            let now = generated_tokens(cluster, w).unwrap_or(0);
+            if now >= before[w].unwrap_or(0) + tokens / 2 {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let Some(w) = serving else {
+        verdict.failures.push("no worker took the stream".into());
+        return verdict;
+    };
+    // No resume gap is measured: the client sees nothing until the call is whole.
+    cluster.workers[w].kill();
+    cluster.add_worker();
+    reader.rest(&mut seen, STREAM_TIMEOUT);
+    // Where the second attempt took over: strictly inside the call.
+    let resumed_at = cluster
+        .coordinator
+        .log()
+        .lines()
+        .rfind(|l| l.contains("stream accepted") && l.contains("attempt=1"))
+        .and_then(|l| crate::cluster::field(l, "position"))
+        .and_then(|p| p.parse::<u64>().ok());
+    match (seen.outcome(), resumed_at) {
+        (Ok(o), Some(p)) if o == reference && p > 0 && p < tokens => verdict.passed += 1,
+        (Ok(o), Some(p)) if o == reference => verdict.failures.push(format!(
+            "the stream resumed at position {p} of {tokens}: not mid-call"
+        )),
+        (Ok(o), None) if o == reference => verdict
+            .failures
+            .push("no resumed attempt in the coordinator's log".into()),
+        (Ok(o), _) => verdict.failures.push(format!(
+            "differs from the uninterrupted run:\n  got  {o:?}\n  want {reference:?}"
+        )),
+        (Err(e), _) => verdict.failures.push(e),
+    }
+    wait_workers(cluster, live);
+    verdict
 }
 
 /// Why `text` is not an instance of [`supplies_schema`], if it is not.

@@ -121,11 +121,28 @@ pub fn generate_json(
 
 /// [`generate`] with more options of `baton-worker generate` (`--json-schema …`).
 pub fn generate_with(prompt: &str, chat: bool, max_tokens: u32, extra: &[&str]) -> String {
+    generate_on(
+        &cluster::default_model_path(),
+        prompt,
+        chat,
+        max_tokens,
+        extra,
+    )
+}
+
+/// [`generate_with`] on the model at `model`.
+pub fn generate_on(
+    model: &std::path::Path,
+    prompt: &str,
+    chat: bool,
+    max_tokens: u32,
+    extra: &[&str],
+) -> String {
     let mut cmd = std::process::Command::new(process::bin("baton-worker"));
     cmd.current_dir(workspace_root())
         .arg("generate")
         .arg("--model")
-        .arg(cluster::default_model_path())
+        .arg(model)
         .args(["--prompt", prompt])
         .args(["--max-tokens", &max_tokens.to_string()])
         .args(["--dtype", "native-i16"]);

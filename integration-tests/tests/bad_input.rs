@@ -167,7 +167,8 @@ fn a_dead_worker_leaves_503() {
 /// Structured output that cannot be used — a schema llguidance cannot compile, a schema
 /// that is not JSON, a bad regex or grammar, an unknown `response_format` type, two
 /// asks at once — and sampling fields out of range (penalties, `min_p`, `logit_bias`,
-/// `min_tokens`, `stop_token_ids`, `top_logprobs`) are each a 400 naming the field, on
+/// `min_tokens`, `stop_token_ids`, `top_logprobs`), and tools with malformed
+/// `parameters`, are each a 400 naming the field, on
 /// both endpoints; none reaches a worker (its count of submitted sequences holds only
 /// the good request sent after them).
 #[test]
@@ -240,6 +241,19 @@ fn structured_output_that_cannot_be_used_is_400_and_never_dispatched() {
             json!({"logprobs": true, "top_logprobs": 21}),
             "top_logprobs",
             "",
+        ),
+        // Tools whose parameters are no usable schema (completions take no tools at all).
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f",
+                    "parameters": {"type": "objekt"}}}]}),
+            "tools",
+            "tools",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f",
+                    "parameters": "none"}}]}),
+            "tools",
+            "tools",
         ),
     ];
     for (extra, param, needle) in &cases {

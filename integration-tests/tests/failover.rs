@@ -82,6 +82,13 @@ fn real_model_streams_survive_a_killed_worker() {
             &cluster,
         );
     }
+    // A stream that must call a function: killed half-way through the call.
+    for sampling in [Sampling::Greedy, Sampling::Seeded(3)] {
+        check(
+            &drill::kill_worker_tool_call(&mut cluster, sampling, 200),
+            &cluster,
+        );
+    }
 }
 
 /// Qwen2.5-Coder-0.5B (Q4_K_M, `scripts/models fetch qwen2.5-coder-0.5b`): a worker

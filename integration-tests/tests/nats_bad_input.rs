@@ -190,6 +190,13 @@ fn malformed_public_requests_get_errors_and_are_counted() {
                 json!({"model": model, "prompt": "x", "presence_penalty": 9}),
                 "invalid_value",
             ),
+            (
+                s.chat_completions(),
+                json!({"model": model, "messages": [{"role": "user", "content": "x"}],
+                       "tools": [{"type": "function", "function": {"name": "f",
+                                  "parameters": {"type": "objekt"}}}]}),
+                "invalid_value",
+            ),
             (s.replay(), json!({"stream": "not-an-id"}), "invalid_json"),
             (
                 s.replay(),

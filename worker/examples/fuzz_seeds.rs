@@ -13,7 +13,8 @@ use baton_common::protocol::{
     encode, Accepted, Body, Cancel, ChatTurn, DrainReply, DrainWorker, Envelope, ErrorKind,
     EventKind, FinishReason, Finished, GenParams, Heartbeat, LogitBias, ModelInfo, Probe,
     ProbeReply, PromptSpec, Refused, Resume, SeqRequest, StreamAttempt, StreamEvent, Submit,
-    SubmitOutcome, SubmitReply, TokenBatch, TokenEvent, Wire, WireError, PROTOCOL_VERSION,
+    SubmitOutcome, SubmitReply, TokenBatch, TokenEvent, ToolCall, ToolChoice, Tools, Wire,
+    WireError, PROTOCOL_VERSION,
 };
 use baton_common::public::{
     encode_reply, Chunk, ClusterStatus, CoordinatorStatus, Drained, ErrorReply, Final, LoadStatus,
@@ -126,6 +127,19 @@ fn wire_seeds(dir: &Path) -> anyhow::Result<()> {
         stop_token_ids: vec![7],
         logprobs: Some(2),
         prompt_logprobs: Some(1),
+        tools: Some(Tools {
+            definitions:
+                r#"[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]"#
+                    .into(),
+            choice: ToolChoice::Function("f".into()),
+            parallel: false,
+        }),
+    };
+    let call = ToolCall {
+        index: 0,
+        id: "call_1".into(),
+        name: "f".into(),
+        arguments: r#"{"a":1}"#.into(),
     };
     let bodies = [
         Body::Heartbeat(Heartbeat {
@@ -149,10 +163,17 @@ fn wire_seeds(dir: &Path) -> anyhow::Result<()> {
                 SeqRequest {
                     stream,
                     model: "m".into(),
-                    prompt: PromptSpec::Chat(vec![ChatTurn {
-                        role: "user".into(),
-                        content: "hi".into(),
-                    }]),
+                    prompt: PromptSpec::Chat(vec![
+                        ChatTurn::new("user", "hi"),
+                        ChatTurn {
+                            tool_calls: vec![call.clone()],
+                            ..ChatTurn::new("assistant", "")
+                        },
+                        ChatTurn {
+                            tool_call_id: Some("call_1".into()),
+                            ..ChatTurn::new("tool", "42")
+                        },
+                    ]),
                     params: params.clone(),
                     attempt: 0,
                     resume: None,
@@ -208,6 +229,7 @@ fn wire_seeds(dir: &Path) -> anyhow::Result<()> {
                                 bytes: b"x".to_vec(),
                             }],
                         }),
+                        tool_calls: vec![call.clone()],
                     }),
                 },
                 StreamEvent {
@@ -268,6 +290,7 @@ fn wire_seeds(dir: &Path) -> anyhow::Result<()> {
         Reply::Chunk(Chunk {
             text: "hi".into(),
             logprobs: vec![],
+            tool_calls: vec![call.clone()],
         }),
         Reply::Final(end.clone()),
         Reply::Whole(Whole {
@@ -276,6 +299,7 @@ fn wire_seeds(dir: &Path) -> anyhow::Result<()> {
             text: "hi".into(),
             logprobs: vec![],
             prompt: None,
+            tool_calls: vec![call],
             end,
         }),
         Reply::Error(ErrorReply {

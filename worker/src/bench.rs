@@ -402,14 +402,8 @@ fn shared_prefix_ttft<B: Backend>(
     let system = system_prompt(engine, args.shared_prefix)?;
     let request = |i: usize| {
         Prompt::Chat(vec![
-            ChatMessage {
-                role: "system".into(),
-                content: system.clone(),
-            },
-            ChatMessage {
-                role: "user".into(),
-                content: serving_prompt(i),
-            },
+            ChatMessage::new("system", system.clone()),
+            ChatMessage::new("user", serving_prompt(i)),
         ])
     };
     let ttft = |i: usize| -> anyhow::Result<(f64, usize)> {
@@ -624,10 +618,7 @@ pub fn run_serve(args: &ServeBenchArgs) -> anyhow::Result<()> {
                     sequences: vec![SeqRequest {
                         stream,
                         model: name.clone(),
-                        prompt: PromptSpec::Chat(vec![ChatTurn {
-                            role: "user".into(),
-                            content: serving_prompt(i),
-                        }]),
+                        prompt: PromptSpec::Chat(vec![ChatTurn::new("user", serving_prompt(i))]),
                         params: GenParams {
                             ignore_eos: true,
                             ..GenParams::greedy(max_tokens)

@@ -10,7 +10,7 @@ use crate::{
     backend::BackendKind,
     engine::llama::WeightDtype,
     engine::sampler::SamplingParams,
-    engine::{chat::ChatMessage, Engine, GenerateParams, Prompt},
+    engine::{chat::ChatMessage, generate::ToolUse, Engine, GenerateParams, Prompt},
 };
 
 /// Baton worker.
@@ -129,7 +129,16 @@ pub struct GenerateArgs {
     /// with this many alternatives (with `--json`); `--max-tokens` may then be 0.
     #[arg(long)]
     pub prompt_logprobs: Option<usize>,
-    /// Print one JSON object (text, ids, finish, logprobs) instead of the text.
+    /// Functions the model may call (with --chat): OpenAI's `tools` array as JSON text.
+    #[arg(long, requires = "chat")]
+    pub tools: Option<String>,
+    /// `auto`, `required` or a function's name (with --tools).
+    #[arg(long, requires = "tools", default_value = "auto")]
+    pub tool_choice: String,
+    /// At most one tool call (with --tools).
+    #[arg(long, requires = "tools")]
+    pub no_parallel_tool_calls: bool,
+    /// Print one JSON object (text, ids, finish, logprobs, tool calls) instead of the text.
     #[arg(long)]
     pub json: bool,
     /// Constrain the output to this JSON schema (its JSON text).
@@ -174,6 +183,27 @@ fn parse_bias(s: &str) -> Result<(u32, f32), String> {
 }
 
 impl GenerateArgs {
+    /// The tools the options offer, checked, with the array as given.
+    pub fn tools(&self) -> anyhow::Result<Option<(serde_json::Value, ToolUse)>> {
+        use baton_common::protocol::ToolChoice;
+        let Some(text) = &self.tools else {
+            return Ok(None);
+        };
+        let array: serde_json::Value = serde_json::from_str(text).context("--tools is not JSON")?;
+        let functions = baton_common::tools::functions(&array)?;
+        let choice = match self.tool_choice.as_str() {
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            name => ToolChoice::Function(name.to_string()),
+        };
+        let tools = ToolUse {
+            functions,
+            choice,
+            parallel: !self.no_parallel_tool_calls,
+        };
+        Ok(Some((array, tools)))
+    }
+
     /// The grammar the options ask for.
     pub fn grammar(&self) -> Option<baton_common::protocol::Grammar> {
         use baton_common::protocol::Grammar;
@@ -231,20 +261,20 @@ fn generate<B: Backend>(args: &GenerateArgs, device: &B::Device) -> anyhow::Resu
     let prompt = if args.chat {
         let mut messages = Vec::new();
         if let Some(system) = &args.system {
-            messages.push(ChatMessage {
-                role: "system".into(),
-                content: system.clone(),
-            });
+            messages.push(ChatMessage::new("system", system.clone()));
         }
-        messages.push(ChatMessage {
-            role: "user".into(),
-            content: args.prompt.clone(),
-        });
+        messages.push(ChatMessage::new("user", args.prompt.clone()));
         Prompt::Chat(messages)
     } else {
         Prompt::Text(args.prompt.clone())
     };
-    let ids = engine.encode_prompt(&prompt)?;
+    let tools = args.tools()?;
+    let ids = match (&prompt, &tools) {
+        (Prompt::Chat(messages), Some((array, _))) => {
+            engine.encode_chat_with(messages, Some(array), true)?
+        }
+        _ => engine.encode_prompt(&prompt)?,
+    };
     let params = GenerateParams {
         max_tokens: args.max_tokens,
         sampling: SamplingParams {
@@ -265,6 +295,7 @@ fn generate<B: Backend>(args: &GenerateArgs, device: &B::Device) -> anyhow::Resu
         stop_token_ids: args.stop_token_id.clone(),
         logprobs: args.logprobs,
         prompt_logprobs: args.prompt_logprobs,
+        tools: tools.map(|(_, t)| t),
     };
     let n_prompt = ids.len();
     let t1 = Instant::now();
@@ -290,6 +321,11 @@ fn generate<B: Backend>(args: &GenerateArgs, device: &B::Device) -> anyhow::Resu
             "prompt_ids": completion.prompt_ids,
             "ids": completion.ids,
             "finish": completion.finish.openai(),
+            "tool_calls": completion
+                .tool_calls
+                .iter()
+                .map(|c| serde_json::json!({"name": c.name, "arguments": c.arguments}))
+                .collect::<Vec<_>>(),
             "logprobs": logprobs,
             "prompt_logprobs": completion
                 .prompt_logprobs

@@ -214,14 +214,8 @@ fn the_default_model_gives_the_same_tokens_from_cached_blocks() {
         .map(|i| {
             engine
                 .encode_prompt(&Prompt::Chat(vec![
-                    ChatMessage {
-                        role: "system".into(),
-                        content: system.clone(),
-                    },
-                    ChatMessage {
-                        role: "user".into(),
-                        content: baton_worker::bench::serving_prompt(i),
-                    },
+                    ChatMessage::new("system", system.clone()),
+                    ChatMessage::new("user", baton_worker::bench::serving_prompt(i)),
                 ]))
                 .expect("encode")
         })

@@ -96,6 +96,7 @@ fn cases() -> impl Strategy<Value = Case> {
                     stop_token_ids,
                     logprobs,
                     prompt_logprobs,
+                    tools: None,
                 };
                 (prompt, params, stop, cut)
             },

@@ -179,14 +179,8 @@ mod tests {
 
     fn chat(system: &str, user: &str) -> PromptSpec {
         PromptSpec::Chat(vec![
-            ChatTurn {
-                role: "system".into(),
-                content: system.into(),
-            },
-            ChatTurn {
-                role: "user".into(),
-                content: user.into(),
-            },
+            ChatTurn::new("system", system),
+            ChatTurn::new("user", user),
         ])
     }
 

@@ -39,8 +39,8 @@ use actix::prelude::*;
 use baton_common::config::CheckpointMode;
 use baton_common::ids::{StreamId, WorkerId};
 use baton_common::protocol::{
-    ErrorKind, EventKind, FinishReason, Finished, PromptEcho, Resume, SeqRequest, TokenBatch,
-    TokenEvent, TokenLogprobs, WireError,
+    tool_call_id, ErrorKind, EventKind, FinishReason, Finished, PromptEcho, Resume, SeqRequest,
+    TokenBatch, TokenEvent, TokenLogprobs, ToolCall, WireError,
 };
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
@@ -71,6 +71,8 @@ pub enum Update {
         hash: u64,
         /// Its logprobs, when the request asked.
         logprobs: Option<TokenLogprobs>,
+        /// Tool calls it completed (named: `call_…`).
+        tool_calls: Vec<ToolCall>,
     },
     /// The scored prompt (a completion's `echo`), before the first token.
     Prompt(PromptEcho),
@@ -143,6 +145,7 @@ struct Held {
     hash: u64,
     text: String,
     logprobs: Option<TokenLogprobs>,
+    tool_calls: Vec<ToolCall>,
 }
 
 /// One stream.
@@ -232,6 +235,7 @@ impl Session {
             text: t.text.clone(),
             hash: t.hash,
             logprobs: t.logprobs.clone(),
+            tool_calls: t.tool_calls.clone(),
         }
     }
 
@@ -441,6 +445,7 @@ impl Sessions {
                         hash: t.hash,
                         text: t.text,
                         logprobs: t.logprobs,
+                        tool_calls: t.tool_calls,
                     })
                     .collect(),
             );
@@ -817,7 +822,11 @@ impl Sessions {
                             updates.push((stream, Update::Prompt(p)));
                         }
                     }
-                    EventKind::Token(t) => {
+                    EventKind::Token(mut t) => {
+                        // Calls are named after the stream: the same on every attempt.
+                        for call in &mut t.tool_calls {
+                            call.id = tool_call_id(stream, call.index);
+                        }
                         let next = s.tokens.len() as u32;
                         if t.index < next {
                             continue; // a duplicate
@@ -832,6 +841,7 @@ impl Sessions {
                             hash: t.hash,
                             text: t.text.clone(),
                             logprobs: t.logprobs.clone(),
+                            tool_calls: t.tool_calls.clone(),
                         });
                         s.last_progress = Instant::now();
                         updates.push((
@@ -841,6 +851,7 @@ impl Sessions {
                                 text: t.text.clone(),
                                 hash: t.hash,
                                 logprobs: t.logprobs.clone(),
+                                tool_calls: t.tool_calls.clone(),
                             },
                         ));
                         stored.push((stream, t));
@@ -1073,6 +1084,7 @@ impl Sessions {
                 text: t.text,
                 hash: t.hash,
                 logprobs: t.logprobs,
+                tool_calls: t.tool_calls,
             });
         }
         let (update, prompt_tokens) = match end {
@@ -1315,6 +1327,7 @@ mod tests {
             hash: 1,
             text: "a".into(),
             logprobs: None,
+            tool_calls: Vec::new(),
         };
         let mut s = Session::new(record, vec![held]);
         s.phase = phase;
@@ -1335,6 +1348,7 @@ mod tests {
                 text: format!("t{index}"),
                 hash: 100 + u64::from(index),
                 logprobs: None,
+                tool_calls: Vec::new(),
             });
         }
         // A resumed attempt sends position 4 again: nobody gets it twice.
@@ -1343,6 +1357,7 @@ mod tests {
             text: "t4".into(),
             hash: 104,
             logprobs: None,
+            tool_calls: Vec::new(),
         });
         let drain = |rx: &mut tokio::sync::mpsc::UnboundedReceiver<Update>| {
             std::iter::from_fn(|| rx.try_recv().ok())
@@ -1369,6 +1384,7 @@ mod tests {
                 text: format!("t{index}"),
                 hash: 100 + u64::from(index),
                 logprobs: None,
+                tool_calls: Vec::new(),
             });
         }
         match rx.try_recv() {

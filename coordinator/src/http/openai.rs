@@ -123,6 +123,8 @@ pub struct ChatRequest {
     pub messages: Option<Vec<ChatMessageIn>>,
     /// Most tokens to generate (newer name of `max_tokens`; wins when both are given).
     pub max_completion_tokens: Option<i64>,
+    /// Whether the model may call several tools in one answer (default true).
+    pub parallel_tool_calls: Option<Value>,
     /// Sampling and streaming fields.
     #[serde(flatten)]
     pub sampling: SamplingFields,
@@ -141,8 +143,11 @@ pub struct ChatMessageIn {
     pub role: Option<String>,
     /// A string, an array of `{"type": "text", "text": …}` parts, or null.
     pub content: Option<Value>,
-    /// An assistant's tool calls: not rendered yet, so refused unless empty.
+    /// An assistant's tool calls: `[{"id", "type": "function", "function": {"name",
+    /// "arguments"}}]`.
     pub tool_calls: Option<Value>,
+    /// Which call a `tool` message answers.
+    pub tool_call_id: Option<Value>,
 }
 
 /// Token counts of one request.
@@ -228,8 +233,63 @@ pub struct ChatChoice {
 pub struct ChatMessageOut {
     /// Always `assistant`.
     pub role: &'static str,
-    /// The text.
-    pub content: String,
+    /// The text (null when the answer is only tool calls).
+    pub content: Option<String>,
+    /// The tools it called, when the request offered some (omitted otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
+}
+
+/// One call of a function, in OpenAI's shape (whole, and as a streamed delta).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolCallOut {
+    /// Its place among the answer's calls (streamed deltas only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+    /// `call_…`.
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// What it calls.
+    pub function: FunctionOut,
+}
+
+/// The function of a [`ToolCallOut`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FunctionOut {
+    /// Its name.
+    pub name: String,
+    /// Its arguments, as JSON text.
+    pub arguments: String,
+}
+
+impl ChatMessageOut {
+    /// The assistant's whole answer: its text (null when it only called tools), and
+    /// its calls when it made any.
+    pub fn answer(text: String, calls: &[baton_common::protocol::ToolCall]) -> Self {
+        Self {
+            role: "assistant",
+            content: (!text.is_empty() || calls.is_empty()).then_some(text),
+            tool_calls: (!calls.is_empty())
+                .then(|| calls.iter().map(|c| ToolCallOut::of(c, false)).collect()),
+        }
+    }
+}
+
+impl ToolCallOut {
+    /// `call` as a whole answer lists it (`streamed`: as a delta, with its index).
+    pub fn of(call: &baton_common::protocol::ToolCall, streamed: bool) -> Self {
+        Self {
+            index: streamed.then_some(call.index),
+            id: call.id.clone(),
+            kind: "function",
+            function: FunctionOut {
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            },
+        }
+    }
 }
 
 /// `chat.completion.chunk`: one streamed piece of a chat answer.
@@ -272,6 +332,9 @@ pub struct Delta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Tool calls completed since the last chunk (each whole: id, name and arguments).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
 }
 
 /// `text_completion`: a whole completion, or one streamed piece of it.
@@ -353,6 +416,7 @@ mod tests {
                 delta: Delta {
                     role: Some("assistant"),
                     content: Some("Hi".into()),
+                    tool_calls: None,
                 },
                 logprobs: None,
                 finish_reason: None,
@@ -377,10 +441,7 @@ mod tests {
             model: "m".into(),
             choices: vec![ChatChoice {
                 index: 0,
-                message: ChatMessageOut {
-                    role: "assistant",
-                    content: "Hi".into(),
-                },
+                message: ChatMessageOut::answer("Hi".into(), &[]),
                 logprobs: None,
                 finish_reason: "stop",
             }],

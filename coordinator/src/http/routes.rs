@@ -19,7 +19,7 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::web::{self, Bytes, BytesMut};
 use actix_web::{HttpMessage, HttpRequest, HttpResponse};
 use baton_common::ids::StreamId;
-use baton_common::protocol::{FinishReason, SeqRequest};
+use baton_common::protocol::{FinishReason, SeqRequest, ToolCall};
 use futures::StreamExt;
 use serde_json::Value;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -396,7 +396,7 @@ async fn respond_whole(state: &AppState, answer: Answer) -> Result<HttpResponse,
         endpoint_label(endpoint),
         answer.started,
     );
-    let (text, logprobs, reason, usage) = match collect(answer, idle_timeout, &mut tracker).await {
+    let whole = match collect(answer, idle_timeout, &mut tracker).await {
         Ok(done) => {
             tracker.finish("finished");
             done
@@ -416,14 +416,11 @@ async fn respond_whole(state: &AppState, answer: Answer) -> Result<HttpResponse,
             model,
             choices: vec![ChatChoice {
                 index: 0,
-                message: ChatMessageOut {
-                    role: "assistant",
-                    content: text,
-                },
-                logprobs,
-                finish_reason: reason.openai(),
+                message: ChatMessageOut::answer(whole.text, &whole.tool_calls),
+                logprobs: whole.logprobs,
+                finish_reason: whole.reason.openai(),
             }],
-            usage,
+            usage: whole.usage,
         }),
         Endpoint::Completion => ok.json(Completion {
             id,
@@ -431,14 +428,23 @@ async fn respond_whole(state: &AppState, answer: Answer) -> Result<HttpResponse,
             created,
             model,
             choices: vec![CompletionChoice {
-                text,
+                text: whole.text,
                 index: 0,
-                logprobs,
-                finish_reason: Some(reason.openai()),
+                logprobs: whole.logprobs,
+                finish_reason: Some(whole.reason.openai()),
             }],
-            usage: Some(usage),
+            usage: Some(whole.usage),
         }),
     })
+}
+
+/// A whole answer, gathered.
+struct Whole {
+    text: String,
+    logprobs: Option<Value>,
+    tool_calls: Vec<ToolCall>,
+    reason: FinishReason,
+    usage: Usage,
 }
 
 /// Waits for a whole answer.
@@ -446,8 +452,9 @@ async fn collect(
     mut answer: Answer,
     idle_timeout: Duration,
     tracker: &mut StreamTracker,
-) -> Result<(String, Option<Value>, FinishReason, Usage), ApiError> {
+) -> Result<Whole, ApiError> {
     let mut text = String::new();
+    let mut tool_calls = Vec::new();
     let mut logprobs = LogprobsWriter::new(answer.endpoint, answer.logprobs);
     loop {
         let event = match tokio::time::timeout(idle_timeout, answer.events.recv()).await {
@@ -466,15 +473,22 @@ async fn collect(
             Update::Token {
                 text: t,
                 logprobs: l,
+                tool_calls: calls,
                 ..
             } => {
                 tracker.token();
                 text.push_str(&t);
                 logprobs.push(l.as_ref());
+                tool_calls.extend(calls);
             }
             Update::Finished(f) => {
-                let usage = Usage::finished(&f, answer.prompt_tokens);
-                return Ok((text, logprobs.take(), f.reason, usage));
+                return Ok(Whole {
+                    text,
+                    logprobs: logprobs.take(),
+                    tool_calls,
+                    reason: f.reason,
+                    usage: Usage::finished(&f, answer.prompt_tokens),
+                });
             }
             Update::Failed(error) => return Err(ApiError::from_worker(error, &answer.model)),
         }

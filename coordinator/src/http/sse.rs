@@ -13,14 +13,16 @@ use std::time::Duration;
 use actix::Addr;
 use actix_web::web::Bytes;
 use baton_common::ids::StreamId;
-use baton_common::protocol::{FinishReason, PromptEcho, TokenLogprobs};
+use baton_common::protocol::{FinishReason, PromptEcho, TokenLogprobs, ToolCall};
 use futures::Stream;
 use serde::Serialize;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::error::ApiError;
 use super::logprobs::LogprobsWriter;
-use super::openai::{ChatChunk, ChatChunkChoice, Completion, CompletionChoice, Delta, Usage};
+use super::openai::{
+    ChatChunk, ChatChunkChoice, Completion, CompletionChoice, Delta, ToolCallOut, Usage,
+};
 use super::validate::Endpoint;
 use crate::actors::sessions::{Detach, Sessions, Update};
 use crate::metrics::StreamTracker;
@@ -132,33 +134,49 @@ impl ChunkWriter {
         self.role_sent = true;
     }
 
-    /// The chunk of a token's new `text`, if it has any (a token without text has its
-    /// logprobs sent with the next chunk).
-    pub fn token(&mut self, text: &str, logprobs: Option<&TokenLogprobs>) -> Option<String> {
+    /// The chunk of a token's new `text` and the tool calls it completed, if it has
+    /// any (a token without either has its logprobs sent with the next chunk).
+    pub fn token(
+        &mut self,
+        text: &str,
+        logprobs: Option<&TokenLogprobs>,
+        calls: &[ToolCall],
+    ) -> Option<String> {
         self.logprobs.push(logprobs);
-        (!text.is_empty()).then(|| self.chunk(Some(text.to_string()), None, None))
+        if text.is_empty() && calls.is_empty() {
+            return None;
+        }
+        let calls =
+            (!calls.is_empty()).then(|| calls.iter().map(|c| ToolCallOut::of(c, true)).collect());
+        Some(self.chunk(
+            (!text.is_empty()).then(|| text.to_string()),
+            calls,
+            None,
+            None,
+        ))
     }
 
     /// The chunk of an echoed prompt (a completion's `echo`): its text, and its tokens'
     /// logprobs when asked.
     pub fn prompt(&mut self, prompt: &PromptEcho) -> String {
         self.logprobs.push_prompt(prompt);
-        self.chunk(Some(prompt.text.clone()), None, None)
+        self.chunk(Some(prompt.text.clone()), None, None, None)
     }
 
     /// The final chunk, with `finish_reason` (and the logprobs not sent yet).
     pub fn finish(&mut self, reason: FinishReason) -> String {
-        self.chunk(None, Some(reason.openai()), None)
+        self.chunk(None, None, Some(reason.openai()), None)
     }
 
     /// The usage chunk (no choices).
     pub fn usage(&mut self, usage: Usage) -> String {
-        self.chunk(None, None, Some(usage))
+        self.chunk(None, None, None, Some(usage))
     }
 
     fn chunk(
         &mut self,
         text: Option<String>,
+        tool_calls: Option<Vec<ToolCallOut>>,
         finish: Option<&'static str>,
         usage: Option<Usage>,
     ) -> String {
@@ -182,6 +200,7 @@ impl ChunkWriter {
                         delta: Delta {
                             role,
                             content: text,
+                            tool_calls,
                         },
                         logprobs,
                         finish_reason: finish,
@@ -322,9 +341,10 @@ impl State {
                 text,
                 hash,
                 logprobs,
+                tool_calls,
             } => {
                 self.s.tracker.token();
-                if let Some(data) = self.s.writer.token(&text, logprobs.as_ref()) {
+                if let Some(data) = self.s.writer.token(&text, logprobs.as_ref(), &tool_calls) {
                     let id = format!("{stream}:{index}:{hash:016x}");
                     self.pending.push_back(frame(None, Some(&id), &data));
                 }
@@ -394,13 +414,13 @@ mod tests {
         let mut w = ChunkWriter::new(Endpoint::Chat, StreamId(1), "m".into(), 9, false);
         let id = format!("chatcmpl-{}", StreamId(1));
         assert_eq!(
-            parse(&w.token("Hel", None).expect("text")),
+            parse(&w.token("Hel", None, &[]).expect("text")),
             json!({"id": id, "object": "chat.completion.chunk", "created": 9, "model": "m",
                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"},
                                 "logprobs": null, "finish_reason": null}]})
         );
         assert_eq!(
-            parse(&w.token("lo", None).expect("text"))["choices"][0]["delta"],
+            parse(&w.token("lo", None, &[]).expect("text"))["choices"][0]["delta"],
             json!({"content": "lo"})
         );
         let fin = parse(&w.finish(FinishReason::Length));
@@ -416,10 +436,34 @@ mod tests {
     }
 
     #[test]
+    fn tool_calls_stream_as_whole_deltas_with_their_index() {
+        let mut w = ChunkWriter::new(Endpoint::Chat, StreamId(3), "m".into(), 9, false);
+        assert_eq!(w.token("", None, &[]), None, "nothing new: no chunk");
+        let call = ToolCall {
+            index: 1,
+            id: "call_x".into(),
+            name: "get_weather".into(),
+            arguments: r#"{"city":"Oslo"}"#.into(),
+        };
+        let chunk = parse(
+            &w.token("", None, std::slice::from_ref(&call))
+                .expect("a call"),
+        );
+        assert_eq!(
+            chunk["choices"][0]["delta"],
+            json!({"role": "assistant", "tool_calls": [{"index": 1, "id": "call_x",
+                   "type": "function",
+                   "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}}]})
+        );
+        let fin = parse(&w.finish(FinishReason::ToolCalls));
+        assert_eq!(fin["choices"][0]["finish_reason"], "tool_calls");
+    }
+
+    #[test]
     fn completion_chunks_are_text_completions() {
         let mut w = ChunkWriter::new(Endpoint::Completion, StreamId(2), "m".into(), 9, false);
         assert_eq!(
-            parse(&w.token("Hi", None).expect("text")),
+            parse(&w.token("Hi", None, &[]).expect("text")),
             json!({"id": format!("cmpl-{}", StreamId(2)), "object": "text_completion",
                    "created": 9, "model": "m",
                    "choices": [{"text": "Hi", "index": 0, "logprobs": null, "finish_reason": null}]})

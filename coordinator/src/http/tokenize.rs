@@ -208,10 +208,7 @@ mod tests {
         assert_eq!(
             chat.input,
             TokenizeInput::Chat(ChatInput {
-                turns: vec![ChatTurn {
-                    role: "user".into(),
-                    content: "hi".into()
-                }],
+                turns: vec![ChatTurn::new("user", "hi")],
                 add_generation_prompt: false
             })
         );

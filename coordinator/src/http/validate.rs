@@ -12,7 +12,10 @@
 
 use baton_common::config::CoordinatorConfig;
 use baton_common::grammar::{check, choice_regex};
-use baton_common::protocol::{ChatTurn, GenParams, Grammar, LogitBias, PromptSpec};
+use baton_common::protocol::{
+    ChatTurn, GenParams, Grammar, LogitBias, PromptSpec, ToolCall, ToolChoice, Tools,
+};
+use baton_common::tools::ToolFormat;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -61,8 +64,10 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 impl ValidRequest {
     /// Validates a `/v1/chat/completions` body.
     pub fn chat(body: &[u8], config: &CoordinatorConfig) -> Result<Self, ApiError> {
-        let request: ChatRequest = parse_json(body)?;
+        let mut request: ChatRequest = parse_json(body)?;
         let model = model(request.model)?;
+        let offered = request.unsupported.tools.take();
+        let choice = request.unsupported.tool_choice.take();
         refuse_unsupported(&request.unsupported)?;
         let messages = request.messages.ok_or(ApiError::MissingField("messages"))?;
         if messages.is_empty() {
@@ -80,7 +85,13 @@ impl ValidRequest {
             .max_completion_tokens
             .or(request.sampling.max_tokens);
         let grammar = grammar(request.structured)?;
-        Self::finish(
+        let tools = tools(
+            offered,
+            choice,
+            request.parallel_tool_calls,
+            grammar.is_some(),
+        )?;
+        let mut valid = Self::finish(
             Endpoint::Chat,
             model,
             PromptSpec::Chat(turns),
@@ -88,7 +99,9 @@ impl ValidRequest {
             request.sampling,
             grammar,
             config,
-        )
+        )?;
+        valid.params.tools = tools;
+        Ok(valid)
     }
 
     /// Validates a `/v1/completions` body.
@@ -271,12 +284,143 @@ impl ValidRequest {
                 logprobs,
                 // The prompt's text and, with logprobs, its tokens' come back first.
                 prompt_logprobs: echo.then_some(logprobs.unwrap_or(0)),
+                // Set by `chat`.
+                tools: None,
             },
             stream,
             include_usage: stream && s.stream_options.is_some_and(|o| o.include_usage),
             max_prompt_tokens,
         })
     }
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls`: the functions offered (each checked
+/// and its `parameters` compiled, so that a bad schema is a 400 here), and whether the
+/// model may, must, or must call one named function. No tools, or `tool_choice: "none"`,
+/// is no tools at all. A required call is held to its schema by a grammar, so it cannot
+/// be combined with a response format.
+fn tools(
+    offered: Option<Value>,
+    choice: Option<Value>,
+    parallel: Option<Value>,
+    constrained: bool,
+) -> Result<Option<Tools>, ApiError> {
+    let parallel = match parallel {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => b,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "parallel_tool_calls",
+                "`parallel_tool_calls` must be a boolean",
+            ))
+        }
+    };
+    let bad_choice = || {
+        ApiError::invalid(
+            "tool_choice",
+            "`tool_choice` must be \"none\", \"auto\", \"required\" or              {\"type\": \"function\", \"function\": {\"name\": …}}",
+        )
+    };
+    let choice = match choice {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => return Ok(None),
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            _ => return Err(bad_choice()),
+        },
+        Some(Value::Object(o)) => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str);
+            match (o.get("type").and_then(Value::as_str), name) {
+                (Some("function"), Some(name)) => ToolChoice::Function(name.to_string()),
+                _ => return Err(bad_choice()),
+            }
+        }
+        Some(_) => return Err(bad_choice()),
+    };
+    let offered = match offered {
+        Some(v) if !neutral(&v) => v,
+        _ if choice == ToolChoice::Auto => return Ok(None),
+        _ => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "`tool_choice` asks for a call but `tools` declares no function",
+            ))
+        }
+    };
+    let functions =
+        baton_common::tools::functions(&offered).map_err(|e| ApiError::invalid("tools", e.0))?;
+    if let ToolChoice::Function(name) = &choice {
+        if !functions.iter().any(|f| &f.name == name) {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                format!(
+                    "`tool_choice` names the function \"{}\", which `tools` does not declare",
+                    name.chars().take(64).collect::<String>()
+                ),
+            ));
+        }
+    }
+    if choice != ToolChoice::Auto {
+        if constrained {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "`tool_choice` \"required\" or a named function constrains the output, and so                  does the response format: ask for one of them",
+            ));
+        }
+        // The call's grammar in each format a worker may use: all must compile.
+        for format in [ToolFormat::Hermes, ToolFormat::Llama3Json] {
+            let compiled = baton_common::tools::grammar(&functions, &choice, parallel, format)
+                .and_then(|g| g.as_ref().map_or(Ok(()), baton_common::grammar::check));
+            if let Err(e) = compiled {
+                return Err(ApiError::invalid(
+                    "tools",
+                    format!("the tools' call grammar does not compile: {e}"),
+                ));
+            }
+        }
+    }
+    Ok(Some(Tools {
+        definitions: offered.to_string(),
+        choice,
+        parallel,
+    }))
+}
+
+/// One of a message's `tool_calls`: `{"id", "type": "function", "function": {"name",
+/// "arguments"}}`, the arguments as JSON text (or an object, written as text here).
+fn history_call(i: usize, index: usize, v: &Value) -> Result<ToolCall, ApiError> {
+    let at = format!("`messages[{i}].tool_calls[{index}]");
+    let bad = |m: String| ApiError::invalid("messages", m);
+    let f = v
+        .get("function")
+        .and_then(Value::as_object)
+        .ok_or_else(|| bad(format!("{at}.function` must be an object")))?;
+    let name = f
+        .get("name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| bad(format!("{at}.function.name` must be a non-empty string")))?;
+    let arguments = match f.get("arguments") {
+        None | Some(Value::Null) => "{}".to_string(),
+        Some(Value::String(s)) => s.clone(),
+        Some(o @ Value::Object(_)) => o.to_string(),
+        Some(_) => return Err(bad(format!("{at}.function.arguments` must be a string"))),
+    };
+    let id = match v.get("id") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err(bad(format!("{at}.id` must be a string"))),
+    };
+    Ok(ToolCall {
+        index: index as u32,
+        id,
+        name: name.to_string(),
+        arguments,
+    })
 }
 
 /// Most entries of `logit_bias` and of `stop_token_ids`.
@@ -691,12 +835,30 @@ pub(crate) fn turn(i: usize, m: ChatMessageIn) -> Result<ChatTurn, ApiError> {
             ))
         }
     };
-    if m.tool_calls.as_ref().is_some_and(|v| !neutral(v)) {
-        return Err(ApiError::invalid(
-            "messages",
-            format!("`messages[{i}].tool_calls`: tool calls are not supported by this server yet"),
-        ));
-    }
+    let tool_calls = match m.tool_calls {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(calls)) => calls
+            .iter()
+            .enumerate()
+            .map(|(k, c)| history_call(i, k, c))
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "messages",
+                format!("`messages[{i}].tool_calls` must be an array"),
+            ))
+        }
+    };
+    let tool_call_id = match m.tool_call_id {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "messages",
+                format!("`messages[{i}].tool_call_id` must be a string"),
+            ))
+        }
+    };
     let content = match m.content {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s,
@@ -727,7 +889,12 @@ pub(crate) fn turn(i: usize, m: ChatMessageIn) -> Result<ChatTurn, ApiError> {
             ))
         }
     };
-    Ok(ChatTurn { role, content })
+    Ok(ChatTurn {
+        role,
+        content,
+        tool_calls,
+        tool_call_id,
+    })
 }
 
 /// `stop`: null, a string, or an array of strings; empty strings are dropped.
@@ -791,10 +958,7 @@ mod tests {
         assert_eq!(r.model, "m");
         assert_eq!(
             r.prompt,
-            PromptSpec::Chat(vec![ChatTurn {
-                role: "user".into(),
-                content: "hi".into()
-            }])
+            PromptSpec::Chat(vec![ChatTurn::new("user", "hi")])
         );
         // No `max_tokens`: up to the end of the context, within the server's limit.
         assert_eq!(r.params.max_tokens, config().max_tokens_limit);
@@ -1004,9 +1168,7 @@ mod tests {
         let refused = [
             ("best_of", json!(2)),
             ("suffix", json!("end")),
-            ("tools", tool.clone()),
             ("functions", json!([{"name": "f"}])),
-            ("tool_choice", json!("required")),
             ("prompt_logprobs", json!(1)),
         ];
         for (field, value) in refused {
@@ -1021,11 +1183,10 @@ mod tests {
                 assert!(e.to_string().contains(field), "{e}");
             }
         }
-        // `auto` with tools would mean tool calling; without them it asks for nothing.
-        assert_eq!(
-            param(chat(json!({"tools": tool, "tool_choice": "auto"}))),
-            Some("tools")
-        );
+        // Completions have no tools.
+        for (field, value) in [("tools", tool.clone()), ("tool_choice", json!("required"))] {
+            assert_eq!(param(completion_with(one(field, &value))), Some(field));
+        }
         let neutral = [
             ("logprobs", json!(false)),
             ("logprobs", json!(0)),
@@ -1045,23 +1206,111 @@ mod tests {
             ("an_extension_nobody_defines", json!({"x": 1})),
         ];
         for (field, value) in neutral {
-            chat(one(field, &value)).expect(field);
+            let r = chat(one(field, &value)).expect(field);
+            assert_eq!(r.params.tools, None, "{field}");
             completion_with(one(field, &value)).expect(field);
         }
-        // History with tool calls cannot be rendered yet.
-        let e = ValidRequest::chat(
-            json!({"model": "m", "messages": [
-                {"role": "user", "content": "x"},
-                {"role": "assistant", "content": null, "tool_calls": [
-                    {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-                ]}
-            ]})
-            .to_string()
-            .as_bytes(),
-            &config(),
-        )
-        .expect_err("tool calls in history");
-        assert!(e.to_string().contains("tool_calls"), "{e}");
+    }
+
+    /// `tools`, `tool_choice` and `parallel_tool_calls` become the worker's tool use, and
+    /// history calls and results its turns; each fault is a 400 naming its field.
+    #[test]
+    fn tools_reach_the_worker_or_name_their_fault() {
+        let tools = json!([
+            {"type": "function", "function": {"name": "get_weather",
+             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+            {"type": "function", "function": {"name": "now"}}]);
+        let with = |extra: Value| {
+            let mut c = json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                               "tools": tools});
+            for (k, x) in extra.as_object().expect("object") {
+                c[k] = x.clone();
+            }
+            chat(c)
+        };
+        let t = with(json!({})).expect("auto").params.tools.expect("tools");
+        assert_eq!((t.choice, t.parallel), (ToolChoice::Auto, true));
+        assert_eq!(
+            serde_json::from_str::<Value>(&t.definitions).ok(),
+            Some(tools.clone())
+        );
+        let t = with(json!({"tool_choice": "required", "parallel_tool_calls": false}))
+            .expect("required")
+            .params
+            .tools
+            .expect("tools");
+        assert_eq!((t.choice, t.parallel), (ToolChoice::Required, false));
+        let named = json!({"type": "function", "function": {"name": "now"}});
+        let t = with(json!({"tool_choice": named}))
+            .expect("named")
+            .params
+            .tools;
+        assert_eq!(
+            t.map(|t| t.choice),
+            Some(ToolChoice::Function("now".into()))
+        );
+        assert_eq!(
+            with(json!({"tool_choice": "none"}))
+                .expect("none")
+                .params
+                .tools,
+            None
+        );
+        let faults = [
+            (json!({"tool_choice": "always"}), "tool_choice"),
+            (
+                json!({"tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+                "tool_choice",
+            ),
+            (
+                json!({"tool_choice": "required", "response_format": {"type": "json_object"}}),
+                "tool_choice",
+            ),
+            (json!({"parallel_tool_calls": "yes"}), "parallel_tool_calls"),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f",
+                                "parameters": {"type": "objekt"}}}]}),
+                "tools",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f",
+                                "parameters": "not a schema"}}]}),
+                "tools",
+            ),
+            (
+                json!({"tools": [], "tool_choice": "required"}),
+                "tool_choice",
+            ),
+        ];
+        for (extra, field) in faults {
+            assert_eq!(param(with(extra.clone())), Some(field), "{extra}");
+        }
+        // History: an assistant's calls and a tool's result.
+        let r = with(json!({"messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "12 C"}]}))
+        .expect("history");
+        let PromptSpec::Chat(turns) = r.prompt else {
+            panic!("a chat")
+        };
+        assert_eq!(turns[1].tool_calls[0].name, "get_weather");
+        assert_eq!(turns[1].tool_calls[0].arguments, r#"{"city": "Oslo"}"#);
+        assert_eq!(turns[2].tool_call_id.as_deref(), Some("call_1"));
+        for bad in [
+            json!([{"role": "assistant", "tool_calls": {"id": "1"}}]),
+            json!([{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}]),
+            json!([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 3}}]}]),
+            json!([{"role": "tool", "tool_call_id": 7, "content": "x"}]),
+        ] {
+            assert_eq!(
+                param(with(json!({"messages": bad}))),
+                Some("messages"),
+                "{bad}"
+            );
+        }
     }
 
     /// The sampling fields travel to the worker as given; each out-of-range value is a

@@ -13,7 +13,7 @@ use baton_common::ids::{StreamId, WorkerId};
 use baton_common::protocol::{
     decode, Accepted, Body, ErrorKind, EventKind, FinishReason, Finished, Heartbeat, ModelInfo,
     PromptSpec, Refused, Sequencer, StreamEvent, SubmitOutcome, SubmitReply, TokenBatch,
-    TokenEvent, WireError,
+    TokenEvent, ToolCall, WireError,
 };
 use baton_common::subjects::Subjects;
 use futures::StreamExt;
@@ -278,13 +278,26 @@ impl FakeWorker {
                             if l.cancelled.lock().expect("lock").contains(&stream) {
                                 return;
                             }
-                            let word = WORDS[i as usize % WORDS.len()].to_string();
+                            let mut word = WORDS[i as usize % WORDS.len()].to_string();
+                            // `TOOLCALL`: the second token completes a call, unnamed
+                            // (the coordinator names it).
+                            let mut tool_calls = Vec::new();
+                            if text.contains("TOOLCALL") && i == 1 {
+                                word.clear();
+                                tool_calls.push(ToolCall {
+                                    index: 0,
+                                    id: String::new(),
+                                    name: "get_weather".into(),
+                                    arguments: r#"{"city":"Oslo"}"#.into(),
+                                });
+                            }
                             send(EventKind::Token(TokenEvent {
                                 index: i,
                                 id: i,
                                 hash: 0,
                                 text: word,
                                 logprobs: None,
+                                tool_calls,
                             }))
                             .await;
                             if text.contains("BROKEN") {
@@ -300,7 +313,11 @@ impl FakeWorker {
                             }
                         }
                         let finished = Finished {
-                            reason: FinishReason::Length,
+                            reason: if text.contains("TOOLCALL") {
+                                FinishReason::ToolCalls
+                            } else {
+                                FinishReason::Length
+                            },
                             prompt_tokens: PROMPT_TOKENS,
                             completion_tokens: limit,
                             cached_tokens: 0,

@@ -24,6 +24,8 @@ use baton_common::{
     protocol::Grammar,
 };
 
+use baton_common::protocol::ToolChoice;
+use baton_common::tools::{Function, ParsedCall, ToolFormat, ToolParser};
 use burn_tensor::backend::Backend;
 
 use super::{
@@ -177,6 +179,20 @@ pub struct GenerateParams {
     /// Such a prompt runs one token a step (every position's logits are needed, and the
     /// prefix cache is not used for it); `max_tokens` may then be 0.
     pub prompt_logprobs: Option<usize>,
+    /// Functions the model may call: its output is parsed for calls (and held to one
+    /// by a grammar when the choice requires it).
+    pub tools: Option<ToolUse>,
+}
+
+/// The functions a sequence may call and whether it must.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolUse {
+    /// The functions, checked.
+    pub functions: Vec<Function>,
+    /// `auto`, `required` or one function.
+    pub choice: ToolChoice,
+    /// Several calls allowed in one answer.
+    pub parallel: bool,
 }
 
 impl Default for GenerateParams {
@@ -191,6 +207,7 @@ impl Default for GenerateParams {
             stop_token_ids: Vec::new(),
             logprobs: None,
             prompt_logprobs: None,
+            tools: None,
         }
     }
 }
@@ -233,6 +250,9 @@ pub struct TokenEvent {
     pub text: String,
     /// Its log-probability, when the request asked ([`GenerateParams::logprobs`]).
     pub logprobs: Option<Logprobs>,
+    /// Tool calls this token completed ([`GenerateParams::tools`]); their text is not
+    /// in `text`.
+    pub tool_calls: Vec<ParsedCall>,
 }
 
 /// A drawn token's log-probability and the most likely tokens' at its position, under
@@ -255,8 +275,11 @@ pub struct Completion {
     pub prompt_ids: Vec<u32>,
     /// Generated token ids (including a final end-of-sequence token, if any).
     pub ids: Vec<u32>,
-    /// Generated text, cut before a stop string and without end-of-sequence tokens.
+    /// Generated text, cut before a stop string and without end-of-sequence tokens (and
+    /// without the text of tool calls).
     pub text: String,
+    /// Tool calls found in the output ([`GenerateParams::tools`]).
+    pub tool_calls: Vec<ParsedCall>,
     /// Why it ended.
     pub finish: FinishReason,
     /// The scored prompt's entries ([`GenerateParams::prompt_logprobs`]; empty when not
@@ -500,10 +523,28 @@ impl<B: Backend> Engine<B> {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, EngineError> {
+        self.encode_chat_with(messages, None, add_generation_prompt)
+    }
+
+    /// [`Engine::encode_chat`] offering `tools` (OpenAI's array) to the model, in its
+    /// own format ([`ChatTemplate::render_tools`]).
+    pub fn encode_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, EngineError> {
         let chat = self.chat.as_ref().ok_or(EngineError::NoChatTemplate)?;
-        let text = chat.render(messages, add_generation_prompt)?;
+        let text = chat.render_tools(messages, tools, add_generation_prompt)?;
         // The template writes any BOS itself.
         Ok(self.tokenizer.encode(&text, false)?)
+    }
+
+    /// How the model calls tools (by its chat template).
+    pub fn tool_format(&self) -> ToolFormat {
+        self.chat
+            .as_ref()
+            .map_or(ToolFormat::Generic, ChatTemplate::tool_format)
     }
 
     /// Starts a sequence after checking the request against the model's limits.
@@ -549,10 +590,26 @@ impl<B: Backend> Engine<B> {
                 return Err(EngineError::TooManyLogprobs(n));
             }
         }
-        let guide = match &params.grammar {
+        let mut guide = match &params.grammar {
             None => None,
             Some(g) => Some(self.guide(g)?),
         };
+        let mut tools = None;
+        if let Some(t) = &params.tools {
+            let format = self.tool_format();
+            let forced = baton_common::tools::grammar(&t.functions, &t.choice, t.parallel, format)
+                .map_err(|e| EngineError::Grammar(e.to_string()))?;
+            if let Some(g) = forced {
+                if guide.is_some() {
+                    return Err(EngineError::Grammar(
+                        "a tool choice and a response format both constrain the output; ask for one"
+                            .into(),
+                    ));
+                }
+                guide = Some(self.guide(&g)?);
+            }
+            tools = Some(ToolParser::new(format));
+        }
         let mut cache = self.model.new_cache();
         cache.set_decode_from(prompt_ids.len());
         cache.expect_positions(
@@ -569,10 +626,12 @@ impl<B: Backend> Engine<B> {
             generated: Vec::new(),
             params,
             text: String::new(),
+            calls: Vec::new(),
             text_chars: 0,
             decoder: Some(StreamDecoder::new(self.tokenizer.clone()).skip_special(true)),
             finish: None,
             guide,
+            tools,
             failure: None,
             reused: 0,
             prompt_scores: Vec::new(),
@@ -1028,6 +1087,8 @@ pub struct Sequence<B: Backend> {
     stops: StopMatcher,
     /// Text emitted so far.
     text: String,
+    /// Tool calls found so far.
+    calls: Vec<ParsedCall>,
     /// Its length in characters.
     text_chars: usize,
     /// Turns ids into whole characters as they come; taken when the sequence ends.
@@ -1035,6 +1096,8 @@ pub struct Sequence<B: Backend> {
     finish: Option<FinishReason>,
     /// The request's grammar, where it has one.
     guide: Option<Guide>,
+    /// Finds tool calls in the output, when the request offers tools.
+    tools: Option<ToolParser>,
     /// Why the grammar ended the sequence ([`FinishReason::GrammarFailed`]).
     failure: Option<String>,
     /// Prompt tokens whose keys and values came from the prefix cache.
@@ -1060,6 +1123,11 @@ impl<B: Backend> Sequence<B> {
     /// Why the sequence ended, once it has.
     pub fn finish_reason(&self) -> Option<FinishReason> {
         self.finish
+    }
+
+    /// Tool calls found in the output so far.
+    pub fn tool_calls(&self) -> u32 {
+        self.tools.as_ref().map_or(0, ToolParser::calls)
     }
 
     /// What went wrong when it ended with [`FinishReason::GrammarFailed`].
@@ -1164,6 +1232,7 @@ impl<B: Backend> Sequence<B> {
                     id,
                     text: String::new(),
                     logprobs: None,
+                    tool_calls: Vec::new(),
                 });
             }
         }
@@ -1210,6 +1279,18 @@ impl<B: Backend> Sequence<B> {
                 }
             }
         }
+        let mut tool_calls = Vec::new();
+        if let Some(parser) = self.tools.as_mut() {
+            let mut parsed = parser.push(&text);
+            if self.finish.is_some() {
+                let last = parser.finish();
+                parsed.content.push_str(&last.content);
+                parsed.calls.extend(last.calls);
+            }
+            text = parsed.content;
+            tool_calls = parsed.calls;
+            self.calls.extend(tool_calls.iter().cloned());
+        }
         self.text.push_str(&text);
         self.text_chars += text.chars().count();
         Ok(TokenEvent {
@@ -1217,6 +1298,7 @@ impl<B: Backend> Sequence<B> {
             id,
             text,
             logprobs: None,
+            tool_calls,
         })
     }
 
@@ -1226,6 +1308,7 @@ impl<B: Backend> Sequence<B> {
             prompt_ids: self.prompt_ids,
             ids: self.generated,
             text: self.text,
+            tool_calls: self.calls,
             finish: self.finish.unwrap_or(FinishReason::MaxTokens),
             prompt_logprobs: self.prompt_scores,
         }

@@ -28,5 +28,5 @@ pub mod tokenizer;
 
 pub use generate::{
     Completion, Engine, EngineError, FinishReason, GenerateParams, Logprobs, Prompt, Sequence,
-    TokenEvent,
+    TokenEvent, ToolUse,
 };

@@ -3,14 +3,15 @@
 use baton_common::protocol::{
     ErrorKind, EventKind, FinishReason as WireFinish, Finished, GenParams, ModelInfo, PromptEcho,
     PromptSpec, SeqRequest, TokenEvent, TokenIds, TokenLogprobs, TokenizeInput, TokenizeReply,
-    TokenizeRequest, TopLogprob, WireError,
+    TokenizeRequest, ToolCall, Tools, TopLogprob, WireError,
 };
 use burn_tensor::backend::Backend;
 
 use super::scheduler::{other_model, SeqEngine, Started};
 use crate::engine::{
-    chat::ChatMessage, sampler::SamplingParams, Engine, EngineError, FinishReason, GenerateParams,
-    Logprobs, Prompt, Sequence,
+    chat::{ChatFunctionCall, ChatMessage, ChatToolCall},
+    sampler::SamplingParams,
+    Engine, EngineError, FinishReason, GenerateParams, Logprobs, Prompt, Sequence, ToolUse,
 };
 
 /// The burn engine serving one model under a public name.
@@ -104,8 +105,41 @@ fn messages(turns: &[baton_common::protocol::ChatTurn]) -> Vec<ChatMessage> {
         .map(|t| ChatMessage {
             role: t.role.clone(),
             content: t.content.clone(),
+            tool_calls: t
+                .tool_calls
+                .iter()
+                .map(|c| ChatToolCall {
+                    id: c.id.clone(),
+                    kind: "function".into(),
+                    function: ChatFunctionCall {
+                        name: c.name.clone(),
+                        // Templates print the arguments as JSON; text that is not JSON
+                        // stays text.
+                        arguments: serde_json::from_str(&c.arguments)
+                            .unwrap_or_else(|_| serde_json::Value::String(c.arguments.clone())),
+                    },
+                })
+                .collect(),
+            tool_call_id: t.tool_call_id.clone(),
         })
         .collect()
+}
+
+/// A request's tools in the engine's terms, and the array for the template.
+fn tool_use(tools: &Tools) -> Result<(serde_json::Value, ToolUse), WireError> {
+    let invalid = |message: String| WireError {
+        kind: ErrorKind::InvalidRequest,
+        message,
+    };
+    let array: serde_json::Value = serde_json::from_str(&tools.definitions)
+        .map_err(|e| invalid(format!("`tools` is not JSON: {e}")))?;
+    let functions = baton_common::tools::functions(&array).map_err(|e| invalid(e.to_string()))?;
+    let tools = ToolUse {
+        functions,
+        choice: tools.choice.clone(),
+        parallel: tools.parallel,
+    };
+    Ok((array, tools))
 }
 
 fn wire_error(e: EngineError) -> WireError {
@@ -155,6 +189,8 @@ pub fn generate_params(p: &GenParams) -> GenerateParams {
         stop_token_ids: p.stop_token_ids.clone(),
         logprobs: p.logprobs.map(usize::from),
         prompt_logprobs: p.prompt_logprobs.map(usize::from),
+        // Checked and set by `start`.
+        tools: None,
     }
 }
 
@@ -173,13 +209,19 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
         if let Some(e) = other_model(&self.name, &req.model) {
             return Err(e);
         }
+        let tools = req.params.tools.as_ref().map(tool_use).transpose()?;
         let ids = match &req.prompt {
             PromptSpec::Text(t) => self.engine.encode_prompt(&Prompt::Text(t.clone())),
-            PromptSpec::Chat(turns) => self.engine.encode_prompt(&Prompt::Chat(messages(turns))),
+            PromptSpec::Chat(turns) => self.engine.encode_chat_with(
+                &messages(turns),
+                tools.as_ref().map(|(array, _)| array),
+                true,
+            ),
             PromptSpec::Tokens(ids) => Ok(ids.clone()),
         }
         .map_err(wire_error)?;
-        let params = generate_params(&req.params);
+        let mut params = generate_params(&req.params);
+        params.tools = tools.map(|(_, t)| t);
         let seq = match &req.resume {
             None => self.engine.start(ids.clone(), params),
             Some(resume) => self.engine.resume(ids.clone(), &resume.tokens, params),
@@ -209,6 +251,17 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
                         hash: 0,
                         text: ev.text,
                         logprobs,
+                        // The coordinator names each call (it knows the stream).
+                        tool_calls: ev
+                            .tool_calls
+                            .into_iter()
+                            .map(|c| ToolCall {
+                                index: c.index,
+                                id: String::new(),
+                                name: c.name,
+                                arguments: c.arguments,
+                            })
+                            .collect(),
                     }));
                 }
                 let reason = match seq.finish_reason() {
@@ -224,6 +277,9 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
                             ),
                         }));
                         return out;
+                    }
+                    Some(FinishReason::Eos | FinishReason::StopString) if seq.tool_calls() > 0 => {
+                        WireFinish::ToolCalls
                     }
                     Some(FinishReason::Eos | FinishReason::StopString) => WireFinish::Stop,
                     Some(FinishReason::MaxTokens | FinishReason::ContextFull) => WireFinish::Length,

@@ -67,6 +67,7 @@ fn prompt_ids(p: &PromptSpec) -> (u64, Vec<u32>) {
 fn unsimulated(p: &baton_common::protocol::GenParams) -> Option<&'static str> {
     [
         ("grammar", p.grammar.is_some()),
+        ("tools", p.tools.is_some()),
         ("logprobs", p.logprobs.is_some()),
         ("echo", p.prompt_logprobs.is_some()),
         ("logit_bias", !p.logit_bias.is_empty()),
@@ -192,6 +193,7 @@ impl SeqEngine for SimEngine {
                         hash: 0,
                         text: format!(" {}", WORDS[id as usize]),
                         logprobs: None,
+                        tool_calls: Vec::new(),
                     }));
                 }
                 if s.generated >= s.max_tokens {

@@ -20,6 +20,8 @@ use minijinja::value::{from_args, Value, ValueKind};
 use minijinja::{context, Environment, Error as JinjaError, ErrorKind, State};
 use serde::{Deserialize, Serialize};
 
+use baton_common::tools::{self, ToolFormat};
+
 use crate::engine::gguf::{GgufError, GgufFile, MetaValue};
 
 mod python;
@@ -38,13 +40,20 @@ pub struct TemplateVars {
 /// The name the template is stored under in its environment.
 const TEMPLATE: &str = "chat";
 
-/// One message of a conversation.
+/// One message of a conversation, in OpenAI's shape (as transformers takes it).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct ChatMessage {
-    /// `system`, `user` or `assistant` (templates may accept others, such as `tool`).
+    /// `system`, `user`, `assistant` or `tool` (templates may accept others).
     pub role: String,
-    /// The text of the message.
+    /// The text of the message (null reads as empty).
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub content: String,
+    /// The functions an assistant message called.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ChatToolCall>,
+    /// Which call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
@@ -53,8 +62,42 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
     }
+}
+
+/// One call in an assistant message: `{"id", "type": "function", "function": {"name",
+/// "arguments"}}`, the arguments as a JSON value (templates print them with `tojson`, as
+/// vLLM passes them).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ChatToolCall {
+    /// The call's id.
+    #[serde(default)]
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type", default = "function_kind")]
+    pub kind: String,
+    /// What was called.
+    pub function: ChatFunctionCall,
+}
+
+/// The function of a [`ChatToolCall`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ChatFunctionCall {
+    /// Its name.
+    pub name: String,
+    /// Its arguments (an object, or the text the client sent when it is not JSON).
+    pub arguments: serde_json::Value,
+}
+
+fn function_kind() -> String {
+    "function".into()
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_default())
 }
 
 /// Everything that can go wrong loading or rendering a chat template.
@@ -108,6 +151,8 @@ pub struct ChatTemplate {
     bos: String,
     /// Passed to the template as `eos_token`.
     eos: String,
+    /// How the model calls tools, read from the template's source.
+    tools: ToolFormat,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -162,9 +207,41 @@ impl ChatTemplate {
         env.set_unknown_method_callback(python_method);
         env.add_filter("tojson", python::tojson);
         env.add_function("strftime_now", python::strftime_now);
+        let tools = ToolFormat::of_template(Some(&source));
         env.add_template_owned(TEMPLATE, source)
             .map_err(ChatError::Syntax)?;
-        Ok(ChatTemplate { env, bos, eos })
+        Ok(ChatTemplate {
+            env,
+            bos,
+            eos,
+            tools,
+        })
+    }
+
+    /// How the model calls tools.
+    pub fn tool_format(&self) -> ToolFormat {
+        self.tools
+    }
+
+    /// The prompt for `messages` with `tools` (OpenAI's array; `None`: none offered). A
+    /// template that takes tools gets them, and the history's calls and results, as they
+    /// are; any other gets Baton's tool prompt in its system message and the history
+    /// written as Hermes text ([`baton_common::tools`]).
+    pub fn render_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        if self.tools.native() {
+            let vars = TemplateVars {
+                tools: tools.cloned(),
+                date_string: None,
+            };
+            return self.render_with(messages, add_generation_prompt, &vars);
+        }
+        let messages = generic_messages(messages, tools);
+        self.render_with(&messages, add_generation_prompt, &TemplateVars::default())
     }
 
     /// The prompt for `messages`; with `add_generation_prompt`, it ends with what opens the
@@ -200,6 +277,58 @@ impl ChatTemplate {
             Some(message) => ChatError::Rejected(message),
             None => ChatError::Render(err),
         })
+    }
+}
+
+/// A conversation with tools for a template that takes none: the tool prompt joins the
+/// system message (or opens the conversation as one), calls become Hermes text in their
+/// assistant message, and each run of `tool` messages one user message of results.
+fn generic_messages(
+    messages: &[ChatMessage],
+    tools: Option<&serde_json::Value>,
+) -> Vec<ChatMessage> {
+    let mut out: Vec<ChatMessage> = Vec::with_capacity(messages.len() + 1);
+    for m in messages {
+        if m.role == "tool" {
+            let result = tools::hermes_response(&m.content);
+            match out.last_mut() {
+                Some(last) if last.role == "user" && last.content.ends_with("</tool_response>") => {
+                    last.content.push('\n');
+                    last.content.push_str(&result);
+                }
+                _ => out.push(ChatMessage::new("user", result)),
+            }
+            continue;
+        }
+        out.push(ChatMessage::new(m.role.clone(), m.content.clone()).with_calls(&m.tool_calls));
+    }
+    if let Some(tools) = tools {
+        let prompt = tools::generic_prompt(tools);
+        match out.first_mut() {
+            Some(first) if first.role == "system" => {
+                first.content = format!("{}\n\n{prompt}", first.content);
+            }
+            _ => out.insert(0, ChatMessage::new("system", prompt)),
+        }
+    }
+    out
+}
+
+impl ChatMessage {
+    /// This message with `calls` written after its text as Hermes blocks.
+    fn with_calls(mut self, calls: &[ChatToolCall]) -> Self {
+        for c in calls {
+            let args = match &c.function.arguments {
+                serde_json::Value::String(s) => s.clone(),
+                v => v.to_string(),
+            };
+            if !self.content.is_empty() {
+                self.content.push('\n');
+            }
+            self.content
+                .push_str(&tools::hermes_call(&c.function.name, &args));
+        }
+        self
     }
 }
 
@@ -358,6 +487,55 @@ mod tests {
     fn template(source: &str) -> ChatTemplate {
         ChatTemplate::new(source.to_owned(), "<s>".to_owned(), "</s>".to_owned())
             .expect("template compiles")
+    }
+
+    /// A template that takes no tools gets Baton's tool prompt in its system message, the
+    /// history's calls as Hermes blocks and the tools' results as one user message.
+    #[test]
+    fn templates_without_tools_get_the_generic_tool_prompt_and_history() {
+        let chatml = template(
+            "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
+        );
+        assert_eq!(chatml.tool_format(), ToolFormat::Generic);
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "f"}}]);
+        let call = ChatToolCall {
+            id: "call_1".into(),
+            kind: "function".into(),
+            function: ChatFunctionCall {
+                name: "f".into(),
+                arguments: serde_json::json!({"a": 1}),
+            },
+        };
+        let messages = [
+            ChatMessage::new("user", "go"),
+            ChatMessage {
+                tool_calls: vec![call.clone(), call],
+                ..ChatMessage::new("assistant", "")
+            },
+            ChatMessage {
+                tool_call_id: Some("call_1".into()),
+                ..ChatMessage::new("tool", "one")
+            },
+            ChatMessage::new("tool", "two"),
+        ];
+        let text = chatml
+            .render_tools(&messages, Some(&tools), false)
+            .expect("renders");
+        let block = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\":1}}\n</tool_call>";
+        let want = format!(
+            "<|im_start|>system\n{}<|im_end|>\n<|im_start|>user\ngo<|im_end|>\n\
+             <|im_start|>assistant\n{block}\n{block}<|im_end|>\n\
+             <|im_start|>user\n<tool_response>\none\n</tool_response>\n\
+             <tool_response>\ntwo\n</tool_response><|im_end|>\n",
+            tools::generic_prompt(&tools)
+        );
+        assert_eq!(text, want);
+        // Without tools offered, the history is still written the same way.
+        let plain = chatml
+            .render_tools(&messages, None, false)
+            .expect("renders");
+        assert!(plain.starts_with("<|im_start|>user\ngo"), "{plain}");
+        assert!(plain.contains(block), "{plain}");
     }
 
     #[test]
