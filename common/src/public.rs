@@ -35,6 +35,9 @@ pub mod headers {
     pub const FINAL: &str = "Baton-Final";
     /// The stable error code of an error message (the last message of a failed answer).
     pub const ERROR: &str = "Baton-Error";
+    /// Which choice (`n`) a message is of, when the request asked for more than one:
+    /// 0, 1, … (its `Baton-Stream-Id` is the first choice's plus it).
+    pub const CHOICE: &str = "Baton-Choice";
     /// The coordinator that answers (replays of its streams go to it).
     pub const COORDINATOR: &str = "Baton-Coordinator";
     /// The body's encoding, on requests and replies.

@@ -21,7 +21,7 @@ use actix::Addr;
 use async_nats::{Client, HeaderMap, Message, Subject, Subscriber};
 use baton_common::config::CoordinatorConfig;
 use baton_common::ids::{CoordinatorId, StreamId};
-use baton_common::protocol::{FinishReason, PromptEcho, TokenLogprobs, ToolCall};
+use baton_common::protocol::{FinishReason, Finished, PromptEcho, TokenLogprobs, ToolCall};
 use baton_common::public::{
     encode_reply, headers, Chunk, ClusterStatus, CoordinatorStatus, DrainRequest, Drained,
     ErrorReply, Final, LoadStatus, ModelStatus, ReplayRequest, Reply, Whole, WorkerStatus,
@@ -29,17 +29,18 @@ use baton_common::public::{
 };
 use futures::StreamExt;
 use serde_json::{json, Value};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::unbounded_channel;
 use tracing::{debug, info, warn};
 
 use crate::actors::messages::{CheckHealth, ListModels, ListWorkers};
 use crate::actors::registry::{HealthStatus, Registry};
 use crate::actors::sessions::{Attach, AttachError, Sessions, Update};
 use crate::auth::StreamAccess;
+use crate::http::choices::{next, Member};
 use crate::http::error::ApiError;
 use crate::http::logprobs::LogprobsWriter;
 use crate::http::openai::{ChatMessageOut, Usage};
-use crate::http::routes::open_stream;
+use crate::http::routes::open_streams;
 use crate::http::sse::{response_id, ChunkWriter, StreamGuard};
 use crate::http::tokenize::{self, Direction};
 use crate::http::validate::{Endpoint, ValidRequest};
@@ -213,24 +214,19 @@ impl PublicApi {
             Endpoint::Chat => ValidRequest::chat(body, &self.config)?,
             Endpoint::Completion => ValidRequest::completion(body, &self.config)?,
         };
-        // Held until the answer is out: then the session may stop the stream.
-        let opened = open_stream(&self.sessions, &request, None).await?;
-        let (stream, created, prompt_tokens) =
-            (opened.stream, opened.created, opened.prompt_tokens);
-        let (events, _guard) = (opened.events, opened.guard);
-        out.stream = Some(stream);
+        // Held until the answer is out: then the sessions may stop the streams.
+        let opened = open_streams(&self.sessions, &request, None).await?;
+        let _guards = opened.guards;
         let asked = request.params.logprobs.is_some();
-        let writer = ChunkWriter::new(endpoint, stream, request.model.clone(), created, asked);
-        let answer = Answer {
-            writer,
+        let answer = Answer::new(
             endpoint,
-            logprobs: asked,
-            stream,
-            model: request.model,
-            created,
-            prompt_tokens,
-            events,
-        };
+            opened.group,
+            request.model,
+            opened.created,
+            asked,
+            opened.prompt_tokens,
+            opened.members,
+        );
         if request.stream {
             self.forward(answer, out).await
         } else {
@@ -238,15 +234,22 @@ impl PublicApi {
         }
     }
 
-    /// Sends every update as a chunk, then the final message.
+    /// Sends every update as a chunk, then each choice's final message (the last one
+    /// marked final, with the usage of all).
     async fn forward(&self, mut answer: Answer, out: &mut Replier) -> Result<(), ApiError> {
-        // rkyv replies: logprobs of tokens whose text is still held back.
-        let mut pending: Vec<TokenLogprobs> = Vec::new();
+        let n = answer.members.len();
+        // rkyv replies: logprobs of tokens whose text is still held back, per choice.
+        let mut pending: Vec<Vec<TokenLogprobs>> = vec![Vec::new(); n];
+        let mut usages: Vec<Option<Usage>> = vec![None; n];
         loop {
-            match self.next(&mut answer.events).await? {
+            let (i, update) = self.next(&mut answer.members).await?;
+            out.stream = Some(answer.members[i].stream);
+            out.choice = (n > 1).then_some(answer.members[i].choice);
+            let writer = &mut answer.writers[i];
+            match update {
                 Update::Prompt(p) => {
                     let payload = match out.format {
-                        Format::Json => answer.writer.prompt(&p).into_bytes(),
+                        Format::Json => writer.prompt(&p).into_bytes(),
                         Format::Rkyv => encode_reply(&Reply::Prompt(p)),
                     };
                     out.send(Kind::Prompt, payload).await;
@@ -259,16 +262,15 @@ impl PublicApi {
                     ..
                 } => {
                     let payload = match out.format {
-                        Format::Json => answer
-                            .writer
+                        Format::Json => writer
                             .token(&text, logprobs.as_ref(), &tool_calls)
                             .map(String::into_bytes),
                         Format::Rkyv => {
-                            pending.extend(logprobs);
+                            pending[i].extend(logprobs);
                             (!text.is_empty() || !tool_calls.is_empty()).then(|| {
                                 encode_reply(&Reply::Chunk(Chunk {
                                     text,
-                                    logprobs: std::mem::take(&mut pending),
+                                    logprobs: std::mem::take(&mut pending[i]),
                                     tool_calls,
                                 }))
                             })
@@ -279,39 +281,50 @@ impl PublicApi {
                     }
                 }
                 Update::Finished(f) => {
+                    answer.members[i].done = true;
                     let usage = Usage::finished(&f, answer.prompt_tokens);
+                    usages[i] = Some(usage);
+                    let last = answer.members.iter().all(|m| m.done);
                     let payload = match out.format {
                         Format::Json => {
-                            let chunk = answer.writer.finish(f.reason);
+                            let chunk = writer.finish(f.reason);
                             let mut value: Value = serde_json::from_str(&chunk)
                                 .map_err(|e| ApiError::Internal(e.to_string()))?;
-                            value["usage"] = json!(usage);
+                            if last {
+                                value["usage"] =
+                                    json!(Usage::of_choices(usages.iter().flatten().copied()));
+                            }
                             value.to_string().into_bytes()
                         }
                         Format::Rkyv => encode_reply(&Reply::Final(Final {
-                            logprobs: pending,
+                            logprobs: std::mem::take(&mut pending[i]),
                             ..final_of(f.reason, usage)
                         })),
                     };
-                    out.send(Kind::Final(f.completion_tokens), payload).await;
-                    return Ok(());
+                    if last {
+                        out.send(Kind::Final(f.completion_tokens), payload).await;
+                        return Ok(());
+                    }
+                    out.send(Kind::Chunk(f.completion_tokens), payload).await;
                 }
                 Update::Failed(error) => return Err(ApiError::from_worker(error, &answer.model)),
             }
         }
     }
 
-    /// Gathers the whole answer and sends it as one message.
+    /// Gathers the whole answer and sends it as one message (rkyv: one per choice, the
+    /// last marked final).
     async fn whole(&self, mut answer: Answer, out: &mut Replier) -> Result<(), ApiError> {
-        let mut text = String::new();
-        let mut logprobs: Vec<TokenLogprobs> = Vec::new();
-        let mut tool_calls: Vec<ToolCall> = Vec::new();
-        let mut prompt: Option<PromptEcho> = None;
-        loop {
-            match self.next(&mut answer.events).await? {
+        let n = answer.members.len();
+        let mut parts: Vec<WholePart> = (0..n).map(|_| WholePart::default()).collect();
+        let mut ends: Vec<Option<Finished>> = vec![None; n];
+        while answer.members.iter().any(|m| !m.done) {
+            let (i, update) = self.next(&mut answer.members).await?;
+            let part = &mut parts[i];
+            match update {
                 Update::Prompt(p) => {
-                    text.insert_str(0, &p.text);
-                    prompt = Some(p);
+                    part.text.insert_str(0, &p.text);
+                    part.prompt = Some(p);
                 }
                 Update::Token {
                     text: t,
@@ -319,46 +332,58 @@ impl PublicApi {
                     tool_calls: calls,
                     ..
                 } => {
-                    text.push_str(&t);
-                    logprobs.extend(l);
-                    tool_calls.extend(calls);
+                    part.text.push_str(&t);
+                    part.logprobs.extend(l);
+                    part.tool_calls.extend(calls);
                 }
                 Update::Finished(f) => {
-                    let usage = Usage::finished(&f, answer.prompt_tokens);
-                    let id = response_id(answer.endpoint, answer.stream);
-                    let reason = f.reason.openai();
-                    let payload = match out.format {
-                        Format::Json => whole_json(
-                            &answer,
-                            id,
-                            (text, &tool_calls),
-                            (prompt.as_ref(), &logprobs),
-                            reason,
-                            usage,
-                        ),
-                        Format::Rkyv => encode_reply(&Reply::Whole(Whole {
-                            id,
-                            model: answer.model,
-                            text,
-                            logprobs,
-                            prompt,
-                            tool_calls,
-                            end: final_of(f.reason, usage),
-                        })),
-                    };
-                    out.send(Kind::Final(f.completion_tokens), payload).await;
-                    return Ok(());
+                    answer.members[i].done = true;
+                    ends[i] = Some(f);
                 }
                 Update::Failed(error) => return Err(ApiError::from_worker(error, &answer.model)),
             }
         }
+        let ends: Vec<Finished> = ends.into_iter().flatten().collect();
+        let id = response_id(answer.endpoint, answer.group);
+        let generated: u32 = ends.iter().map(|f| f.completion_tokens).sum();
+        match out.format {
+            Format::Json => {
+                let payload = whole_json(&answer, id, &parts, &ends);
+                out.stream = Some(answer.group);
+                out.send(Kind::Final(generated), payload).await;
+            }
+            Format::Rkyv => {
+                for (i, (part, f)) in parts.into_iter().zip(&ends).enumerate() {
+                    out.stream = Some(answer.members[i].stream);
+                    out.choice = (n > 1).then_some(answer.members[i].choice);
+                    let usage = Usage::finished(f, answer.prompt_tokens);
+                    let payload = encode_reply(&Reply::Whole(Whole {
+                        id: id.clone(),
+                        model: answer.model.clone(),
+                        text: part.text,
+                        logprobs: part.logprobs,
+                        prompt: part.prompt,
+                        tool_calls: part.tool_calls,
+                        end: final_of(f.reason, usage),
+                    }));
+                    let kind = if i + 1 == n {
+                        Kind::Final(f.completion_tokens)
+                    } else {
+                        Kind::Chunk(f.completion_tokens)
+                    };
+                    out.send(kind, payload).await;
+                }
+            }
+        }
+        Ok(())
     }
 
-    async fn next(&self, events: &mut UnboundedReceiver<Update>) -> Result<Update, ApiError> {
+    /// The next update of any choice still running, within the stream timeout.
+    async fn next(&self, members: &mut [Member]) -> Result<(usize, Update), ApiError> {
         let idle = Duration::from_millis(self.config.stream_timeout_ms);
-        match tokio::time::timeout(idle, events.recv()).await {
-            Ok(Some(update)) => Ok(update),
-            Ok(None) => Err(ApiError::Internal("the stream's session closed".into())),
+        match tokio::time::timeout(idle, next(members)).await {
+            Ok(Some((i, Some(update)))) => Ok((i, update)),
+            Ok(_) => Err(ApiError::Internal("the stream's session closed".into())),
             Err(_) => Err(ApiError::StreamTimeout(self.config.stream_timeout_ms)),
         }
     }
@@ -406,28 +431,27 @@ impl PublicApi {
         debug!(%stream, after = ?request.after, "NATS client replays a stream");
         out.stream = Some(stream);
         let record = attached.record;
-        let model = record.request.model;
         let asked = record.request.params.logprobs.is_some();
-        let mut writer = ChunkWriter::new(
-            record.endpoint,
+        // A choice of a request with several replays alone: its chunks keep its index.
+        let member = Member {
+            choice: record.choice,
             stream,
-            model.clone(),
+            events,
+            done: false,
+        };
+        let group = StreamId(stream.0.wrapping_sub(u128::from(record.choice)));
+        let mut answer = Answer::new(
+            record.endpoint,
+            group,
+            record.request.model,
             record.created,
             asked,
+            attached.prompt_tokens,
+            vec![member],
         );
         if request.after.is_some() {
-            writer.role_sent();
+            answer.writers[0].role_sent();
         }
-        let answer = Answer {
-            writer,
-            endpoint: record.endpoint,
-            logprobs: asked,
-            stream,
-            model,
-            created: record.created,
-            prompt_tokens: attached.prompt_tokens,
-            events,
-        };
         self.forward(answer, out).await
     }
 
@@ -558,15 +582,56 @@ impl PublicApi {
 
 /// An accepted stream and how to shape its answer.
 struct Answer {
-    writer: ChunkWriter,
+    /// Shape each choice's chunks.
+    writers: Vec<ChunkWriter>,
     endpoint: Endpoint,
     /// The request asked for logprobs.
     logprobs: bool,
-    stream: StreamId,
+    /// The first choice's stream: the response's id.
+    group: StreamId,
     model: String,
     created: u64,
     prompt_tokens: u32,
-    events: UnboundedReceiver<Update>,
+    /// Each choice's updates, in order.
+    members: Vec<Member>,
+}
+
+impl Answer {
+    fn new(
+        endpoint: Endpoint,
+        group: StreamId,
+        model: String,
+        created: u64,
+        logprobs: bool,
+        prompt_tokens: u32,
+        members: Vec<Member>,
+    ) -> Self {
+        let writers = members
+            .iter()
+            .map(|m| {
+                ChunkWriter::new(endpoint, group, model.clone(), created, logprobs).choice(m.choice)
+            })
+            .collect();
+        Self {
+            writers,
+            endpoint,
+            logprobs,
+            group,
+            model,
+            created,
+            prompt_tokens,
+            members,
+        }
+    }
+}
+
+/// One choice's whole answer, gathered.
+#[derive(Debug, Default)]
+struct WholePart {
+    text: String,
+    logprobs: Vec<TokenLogprobs>,
+    tool_calls: Vec<ToolCall>,
+    prompt: Option<PromptEcho>,
 }
 
 /// Whether a failed request counts as malformed (the client's fault).
@@ -608,39 +673,46 @@ fn final_of(reason: FinishReason, usage: Usage) -> Final {
 }
 
 /// The whole OpenAI body, as `stream: false` over HTTP gives it.
-fn whole_json(
-    answer: &Answer,
-    id: String,
-    (text, tool_calls): (String, &[ToolCall]),
-    (prompt, logprobs): (Option<&PromptEcho>, &[TokenLogprobs]),
-    reason: &str,
-    usage: Usage,
-) -> Vec<u8> {
-    let mut writer = LogprobsWriter::new(answer.endpoint, answer.logprobs);
-    if let Some(p) = prompt {
-        writer.push_prompt(p);
-    }
-    for l in logprobs {
-        writer.push(Some(l));
-    }
-    let logprobs = writer.take();
-    let body = match answer.endpoint {
-        Endpoint::Chat => json!({
-            "id": id, "object": "chat.completion", "created": answer.created,
-            "model": answer.model,
-            "choices": [{"index": 0, "message": ChatMessageOut::answer(text, tool_calls),
-                         "logprobs": logprobs, "finish_reason": reason}],
-            "usage": usage,
-        }),
-        Endpoint::Completion => json!({
-            "id": id, "object": "text_completion", "created": answer.created,
-            "model": answer.model,
-            "choices": [{"text": text, "index": 0, "logprobs": logprobs,
-                         "finish_reason": reason}],
-            "usage": usage,
-        }),
+fn whole_json(answer: &Answer, id: String, parts: &[WholePart], ends: &[Finished]) -> Vec<u8> {
+    let choices: Vec<Value> = parts
+        .iter()
+        .zip(ends)
+        .enumerate()
+        .map(|(i, (part, end))| {
+            let mut writer = LogprobsWriter::new(answer.endpoint, answer.logprobs);
+            if let Some(p) = &part.prompt {
+                writer.push_prompt(p);
+            }
+            for l in &part.logprobs {
+                writer.push(Some(l));
+            }
+            let logprobs = writer.take();
+            let reason = end.reason.openai();
+            match answer.endpoint {
+                Endpoint::Chat => json!({
+                    "index": i,
+                    "message": ChatMessageOut::answer(part.text.clone(), &part.tool_calls),
+                    "logprobs": logprobs, "finish_reason": reason}),
+                Endpoint::Completion => json!({
+                    "text": part.text, "index": i, "logprobs": logprobs,
+                    "finish_reason": reason}),
+            }
+        })
+        .collect();
+    let usage = Usage::of_choices(
+        ends.iter()
+            .map(|f| Usage::finished(f, answer.prompt_tokens)),
+    );
+    let object = match answer.endpoint {
+        Endpoint::Chat => "chat.completion",
+        Endpoint::Completion => "text_completion",
     };
-    body.to_string().into_bytes()
+    json!({
+        "id": id, "object": object, "created": answer.created, "model": answer.model,
+        "choices": choices, "usage": usage,
+    })
+    .to_string()
+    .into_bytes()
 }
 
 fn to_json_bytes<T: serde::Serialize>(value: &T) -> Vec<u8> {
@@ -704,6 +776,8 @@ struct Replier {
     coordinator: CoordinatorId,
     /// The stream, once there is one.
     stream: Option<StreamId>,
+    /// The choice of the next message, when the request asked for several.
+    choice: Option<u32>,
     /// The next message's `Baton-Seq`.
     seq: u64,
 }
@@ -716,6 +790,7 @@ impl Replier {
             format,
             coordinator,
             stream: None,
+            choice: None,
             seq: 0,
         }
     }
@@ -726,6 +801,9 @@ impl Replier {
         h.insert(headers::COORDINATOR, self.coordinator.to_string());
         if let Some(stream) = self.stream {
             h.insert(headers::STREAM_ID, stream.to_string());
+        }
+        if let Some(choice) = self.choice {
+            h.insert(headers::CHOICE, choice.to_string());
         }
         h.insert(headers::SEQ, self.seq.to_string());
         self.seq += 1;
@@ -812,24 +890,32 @@ mod tests {
 
     #[test]
     fn whole_bodies_have_the_http_shape() {
-        let (_tx, events) = unbounded_channel();
-        let answer = Answer {
-            writer: ChunkWriter::new(Endpoint::Chat, StreamId(1), "m".into(), 7, false),
-            endpoint: Endpoint::Chat,
-            logprobs: false,
-            stream: StreamId(1),
-            model: "m".into(),
-            created: 7,
+        let answer = |logprobs: bool| {
+            Answer::new(
+                Endpoint::Chat,
+                StreamId(1),
+                "m".into(),
+                7,
+                logprobs,
+                2,
+                Vec::new(),
+            )
+        };
+        let end = |reason, completion_tokens| Finished {
+            reason,
             prompt_tokens: 2,
-            events,
+            completion_tokens,
+            cached_tokens: 0,
+        };
+        let part = |text: &str| WholePart {
+            text: text.into(),
+            ..WholePart::default()
         };
         let body: Value = serde_json::from_slice(&whole_json(
-            &answer,
+            &answer(false),
             "chatcmpl-1".into(),
-            ("Hi".into(), &[]),
-            (None, &[]),
-            "stop",
-            Usage::new(2, 1),
+            &[part("Hi")],
+            &[end(FinishReason::Stop, 1)],
         ))
         .expect("json");
         assert_eq!(body["object"], "chat.completion");
@@ -842,17 +928,14 @@ mod tests {
             text_offset: 0,
             top: Vec::new(),
         };
-        let asked = Answer {
-            logprobs: true,
-            ..answer
-        };
         let body: Value = serde_json::from_slice(&whole_json(
-            &asked,
+            &answer(true),
             "chatcmpl-1".into(),
-            ("Hi".into(), &[]),
-            (None, &[entry]),
-            "stop",
-            Usage::new(2, 1),
+            &[WholePart {
+                logprobs: vec![entry],
+                ..part("Hi")
+            }],
+            &[end(FinishReason::Stop, 1)],
         ))
         .expect("json");
         assert_eq!(
@@ -865,13 +948,21 @@ mod tests {
             name: "f".into(),
             arguments: "{}".into(),
         };
+        // Two choices: each its own entry; the prompt counted once, the tokens of both.
         let body: Value = serde_json::from_slice(&whole_json(
-            &asked,
+            &answer(false),
             "chatcmpl-1".into(),
-            (String::new(), &[call]),
-            (None, &[]),
-            "tool_calls",
-            Usage::new(2, 1),
+            &[
+                WholePart {
+                    tool_calls: vec![call],
+                    ..part("")
+                },
+                part("Hello"),
+            ],
+            &[
+                end(FinishReason::ToolCalls, 3),
+                end(FinishReason::Length, 4),
+            ],
         ))
         .expect("json");
         assert_eq!(
@@ -880,5 +971,14 @@ mod tests {
                    "type": "function", "function": {"name": "f", "arguments": "{}"}}]})
         );
         assert_eq!(body["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(body["choices"][1]["index"], 1);
+        assert_eq!(body["choices"][1]["message"]["content"], "Hello");
+        assert_eq!(
+            (
+                body["usage"]["prompt_tokens"].as_u64(),
+                body["usage"]["completion_tokens"].as_u64()
+            ),
+            (Some(2), Some(7))
+        );
     }
 }

@@ -87,6 +87,9 @@ pub struct StreamRecord {
     pub owner: Option<KeyId>,
     /// The scored prompt, once a worker sent it (a completion's `echo`).
     pub prompt: Option<PromptEcho>,
+    /// Which of its request's choices (`n`) it is: the group's first stream is this one's
+    /// id minus it.
+    pub choice: u32,
 }
 
 /// One checkpointed token.
@@ -483,6 +486,7 @@ mod tests {
             ended_at: 0,
             owner: Some(KeyId::of("sk-test")),
             prompt: None,
+            choice: 0,
         }
     }
 

@@ -274,7 +274,7 @@ async fn the_openai_api_end_to_end() {
     let r = post(addr, "/v1/completions", json!({"prompt": "x"})).await;
     assert_eq!(err(&r), (400, "missing_required_parameter".into()));
     assert_eq!(r.json()["error"]["param"], "model");
-    let r = post(addr, "/v1/chat/completions", chat("hi", json!({"n": 2}))).await;
+    let r = post(addr, "/v1/chat/completions", chat("hi", json!({"n": 17}))).await;
     assert_eq!(err(&r), (400, "invalid_value".into()));
     let r = post(
         addr,
@@ -714,5 +714,105 @@ async fn tool_calls_are_named_streamed_whole_and_replayed() {
         .as_str()
         .is_some_and(|id| id.starts_with("call_")));
     assert_eq!(body["choices"][0]["finish_reason"], "tool_calls");
+    running.handle.stop(false).await;
+}
+
+/// `n` choices: each its own stream (the group's id counted up), whole and streamed; a
+/// streamed group's event ids carry every choice's position, and a client that
+/// reconnects with one gets each choice's rest.
+#[actix_web::test]
+async fn n_choices_are_streams_of_their_own() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (running, addr) = coordinator(&nats, "choices").await;
+    let _worker = FakeWorker::start(&nats.url, Subjects::new("choices")).await;
+    wait_healthy(addr).await;
+    let r = post(
+        addr,
+        "/v1/chat/completions",
+        chat("hi", json!({"n": 3, "max_tokens": 2})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let body = r.json();
+    let choices = body["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 3, "{body}");
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(c["message"]["content"], "Hello world");
+        assert_eq!(c["finish_reason"], "length");
+    }
+    assert_eq!(body["usage"]["prompt_tokens"], 3, "the prompt once: {body}");
+    assert_eq!(
+        body["usage"]["completion_tokens"], 6,
+        "every choice's tokens: {body}"
+    );
+
+    let streamed = chat(
+        "hi",
+        json!({"n": 3, "max_tokens": 2, "stream": true,
+               "stream_options": {"include_usage": true}}),
+    );
+    let r = post(addr, "/v1/chat/completions", streamed.clone()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let events = sse_events(&r.body);
+    assert_eq!(events.last().map(|e| e.2.as_str()), Some("[DONE]"));
+    assert_eq!(events.iter().filter(|e| e.2 == "[DONE]").count(), 1);
+    let chunks: Vec<Value> = events
+        .iter()
+        .filter(|(_, _, d)| d.starts_with('{'))
+        .map(|(_, _, d)| serde_json::from_str(d).expect("json"))
+        .collect();
+    let mut text = vec![String::new(); 3];
+    let mut finished = 0;
+    for c in &chunks {
+        for ch in c["choices"].as_array().into_iter().flatten() {
+            let i = ch["index"].as_u64().expect("index") as usize;
+            text[i].push_str(ch["delta"]["content"].as_str().unwrap_or_default());
+            finished += usize::from(ch["finish_reason"].is_string());
+        }
+    }
+    assert_eq!(text, vec!["Hello world"; 3]);
+    assert_eq!(finished, 3);
+    let usage = &chunks.last().expect("usage chunk")["usage"];
+    assert_eq!(usage["completion_tokens"], 6, "{usage}");
+    // Ids: `<group>:<p0>.<p1>.<p2>`, the group the response's id.
+    let first_id = events[0].1.clone().expect("an id");
+    let (group, positions) = first_id.split_once(':').expect("group id");
+    assert_eq!(chunks[0]["id"], format!("chatcmpl-{group}"));
+    assert_eq!(positions.split('.').count(), 3, "{first_id}");
+    // Reconnecting after the first event: the rest of every choice.
+    let r = support::request_with(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&streamed.to_string()),
+        &[("Last-Event-ID", &first_id)],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let rest = sse_events(&r.body);
+    let mut again = vec![String::new(); 3];
+    for (_, _, d) in &rest {
+        let Ok(c) = serde_json::from_str::<Value>(d) else {
+            continue;
+        };
+        for ch in c["choices"].as_array().into_iter().flatten() {
+            let i = ch["index"].as_u64().expect("index") as usize;
+            again[i].push_str(ch["delta"]["content"].as_str().unwrap_or_default());
+        }
+    }
+    // The choice whose first token the client had gets only its second.
+    let had: Vec<&str> = positions.split('.').collect();
+    for i in 0..3 {
+        let want = if had[i] == "0" {
+            " world"
+        } else {
+            "Hello world"
+        };
+        assert_eq!(again[i], want, "choice {i} after {first_id}: {}", r.body);
+    }
+    assert_eq!(rest.last().map(|e| e.2.as_str()), Some("[DONE]"));
     running.handle.stop(false).await;
 }

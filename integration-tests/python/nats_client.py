@@ -115,6 +115,25 @@ async def main():
         "positions": [int(h["Baton-Position"]) for h, _ in replayed[:-1]],
     }
 
+    # Two choices, streamed: each message names its choice and the choice's own stream.
+    sub = await ask(nc, f"{PREFIX}.v1.completions",
+                    {**greedy, "prompt": prompt, "stream": True, "n": 2})
+    both = await read_answer(sub)
+    texts, streams = ["", ""], [set(), set()]
+    for headers, body in both:
+        if headers.get("Baton-Error"):
+            raise ProtocolError(f"n = 2 failed: {body}")
+        choice = int(headers["Baton-Choice"])
+        if body["choices"][0]["index"] != choice:
+            raise ProtocolError(f"Baton-Choice {choice} on choice {body['choices'][0]}")
+        texts[choice] += chunk_text(body)
+        streams[choice].add(headers["Baton-Stream-Id"])
+    out["choices_stream"] = {"texts": texts, "streams": [sorted(s) for s in streams],
+                             "usage": both[-1][1].get("usage")}
+    sub = await ask(nc, f"{PREFIX}.v1.completions", {**greedy, "prompt": prompt, "n": 2})
+    [(headers, body)] = await read_answer(sub)
+    out["choices"] = [c["text"] for c in sorted(body["choices"], key=lambda c: c["index"])]
+
     sub = await ask(nc, f"{PREFIX}.v1.tokenize", {"model": model, "prompt": prompt})
     [(headers, tokens)] = await read_answer(sub)
     out["tokenize"] = tokens

@@ -229,6 +229,7 @@ fn structured_output_that_cannot_be_used_is_400_and_never_dispatched() {
             "[-2, 2]",
         ),
         (json!({"min_p": 2}), "min_p", "[0, 1]"),
+        (json!({"n": 17}), "n", "1..=16"),
         (json!({"logit_bias": {"x": 1}}), "logit_bias", "token id"),
         (
             json!({"logit_bias": {"5": 500}}),

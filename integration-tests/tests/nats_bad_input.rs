@@ -191,6 +191,11 @@ fn malformed_public_requests_get_errors_and_are_counted() {
                 "invalid_value",
             ),
             (
+                s.completions(),
+                json!({"model": model, "prompt": "x", "n": 17}),
+                "invalid_value",
+            ),
+            (
                 s.chat_completions(),
                 json!({"model": model, "messages": [{"role": "user", "content": "x"}],
                        "tools": [{"type": "function", "function": {"name": "f",

@@ -1,6 +1,7 @@
 //! A Python client of the public NATS API (`nats-py`, written from `docs/protocol.md`)
 //! against a cluster running the real model: its streamed greedy text must equal the
-//! HTTP API's answer to the same request, a replay must give the rest of a stream, and
+//! HTTP API's answer to the same request, a replay must give the rest of a stream, `n: 2`
+//! gives two such answers (each message naming its choice and the choice's stream), and
 //! `tokenize`/`detokenize` answer as `/tokenize` and `/detokenize` do.
 
 use baton_integration_tests::{python_has, python_json, Cluster, ClusterOptions};
@@ -96,6 +97,31 @@ fn python_nats_client_gets_the_http_greedy_text() {
         "{}",
         r["replay"]
     );
+
+    // Two greedy choices: each the HTTP text, streamed (each on its own stream) and whole.
+    let both = &r["choices_stream"];
+    assert_eq!(
+        both["texts"],
+        json!([http_completion, http_completion]),
+        "{both}"
+    );
+    let streams = both["streams"].as_array().expect("streams");
+    assert_eq!(streams.len(), 2);
+    assert!(
+        streams
+            .iter()
+            .all(|s| s.as_array().map(Vec::len) == Some(1)),
+        "{both}"
+    );
+    assert_ne!(streams[0], streams[1], "each choice is a stream of its own");
+    assert_eq!(
+        both["usage"]["completion_tokens"].as_u64(),
+        r["completion"]["usage"]["completion_tokens"]
+            .as_u64()
+            .map(|n| 2 * n),
+        "{both}"
+    );
+    assert_eq!(r["choices"], json!([http_completion, http_completion]));
 
     let tokenized = cluster
         .api

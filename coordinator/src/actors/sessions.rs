@@ -1321,6 +1321,7 @@ mod tests {
             ended_at: 0,
             owner: None,
             prompt: None,
+            choice: 0,
         };
         let held = Held {
             id: 7,

@@ -12,6 +12,7 @@
 //! - [`error`]: the one mapping from errors to status codes.
 
 pub mod auth;
+pub mod choices;
 pub mod cors;
 pub mod error;
 pub mod logprobs;

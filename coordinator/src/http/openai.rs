@@ -181,6 +181,22 @@ impl Usage {
         }
     }
 
+    /// The usage of a request's choices: the prompt (and its cached tokens) once, the
+    /// generated tokens of all.
+    pub fn of_choices(usages: impl IntoIterator<Item = Usage>) -> Self {
+        let mut usages = usages.into_iter();
+        let Some(first) = usages.next() else {
+            return Self::new(0, 0);
+        };
+        let completion = usages.fold(first.completion_tokens, |sum, u| {
+            sum.saturating_add(u.completion_tokens)
+        });
+        Self {
+            prompt_tokens_details: first.prompt_tokens_details,
+            ..Self::new(first.prompt_tokens, completion)
+        }
+    }
+
     /// Usage of a finished stream; `accepted_prompt` (the count the worker gave when it
     /// took the stream) stands in for a final count of 0.
     pub fn finished(f: &baton_common::protocol::Finished, accepted_prompt: u32) -> Self {

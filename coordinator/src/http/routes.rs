@@ -22,10 +22,11 @@ use baton_common::ids::StreamId;
 use baton_common::protocol::{FinishReason, SeqRequest, ToolCall};
 use futures::StreamExt;
 use serde_json::Value;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::unbounded_channel;
 use tracing::info;
 
 use super::auth::identity;
+use super::choices::{choice_seed, member, next, parse_positions, Member};
 use super::error::ApiError;
 use super::logprobs::LogprobsWriter;
 use super::openai::{
@@ -33,7 +34,7 @@ use super::openai::{
     Usage,
 };
 use super::request_id::RequestId;
-use super::sse::{response_id, ChunkWriter, SseStream, StreamGuard};
+use super::sse::{response_id, ChunkWriter, SseSettings, SseStream, StreamGuard};
 use super::tokenize::Direction;
 use super::validate::{Endpoint, ValidRequest};
 use super::AppState;
@@ -227,17 +228,19 @@ async fn read_body(
 /// Shapes an answer for `endpoint` and streams or collects it.
 struct Answer {
     endpoint: Endpoint,
-    stream: StreamId,
+    /// The first choice's stream: the response's id.
+    group: StreamId,
     model: String,
     created: u64,
     include_usage: bool,
     /// The request asked for logprobs.
     logprobs: bool,
     prompt_tokens: u32,
-    events: UnboundedReceiver<Update>,
-    guard: StreamGuard,
-    /// The key's stream slot, freed with the answer.
-    slot: StreamSlot,
+    /// One per choice, in order. Declared before `guards`: their channels close first.
+    members: Vec<Member>,
+    guards: Vec<StreamGuard>,
+    /// The key's stream slots (one per choice), freed with the answer.
+    slots: Vec<StreamSlot>,
     started: Instant,
 }
 
@@ -247,21 +250,21 @@ async fn generate(
     request: ValidRequest,
     started: Instant,
 ) -> Result<HttpResponse, ApiError> {
-    let slot = admit(identity)?;
-    let opened = open_stream(&state.sessions, &request, identity.owner()).await?;
-    let (stream, created, prompt_tokens) = (opened.stream, opened.created, opened.prompt_tokens);
-    let (events, guard) = (opened.events, opened.guard);
+    let slots = (0..request.n)
+        .map(|_| admit(identity))
+        .collect::<Result<Vec<_>, _>>()?;
+    let opened = open_streams(&state.sessions, &request, identity.owner()).await?;
     let answer = Answer {
         endpoint: request.endpoint,
-        stream,
+        group: opened.group,
         model: request.model,
-        created,
+        created: opened.created,
         include_usage: request.include_usage,
         logprobs: request.params.logprobs.is_some(),
-        prompt_tokens,
-        events,
-        guard,
-        slot,
+        prompt_tokens: opened.prompt_tokens,
+        members: opened.members,
+        guards: opened.guards,
+        slots,
         started,
     };
     if request.stream {
@@ -271,18 +274,18 @@ async fn generate(
     }
 }
 
-/// A new stream a worker took.
-pub struct OpenedStream {
-    /// Its id (the request id).
-    pub stream: StreamId,
+/// The streams of a request's choices, each taken by a worker.
+pub struct Opened {
+    /// The first choice's stream (the request id).
+    pub group: StreamId,
     /// Unix seconds, the `created` of every chunk.
     pub created: u64,
-    /// Prompt tokens, as the worker counted.
+    /// Prompt tokens, as the worker of the first choice counted.
     pub prompt_tokens: u32,
-    /// Its updates.
-    pub events: UnboundedReceiver<Update>,
-    /// Stops the stream when the client goes away (dropped).
-    pub guard: StreamGuard,
+    /// Their updates, one per choice.
+    pub members: Vec<Member>,
+    /// Stop the streams when the client goes away (dropped).
+    pub guards: Vec<StreamGuard>,
 }
 
 /// Takes one of the caller's stream slots, or refuses with 429.
@@ -293,91 +296,126 @@ fn admit(identity: &Identity) -> Result<StreamSlot, ApiError> {
     })
 }
 
-/// Records a validated request as a new stream owned by `owner` (the key that opened
-/// it, if any) and waits until a worker takes it; the HTTP and NATS fronts both start
-/// streams here.
-pub async fn open_stream(
+/// Records a validated request as one new stream per choice (`n`), owned by `owner` (the
+/// key that opened it, if any), and waits until workers take them all; the HTTP and
+/// NATS fronts both start streams here. The choices are submitted together, so that
+/// they share a batch.
+pub async fn open_streams(
     sessions: &Addr<Sessions>,
     request: &ValidRequest,
     owner: Option<KeyId>,
-) -> Result<OpenedStream, ApiError> {
-    let stream = StreamId::random();
+) -> Result<Opened, ApiError> {
+    let group = StreamId::random();
     let created = unix_now();
-    let record = StreamRecord {
-        request: SeqRequest {
-            stream,
-            model: request.model.clone(),
-            prompt: request.prompt.clone(),
-            params: request.params.clone(),
+    let mut members = Vec::with_capacity(request.n as usize);
+    let mut guards = Vec::with_capacity(request.n as usize);
+    let mut pending = Vec::with_capacity(request.n as usize);
+    for choice in 0..request.n {
+        let stream = member(group, choice);
+        let mut params = request.params.clone();
+        params.seed = choice_seed(params.seed, choice);
+        let record = StreamRecord {
+            request: SeqRequest {
+                stream,
+                model: request.model.clone(),
+                prompt: request.prompt.clone(),
+                params,
+                attempt: 0,
+                resume: None,
+                max_prompt_tokens: request.max_prompt_tokens,
+            },
+            endpoint: request.endpoint,
+            include_usage: request.include_usage,
+            created,
             attempt: 0,
-            resume: None,
-            max_prompt_tokens: request.max_prompt_tokens,
-        },
-        endpoint: request.endpoint,
-        include_usage: request.include_usage,
-        created,
-        attempt: 0,
-        worker: None,
-        end: None,
-        ended_at: 0,
-        owner,
-        prompt: None,
-    };
-    let (tx, events) = unbounded_channel();
-    // From here on, a client that goes away stops the stream.
-    let guard = StreamGuard::new(stream, sessions.clone());
-    let accepted = sessions
-        .send(StartStream {
+            worker: None,
+            end: None,
+            ended_at: 0,
+            owner,
+            prompt: None,
+            choice,
+        };
+        let (tx, events) = unbounded_channel();
+        // From here on, a client that goes away stops the stream.
+        guards.push(StreamGuard::new(stream, sessions.clone()));
+        members.push(Member {
+            choice,
             stream,
-            record,
-            subscriber: tx,
-        })
-        .await?;
-    let prompt_tokens = match accepted.await {
-        Ok(Ok(n)) => n,
-        Ok(Err(e)) => return Err(ApiError::from_dispatch(e, &request.model)),
-        Err(_) => return Err(ApiError::Internal("the stream's session closed".into())),
-    };
-    Ok(OpenedStream {
-        stream,
+            events,
+            done: false,
+        });
+        pending.push(
+            sessions
+                .send(StartStream {
+                    stream,
+                    record,
+                    subscriber: tx,
+                })
+                .await?,
+        );
+    }
+    let mut prompt_tokens = 0;
+    for (i, accepted) in pending.into_iter().enumerate() {
+        let n = match accepted.await {
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) => return Err(ApiError::from_dispatch(e, &request.model)),
+            Err(_) => return Err(ApiError::Internal("the stream's session closed".into())),
+        };
+        if i == 0 {
+            prompt_tokens = n;
+        }
+    }
+    Ok(Opened {
+        group,
         created,
         prompt_tokens,
-        events,
-        guard,
+        members,
+        guards,
     })
 }
 
 fn sse_response(state: &AppState, answer: Answer, resumed: bool) -> HttpResponse {
-    let request_id = answer.stream.to_string();
-    let mut writer = ChunkWriter::new(
-        answer.endpoint,
-        answer.stream,
-        answer.model,
-        answer.created,
-        answer.logprobs,
-    );
-    if resumed {
-        writer.role_sent();
-    }
+    let request_id = answer.group.to_string();
+    let writers = answer
+        .members
+        .iter()
+        .map(|m| {
+            let mut writer = ChunkWriter::new(
+                answer.endpoint,
+                answer.group,
+                answer.model.clone(),
+                answer.created,
+                answer.logprobs,
+            )
+            .choice(m.choice);
+            if resumed {
+                writer.role_sent();
+            }
+            writer
+        })
+        .collect();
     let tracker = StreamTracker::new(
         state.metrics.clone(),
         endpoint_label(answer.endpoint),
         answer.started,
     );
-    let body = SseStream {
-        events: answer.events,
-        guard: answer.guard,
-        slot: answer.slot,
+    let body = SseStream::new(
+        answer.group,
+        answer.members,
+        answer.guards,
+        answer.slots,
         tracker,
-        writer,
-        idle_timeout: Duration::from_millis(state.config.stream_timeout_ms),
-        keepalive: match state.config.sse_keepalive_ms {
-            0 => None,
-            ms => Some(Duration::from_millis(ms)),
+        writers,
+        SseSettings {
+            idle_timeout: Duration::from_millis(state.config.stream_timeout_ms),
+            keepalive: match state.config.sse_keepalive_ms {
+                0 => None,
+                ms => Some(Duration::from_millis(ms)),
+            },
+            include_usage: answer.include_usage,
+            prompt_tokens: answer.prompt_tokens,
         },
-        include_usage: answer.include_usage,
-        prompt_tokens: answer.prompt_tokens,
-    };
+    );
     HttpResponse::Ok()
         .content_type("text/event-stream")
         .insert_header(("X-Request-Id", request_id))
@@ -388,15 +426,15 @@ fn sse_response(state: &AppState, answer: Answer, resumed: bool) -> HttpResponse
 
 async fn respond_whole(state: &AppState, answer: Answer) -> Result<HttpResponse, ApiError> {
     let idle_timeout = Duration::from_millis(state.config.stream_timeout_ms);
-    let id = response_id(answer.endpoint, answer.stream);
-    let request_id = answer.stream.to_string();
+    let id = response_id(answer.endpoint, answer.group);
+    let request_id = answer.group.to_string();
     let (endpoint, model, created) = (answer.endpoint, answer.model.clone(), answer.created);
     let mut tracker = StreamTracker::new(
         state.metrics.clone(),
         endpoint_label(endpoint),
         answer.started,
     );
-    let whole = match collect(answer, idle_timeout, &mut tracker).await {
+    let wholes = match collect(answer, idle_timeout, &mut tracker).await {
         Ok(done) => {
             tracker.finish("finished");
             done
@@ -406,6 +444,7 @@ async fn respond_whole(state: &AppState, answer: Answer) -> Result<HttpResponse,
             return Err(e);
         }
     };
+    let usage = Usage::of_choices(wholes.iter().map(|w| w.usage));
     let mut ok = HttpResponse::Ok();
     ok.insert_header(("X-Request-Id", request_id));
     Ok(match endpoint {
@@ -414,26 +453,34 @@ async fn respond_whole(state: &AppState, answer: Answer) -> Result<HttpResponse,
             object: "chat.completion",
             created,
             model,
-            choices: vec![ChatChoice {
-                index: 0,
-                message: ChatMessageOut::answer(whole.text, &whole.tool_calls),
-                logprobs: whole.logprobs,
-                finish_reason: whole.reason.openai(),
-            }],
-            usage: whole.usage,
+            choices: wholes
+                .into_iter()
+                .enumerate()
+                .map(|(i, w)| ChatChoice {
+                    index: i as u32,
+                    message: ChatMessageOut::answer(w.text, &w.tool_calls),
+                    logprobs: w.logprobs,
+                    finish_reason: w.reason.openai(),
+                })
+                .collect(),
+            usage,
         }),
         Endpoint::Completion => ok.json(Completion {
             id,
             object: "text_completion",
             created,
             model,
-            choices: vec![CompletionChoice {
-                text: whole.text,
-                index: 0,
-                logprobs: whole.logprobs,
-                finish_reason: Some(whole.reason.openai()),
-            }],
-            usage: Some(whole.usage),
+            choices: wholes
+                .into_iter()
+                .enumerate()
+                .map(|(i, w)| CompletionChoice {
+                    text: w.text,
+                    index: i as u32,
+                    logprobs: w.logprobs,
+                    finish_reason: Some(w.reason.openai()),
+                })
+                .collect(),
+            usage: Some(usage),
         }),
     })
 }
@@ -447,28 +494,36 @@ struct Whole {
     usage: Usage,
 }
 
-/// Waits for a whole answer.
+/// Waits for every choice's whole answer.
 async fn collect(
     mut answer: Answer,
     idle_timeout: Duration,
     tracker: &mut StreamTracker,
-) -> Result<Whole, ApiError> {
-    let mut text = String::new();
-    let mut tool_calls = Vec::new();
-    let mut logprobs = LogprobsWriter::new(answer.endpoint, answer.logprobs);
+) -> Result<Vec<Whole>, ApiError> {
+    let n = answer.members.len();
+    let mut texts = vec![String::new(); n];
+    let mut tool_calls: Vec<Vec<ToolCall>> = vec![Vec::new(); n];
+    let mut logprobs: Vec<LogprobsWriter> = (0..n)
+        .map(|_| LogprobsWriter::new(answer.endpoint, answer.logprobs))
+        .collect();
+    let mut done: Vec<Option<Whole>> = (0..n).map(|_| None).collect();
     loop {
-        let event = match tokio::time::timeout(idle_timeout, answer.events.recv()).await {
-            Ok(Some(event)) => event,
-            Ok(None) => return Err(ApiError::Internal("the stream's session closed".into())),
+        let next = match tokio::time::timeout(idle_timeout, next(&mut answer.members)).await {
+            Ok(Some(next)) => next,
+            Ok(None) => break,
             Err(_) => {
                 let ms = u64::try_from(idle_timeout.as_millis()).unwrap_or(u64::MAX);
                 return Err(ApiError::StreamTimeout(ms));
             }
         };
+        let (i, event) = match next {
+            (i, Some(event)) => (i, event),
+            (_, None) => return Err(ApiError::Internal("the stream's session closed".into())),
+        };
         match event {
             Update::Prompt(p) => {
-                text.insert_str(0, &p.text);
-                logprobs.push_prompt(&p);
+                texts[i].insert_str(0, &p.text);
+                logprobs[i].push_prompt(&p);
             }
             Update::Token {
                 text: t,
@@ -477,15 +532,16 @@ async fn collect(
                 ..
             } => {
                 tracker.token();
-                text.push_str(&t);
-                logprobs.push(l.as_ref());
-                tool_calls.extend(calls);
+                texts[i].push_str(&t);
+                logprobs[i].push(l.as_ref());
+                tool_calls[i].extend(calls);
             }
             Update::Finished(f) => {
-                return Ok(Whole {
-                    text,
-                    logprobs: logprobs.take(),
-                    tool_calls,
+                answer.members[i].done = true;
+                done[i] = Some(Whole {
+                    text: std::mem::take(&mut texts[i]),
+                    logprobs: logprobs[i].take(),
+                    tool_calls: std::mem::take(&mut tool_calls[i]),
                     reason: f.reason,
                     usage: Usage::finished(&f, answer.prompt_tokens),
                 });
@@ -493,23 +549,28 @@ async fn collect(
             Update::Failed(error) => return Err(ApiError::from_worker(error, &answer.model)),
         }
     }
+    Ok(done.into_iter().flatten().collect())
 }
 
 /// What a `Last-Event-ID` names: a stream, the last position the client has, and the
-/// chain hash there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// chain hash there; or, for a request with several choices, the first choice's stream
+/// and each choice's last position.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventId {
-    /// The stream.
+    /// The stream (the first choice's, for a group).
     pub stream: StreamId,
     /// The client's last position (`None`: it has nothing yet).
     pub position: Option<u32>,
     /// The chain hash after that position, when the id carries one.
     pub hash: Option<u64>,
+    /// A group's positions, one per choice (empty: one stream).
+    pub group: Vec<Option<u32>>,
 }
 
 /// `Last-Event-ID: <stream id>:<position>:<chain hash, 16 hex digits>` as token events
-/// carry it, `<stream id>:<position>` (the final events', or an older client's), or a
-/// bare stream id (from the start).
+/// carry it, `<stream id>:<position>` (the final events', or an older client's), a bare
+/// stream id (from the start), or `<stream id>:<p0>.<p1>…` (a request's choices: each
+/// one's last position, `-` for none).
 pub fn parse_last_event_id(value: &str) -> Result<EventId, ApiError> {
     let bad = || {
         ApiError::InvalidRequest {
@@ -524,8 +585,20 @@ pub fn parse_last_event_id(value: &str) -> Result<EventId, ApiError> {
         .next()
         .and_then(|id| id.parse::<StreamId>().ok())
         .ok_or_else(bad)?;
-    let position = parts
-        .next()
+    let second = parts.next();
+    if let Some(list) = second.filter(|p| p.contains('.')) {
+        let group = parse_positions(list).ok_or_else(bad)?;
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        return Ok(EventId {
+            stream,
+            position: None,
+            hash: None,
+            group,
+        });
+    }
+    let position = second
         .map(|p| p.parse::<u32>().map_err(|_| bad()))
         .transpose()?;
     let hash = parts
@@ -544,6 +617,7 @@ pub fn parse_last_event_id(value: &str) -> Result<EventId, ApiError> {
         stream,
         position,
         hash,
+        group: Vec::new(),
     })
 }
 
@@ -569,41 +643,78 @@ async fn reattach(
     last: EventId,
     started: Instant,
 ) -> Result<HttpResponse, ApiError> {
-    let (stream, after) = (last.stream, last.position);
-    let slot = admit(identity)?;
-    let (tx, events) = unbounded_channel();
-    let guard = StreamGuard::new(stream, state.sessions.clone());
-    let attached = state
-        .sessions
-        .send(Attach {
+    // One stream, or each choice of a group after its own position.
+    let wanted: Vec<(u32, Option<u32>, Option<u64>)> = if last.group.is_empty() {
+        vec![(0, last.position, last.hash)]
+    } else {
+        (0..last.group.len() as u32)
+            .map(|i| (i, last.group[i as usize], None))
+            .collect()
+    };
+    let slots = wanted
+        .iter()
+        .map(|_| admit(identity))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut members = Vec::with_capacity(wanted.len());
+    let mut guards = Vec::with_capacity(wanted.len());
+    let mut first = None;
+    for &(choice, after, after_hash) in &wanted {
+        let stream = member(last.stream, choice);
+        let (tx, events) = unbounded_channel();
+        guards.push(StreamGuard::new(stream, state.sessions.clone()));
+        let attached = state
+            .sessions
+            .send(Attach {
+                stream,
+                after,
+                after_hash,
+                subscriber: tx,
+                access: identity.access(),
+            })
+            .await?
+            .map_err(|e| match e {
+                AttachError::Unknown(_) => ApiError::StreamNotFound(e.to_string()),
+                AttachError::Diverged(..) => ApiError::StreamDiverged(e.to_string()),
+                AttachError::Store(m) => ApiError::Internal(m),
+            })?;
+        if !last.group.is_empty() && attached.record.choice != choice {
+            return Err(ApiError::StreamNotFound(format!(
+                "stream {stream} is not choice {choice} of a request"
+            )));
+        }
+        info!(%stream, ?after, key = %identity, "client reattached");
+        members.push(Member {
+            // One choice of several, read alone, keeps its index.
+            choice: attached.record.choice,
             stream,
-            after,
-            after_hash: last.hash,
-            subscriber: tx,
-            access: identity.access(),
-        })
-        .await?
-        .map_err(|e| match e {
-            AttachError::Unknown(_) => ApiError::StreamNotFound(e.to_string()),
-            AttachError::Diverged(..) => ApiError::StreamDiverged(e.to_string()),
-            AttachError::Store(m) => ApiError::Internal(m),
-        })?;
-    info!(%stream, ?after, key = %identity, "client reattached");
+            events,
+            done: false,
+        });
+        first.get_or_insert(attached);
+    }
+    let Some(attached) = first else {
+        return Err(ApiError::StreamNotFound(format!(
+            "no stream {}",
+            last.stream
+        )));
+    };
+    let group = StreamId(last.stream.0.wrapping_sub(u128::from(members[0].choice)));
     let record = attached.record;
+    let resumed = last.position.is_some() || last.group.iter().any(Option::is_some);
     let answer = Answer {
         endpoint: record.endpoint,
-        stream,
+        group,
         model: record.request.model,
         created: record.created,
         include_usage: record.include_usage,
         logprobs: record.request.params.logprobs.is_some(),
         prompt_tokens: attached.prompt_tokens,
-        events,
-        guard,
-        slot,
+        members,
+        guards,
+        slots,
         started,
     };
-    Ok(sse_response(state, answer, after.is_some()))
+    Ok(sse_response(state, answer, resumed))
 }
 
 /// `GET /v1/streams/{id}`: a stream's events as SSE, from the start or after the
@@ -629,6 +740,7 @@ async fn stream_events(
             stream,
             position: None,
             hash: None,
+            group: Vec::new(),
         },
     };
     reattach(&state, &identity, last, Instant::now()).await
@@ -652,6 +764,7 @@ mod tests {
             stream: id,
             position,
             hash,
+            group: Vec::new(),
         };
         assert_eq!(
             parse_last_event_id(&format!("{id}:17:00000000deadbeef")).expect("parse"),
@@ -665,6 +778,12 @@ mod tests {
             parse_last_event_id(&id.to_string()).expect("parse"),
             event(None, None)
         );
+        assert_eq!(
+            parse_last_event_id(&format!("{id}:4.-.9"))
+                .expect("parse")
+                .group,
+            vec![Some(4), None, Some(9)]
+        );
         for bad in [
             "",
             "nope:1",
@@ -673,6 +792,8 @@ mod tests {
             &format!("{id}:1:beef"),
             &format!("{id}:1:00000000deadbeeg"),
             &format!("{id}:1:00000000deadbeef:2"),
+            &format!("{id}:1.2:00000000deadbeef"),
+            &format!("{id}:1.x"),
         ] {
             assert!(parse_last_event_id(bad).is_err(), "{bad:?}");
         }

@@ -16,8 +16,8 @@ use baton_common::ids::StreamId;
 use baton_common::protocol::{FinishReason, PromptEcho, TokenLogprobs, ToolCall};
 use futures::Stream;
 use serde::Serialize;
-use tokio::sync::mpsc::UnboundedReceiver;
 
+use super::choices::{group_event_id, next, Member};
 use super::error::ApiError;
 use super::logprobs::LogprobsWriter;
 use super::openai::{
@@ -107,6 +107,8 @@ pub struct ChunkWriter {
     role_sent: bool,
     /// The logprobs of tokens not yet in a chunk.
     logprobs: LogprobsWriter,
+    /// The choice's index.
+    index: u32,
 }
 
 impl ChunkWriter {
@@ -126,7 +128,14 @@ impl ChunkWriter {
             model,
             role_sent: false,
             logprobs: LogprobsWriter::new(endpoint, logprobs),
+            index: 0,
         }
+    }
+
+    /// Chunks of choice `index` (of a request's `n`).
+    pub fn choice(mut self, index: u32) -> Self {
+        self.index = index;
+        self
     }
 
     /// The client already has the first chunk (a reattached stream): no `role` again.
@@ -196,7 +205,7 @@ impl ChunkWriter {
                 };
                 let choices = if with_choice {
                     vec![ChatChunkChoice {
-                        index: 0,
+                        index: self.index,
                         delta: Delta {
                             role,
                             content: text,
@@ -221,7 +230,7 @@ impl ChunkWriter {
                 let choices = if with_choice {
                     vec![CompletionChoice {
                         text: text.unwrap_or_default(),
-                        index: 0,
+                        index: self.index,
                         logprobs,
                         finish_reason: finish,
                     }]
@@ -249,21 +258,9 @@ pub fn response_id(endpoint: Endpoint, stream: StreamId) -> String {
     }
 }
 
-/// What the SSE body needs of an accepted stream.
-#[derive(Debug)]
-pub struct SseStream {
-    /// The stream's updates. Declared before `guard`: dropped first, so that the
-    /// sessions see the channel closed when the guard's detach arrives.
-    pub events: UnboundedReceiver<Update>,
-    /// Detaches from the session when the body is dropped.
-    pub guard: StreamGuard,
-    /// The key's stream slot: freed when the body is dropped (the stream ended or its
-    /// client went away), after the guard has detached.
-    pub slot: crate::auth::StreamSlot,
-    /// Latencies and outcome, for the metrics.
-    pub tracker: StreamTracker,
-    /// Shapes the chunks.
-    pub writer: ChunkWriter,
+/// How an SSE body paces itself.
+#[derive(Debug, Clone, Copy)]
+pub struct SseSettings {
     /// Longest wait for the next event.
     pub idle_timeout: Duration,
     /// How often a silent stream sends a keep-alive comment (`None`: never).
@@ -272,6 +269,30 @@ pub struct SseStream {
     pub include_usage: bool,
     /// Prompt tokens, as the worker counted at acceptance.
     pub prompt_tokens: u32,
+}
+
+/// What the SSE body needs of an accepted request: its choices' streams (one, or `n`).
+#[derive(Debug)]
+pub struct SseStream {
+    /// The first choice's stream: event ids name it.
+    group: StreamId,
+    /// Each choice's updates. Declared before `guards`: dropped first, so that the
+    /// sessions see the channels closed when the guards' detaches arrive.
+    members: Vec<Member>,
+    /// Detach from the sessions when the body is dropped.
+    _guards: Vec<StreamGuard>,
+    /// The key's stream slots: freed when the body is dropped (the answer ended or its
+    /// client went away), after the guards have detached.
+    _slots: Vec<crate::auth::StreamSlot>,
+    /// Latencies and outcome, for the metrics.
+    tracker: StreamTracker,
+    /// Shape the chunks, one per choice.
+    writers: Vec<ChunkWriter>,
+    settings: SseSettings,
+    /// Each choice's last position sent (its token count once it finished).
+    positions: Vec<Option<u32>>,
+    /// The usage of each finished choice.
+    usage: Vec<Option<Usage>>,
 }
 
 struct State {
@@ -286,8 +307,33 @@ struct State {
 pub const KEEPALIVE: &str = ": keep-alive\n\n";
 
 impl SseStream {
-    /// The response body: frames until the stream ends. Dropping it (the client went
-    /// away) drops the guard: a stream nobody listens to stops on its worker.
+    /// The body of `members` (in choice order) under the id `group`, their chunks shaped
+    /// by `writers` (one each).
+    pub fn new(
+        group: StreamId,
+        members: Vec<Member>,
+        guards: Vec<StreamGuard>,
+        slots: Vec<crate::auth::StreamSlot>,
+        tracker: StreamTracker,
+        writers: Vec<ChunkWriter>,
+        settings: SseSettings,
+    ) -> Self {
+        let n = members.len();
+        Self {
+            group,
+            members,
+            _guards: guards,
+            _slots: slots,
+            tracker,
+            writers,
+            settings,
+            positions: vec![None; n],
+            usage: vec![None; n],
+        }
+    }
+
+    /// The response body: frames until every choice ends. Dropping it (the client went
+    /// away) drops the guards: a stream nobody listens to stops on its worker.
     pub fn into_body(self) -> impl Stream<Item = Result<Bytes, Infallible>> {
         let state = State {
             s: self,
@@ -307,21 +353,34 @@ impl SseStream {
             }
         })
     }
+
+    /// The id of an event of choice `i` that leaves it at `position`: one stream's
+    /// `<stream>:<position>[:<hash>]`, or a group's positions.
+    fn event_id(&mut self, i: usize, position: u32, hash: Option<u64>) -> String {
+        self.positions[i] = Some(position);
+        if self.members.len() > 1 {
+            return group_event_id(self.group, &self.positions);
+        }
+        let stream = self.members[i].stream;
+        match hash {
+            Some(hash) => format!("{stream}:{position}:{hash:016x}"),
+            None => format!("{stream}:{position}"),
+        }
+    }
 }
 
 impl State {
     /// Waits for the next event and queues its frames, or a keep-alive comment when
     /// the wait runs long.
     async fn step(&mut self) {
-        let stream = self.s.guard.stream();
-        let deadline = self.idle_since + self.s.idle_timeout;
-        let wake = match self.s.keepalive {
+        let deadline = self.idle_since + self.s.settings.idle_timeout;
+        let wake = match self.s.settings.keepalive {
             Some(every) => deadline.min(tokio::time::Instant::now() + every),
             None => deadline,
         };
-        let event = match tokio::time::timeout_at(wake, self.s.events.recv()).await {
-            Ok(Some(event)) => event,
-            Ok(None) => {
+        let (i, event) = match tokio::time::timeout_at(wake, next(&mut self.s.members)).await {
+            Ok(Some((i, Some(event)))) => (i, event),
+            Ok(Some((_, None)) | None) => {
                 return self.fail(ApiError::Internal("the stream's session closed".into()));
             }
             Err(_) if wake < deadline => {
@@ -330,7 +389,8 @@ impl State {
                 return;
             }
             Err(_) => {
-                let ms = u64::try_from(self.s.idle_timeout.as_millis()).unwrap_or(u64::MAX);
+                let idle = self.s.settings.idle_timeout;
+                let ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
                 return self.fail(ApiError::StreamTimeout(ms));
             }
         };
@@ -344,33 +404,35 @@ impl State {
                 tool_calls,
             } => {
                 self.s.tracker.token();
-                if let Some(data) = self.s.writer.token(&text, logprobs.as_ref(), &tool_calls) {
-                    let id = format!("{stream}:{index}:{hash:016x}");
+                if let Some(data) = self.s.writers[i].token(&text, logprobs.as_ref(), &tool_calls) {
+                    let id = self.s.event_id(i, index, Some(hash));
                     self.pending.push_back(frame(None, Some(&id), &data));
                 }
             }
             Update::Prompt(p) => {
                 // No id: a client that reconnects has it if it has any token.
-                let data = self.s.writer.prompt(&p);
+                let data = self.s.writers[i].prompt(&p);
                 self.pending.push_back(frame(None, None, &data));
             }
             Update::Finished(f) => {
-                self.s.tracker.finish("finished");
-                let id = format!("{stream}:{}", f.completion_tokens);
-                let data = self.s.writer.finish(f.reason);
+                self.s.members[i].done = true;
+                let id = self.s.event_id(i, f.completion_tokens, None);
+                let data = self.s.writers[i].finish(f.reason);
                 self.pending.push_back(frame(None, Some(&id), &data));
-                if self.s.include_usage {
-                    let data = self
-                        .s
-                        .writer
-                        .usage(Usage::finished(&f, self.s.prompt_tokens));
-                    self.pending.push_back(frame(None, Some(&id), &data));
+                self.s.usage[i] = Some(Usage::finished(&f, self.s.settings.prompt_tokens));
+                if self.s.members.iter().all(|m| m.done) {
+                    self.s.tracker.finish("finished");
+                    if self.s.settings.include_usage {
+                        let usage = Usage::of_choices(self.s.usage.iter().flatten().copied());
+                        let data = self.s.writers[0].usage(usage);
+                        self.pending.push_back(frame(None, Some(&id), &data));
+                    }
+                    self.pending.push_back(Bytes::from_static(DONE.as_bytes()));
+                    self.ended = true;
                 }
-                self.pending.push_back(Bytes::from_static(DONE.as_bytes()));
-                self.ended = true;
             }
             Update::Failed(error) => {
-                let model = self.s.writer.model.clone();
+                let model = self.s.writers[i].model.clone();
                 self.fail(ApiError::from_worker(error, &model));
             }
         }
@@ -378,7 +440,7 @@ impl State {
 
     fn fail(&mut self, error: ApiError) {
         self.s.tracker.finish(error.code());
-        tracing::warn!(stream = %self.s.guard.stream(), code = error.code(), %error, "stream failed");
+        tracing::warn!(stream = %self.s.group, code = error.code(), %error, "stream failed");
         self.pending.push_back(error_frame(&error));
         self.ended = true;
     }

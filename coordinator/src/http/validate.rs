@@ -19,6 +19,7 @@ use baton_common::tools::ToolFormat;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use super::choices::MAX_CHOICES;
 use super::error::ApiError;
 use super::openai::{
     ChatMessageIn, ChatRequest, CompletionRequest, NotSupported, SamplingFields, StructuredFields,
@@ -54,6 +55,8 @@ pub struct ValidRequest {
     /// Most prompt tokens (`max_prompt_tokens`; 0: the model's context only), for the
     /// worker to check after tokenizing.
     pub max_prompt_tokens: u32,
+    /// Choices (`n`): each its own stream.
+    pub n: u32,
 }
 
 /// Parses JSON bytes into `T`; malformed JSON is an OpenAI-shaped 400.
@@ -201,15 +204,16 @@ impl ValidRequest {
                 ),
             ));
         }
-        match s.n {
-            None | Some(1) => {}
+        let n = match s.n {
+            None => 1,
+            Some(n) if (1..=i64::from(MAX_CHOICES)).contains(&n) => n as u32,
             Some(n) => {
                 return Err(ApiError::invalid(
                     "n",
-                    format!("only `n` = 1 is supported, got {n}"),
+                    format!("`n` must be in 1..={MAX_CHOICES}, got {n}"),
                 ))
             }
-        }
+        };
         let seed = match s.seed {
             None => uuid::Uuid::new_v4().as_u64_pair().0,
             Some(n) => n
@@ -290,6 +294,7 @@ impl ValidRequest {
             stream,
             include_usage: stream && s.stream_options.is_some_and(|o| o.include_usage),
             max_prompt_tokens,
+            n,
         })
     }
 }
@@ -1118,7 +1123,7 @@ mod tests {
                 Some("repetition_penalty")
             );
         }
-        assert_eq!(param(with(json!({"n": 2}))), Some("n"));
+        assert_eq!(param(with(json!({"n": 17}))), Some("n"));
         assert_eq!(param(with(json!({"seed": 1.5}))), Some("seed"));
         assert_eq!(param(with(json!({"stop": [1]}))), Some("stop"));
         assert_eq!(
@@ -1135,7 +1140,12 @@ mod tests {
         )
         .expect_err("NaN");
         assert_eq!(e.status().as_u16(), 400);
-        for e in [with(json!({"top_p": 0})), with(json!({"n": 3}))] {
+        assert_eq!(with(json!({"n": 3})).expect("n").n, 3);
+        for e in [
+            with(json!({"top_p": 0})),
+            with(json!({"n": 0})),
+            with(json!({"n": 17})),
+        ] {
             assert_eq!(e.expect_err("bad").status().as_u16(), 400);
         }
     }
