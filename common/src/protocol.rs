@@ -103,6 +103,9 @@ pub struct ChatInput {
     pub turns: Vec<ChatTurn>,
     /// End with what opens the assistant's turn.
     pub add_generation_prompt: bool,
+    /// Tools offered to the model (OpenAI's array as JSON text, checked), rendered as a
+    /// chat request offering them renders them.
+    pub tools: Option<String>,
 }
 
 /// A worker's answer to a [`TokenizeRequest`].
@@ -535,7 +538,9 @@ pub struct TokenEvent {
     /// Its log-probability and the most likely alternatives, when the request asked
     /// ([`GenParams::logprobs`]).
     pub logprobs: Option<TokenLogprobs>,
-    /// Tool calls this token completed ([`GenParams::tools`]): their text is not in
+    /// Pieces of tool calls this token wrote ([`GenParams::tools`]): a call's first
+    /// piece has its name (and, named by the coordinator, its id), later ones only more
+    /// of its `arguments` ([`crate::tools::merge_wire`] joins them). Their text is not in
     /// `text`.
     pub tool_calls: Vec<ToolCall>,
 }

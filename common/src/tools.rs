@@ -18,7 +18,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::grammar::{self, GrammarError};
-use crate::protocol::{Grammar, ToolChoice};
+use crate::protocol::{Grammar, ToolCall, ToolChoice};
 
 /// How a model calls tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -283,6 +283,8 @@ pub struct ToolParser {
     in_call: bool,
     /// Llama 3: whether the answer's first character was seen.
     decided: bool,
+    /// Hermes: a call whose name went out, its arguments going out as they come.
+    streaming: Option<ArgScan>,
     /// Text not yet given out.
     held: String,
 }
@@ -295,6 +297,7 @@ impl ToolParser {
             calls: 0,
             in_call: false,
             decided: false,
+            streaming: None,
             held: String::new(),
         }
     }
@@ -337,7 +340,11 @@ impl ToolParser {
             ToolFormat::Hermes | ToolFormat::Generic => {
                 self.hermes(&mut out, true);
                 let text = std::mem::take(&mut self.held);
-                if self.in_call {
+                if self.streaming.take().is_some() {
+                    // Its arguments are out: the call ends with the output.
+                    self.in_call = false;
+                    self.calls += 1;
+                } else if self.in_call {
                     // An unclosed block: a call if its JSON is whole (a model that ends
                     // without the closing tag), text otherwise.
                     self.in_call = false;
@@ -369,6 +376,41 @@ impl ToolParser {
 
     fn hermes(&mut self, out: &mut Parsed, ending: bool) {
         loop {
+            if self.in_call && self.streaming.is_none() {
+                if let Some((name, len)) = call_header(&self.held) {
+                    // `{"name": …, "arguments": ` is out: the name goes now, the
+                    // arguments as they come.
+                    out.calls.push(ParsedCall {
+                        index: self.calls,
+                        name,
+                        arguments: String::new(),
+                    });
+                    self.held.drain(..len);
+                    self.streaming = Some(ArgScan::default());
+                }
+            }
+            if let Some(scan) = self.streaming.as_mut() {
+                if !scan.ended() {
+                    let n = scan.feed(&self.held);
+                    if n > 0 {
+                        out.calls.push(ParsedCall {
+                            index: self.calls,
+                            name: String::new(),
+                            arguments: self.held[..n].to_string(),
+                        });
+                        self.held.drain(..n);
+                    }
+                }
+                // What follows the arguments (the object's `}`) waits for the block's end.
+                let Some(end) = self.held.find(CLOSE).filter(|_| scan.ended()) else {
+                    return;
+                };
+                self.held.drain(..end + CLOSE.len());
+                self.streaming = None;
+                self.in_call = false;
+                self.calls += 1;
+                continue;
+            }
             if self.in_call {
                 let Some(end) = self.held.find(CLOSE) else {
                     return;
@@ -427,6 +469,93 @@ impl ToolParser {
                 out.content.push_str(&std::mem::take(&mut self.held));
             }
         }
+    }
+}
+
+/// The head of a Hermes call as models write it, `{"name": "<name>", "arguments": ` and
+/// the `{` that opens the arguments: the name and the length before that `{`. `None`
+/// until the text says so (or when it is written otherwise: such a call goes out whole
+/// when its block ends).
+fn call_header(body: &str) -> Option<(String, usize)> {
+    let ws = |s: &str| s.trim_start().len();
+    let mut rest = body.trim_start().strip_prefix('{')?.trim_start();
+    rest = rest.strip_prefix("\"name\"")?.trim_start();
+    rest = rest.strip_prefix(':')?.trim_start();
+    // The name: a JSON string.
+    let mut values = serde_json::Deserializer::from_str(rest).into_iter::<String>();
+    let name = values.next()?.ok()?;
+    rest = rest[values.byte_offset()..].trim_start();
+    rest = rest.strip_prefix(',')?.trim_start();
+    rest = rest.strip_prefix("\"arguments\"")?.trim_start();
+    rest = rest.strip_prefix(':')?;
+    let value = body.len() - ws(rest);
+    body[value..].starts_with('{').then_some((name, value))
+}
+
+/// Follows a JSON object as it streams, to know where it ends.
+#[derive(Debug, Clone, Default)]
+struct ArgScan {
+    depth: u32,
+    in_string: bool,
+    escaped: bool,
+    /// The object closed, or the text stopped being one (a `<` outside a string: the
+    /// block's end tag came first).
+    ended: bool,
+}
+
+impl ArgScan {
+    fn ended(&self) -> bool {
+        self.ended
+    }
+
+    /// The length of `text`'s prefix that belongs to the object.
+    fn feed(&mut self, text: &str) -> usize {
+        for (i, c) in text.char_indices() {
+            if self.in_string {
+                match (self.escaped, c) {
+                    (true, _) => self.escaped = false,
+                    (false, '\\') => self.escaped = true,
+                    (false, '"') => self.in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match c {
+                '"' => self.in_string = true,
+                '{' | '[' => self.depth += 1,
+                '}' | ']' => {
+                    self.depth = self.depth.saturating_sub(1);
+                    if self.depth == 0 {
+                        self.ended = true;
+                        return i + 1;
+                    }
+                }
+                '<' => {
+                    self.ended = true;
+                    return i;
+                }
+                _ => {}
+            }
+        }
+        text.len()
+    }
+}
+
+/// Adds a call's piece to `calls`: a piece with a name starts a call, one without adds
+/// to the arguments of the call of its index.
+pub fn merge(calls: &mut Vec<ParsedCall>, piece: ParsedCall) {
+    match calls.iter_mut().rev().find(|c| c.index == piece.index) {
+        Some(call) if piece.name.is_empty() => call.arguments.push_str(&piece.arguments),
+        _ => calls.push(piece),
+    }
+}
+
+/// [`merge`] for calls as they travel: a piece with a name starts a call (and has its
+/// id), one without adds to the arguments of the call of its index.
+pub fn merge_wire(calls: &mut Vec<ToolCall>, piece: ToolCall) {
+    match calls.iter_mut().rev().find(|c| c.index == piece.index) {
+        Some(call) if piece.name.is_empty() => call.arguments.push_str(&piece.arguments),
+        _ => calls.push(piece),
     }
 }
 
@@ -489,11 +618,11 @@ mod tests {
         for piece in pieces {
             let got = p.push(piece);
             all.content.push_str(&got.content);
-            all.calls.extend(got.calls);
+            got.calls.into_iter().for_each(|c| merge(&mut all.calls, c));
         }
         let got = p.finish();
         all.content.push_str(&got.content);
-        all.calls.extend(got.calls);
+        got.calls.into_iter().for_each(|c| merge(&mut all.calls, c));
         all
     }
 
@@ -589,10 +718,11 @@ mod tests {
         let text = "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n";
         let got = run(ToolFormat::Hermes, &[text]);
         assert_eq!(got.content, "Let me look.");
+        // Arguments written as models write them stream as they are.
         assert_eq!(
             got.calls,
             vec![
-                call(0, "get_weather", r#"{"city":"Oslo"}"#),
+                call(0, "get_weather", r#"{"city": "Oslo"}"#),
                 call(1, "now", "{}")
             ]
         );
@@ -645,6 +775,31 @@ mod tests {
         let not_call = run(ToolFormat::Llama3Json, &["{\"answer\": 1}"]);
         assert_eq!(not_call.content, "{\"answer\": 1}");
         assert!(not_call.calls.is_empty());
+    }
+
+    /// A call's name goes out as soon as it is written, its arguments piece by piece; a
+    /// `<` outside a string ends arguments that never closed.
+    #[test]
+    fn arguments_stream_as_they_come() {
+        let mut p = ToolParser::new(ToolFormat::Hermes);
+        assert_eq!(
+            p.push("<tool_call>\n{\"name\": \"f\", \"argu").calls,
+            vec![]
+        );
+        assert_eq!(
+            p.push("ments\": {\"a\": \"x}").calls,
+            vec![call(0, "f", ""), call(0, "", "{\"a\": \"x}")]
+        );
+        assert_eq!(p.push("<\"}").calls, vec![call(0, "", "<\"}")]);
+        assert_eq!(p.calls(), 0, "the call ends with its block");
+        assert_eq!(p.push("}\n</tool_call>").calls, vec![]);
+        assert_eq!(p.calls(), 1);
+        let broken = run(
+            ToolFormat::Hermes,
+            &["<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1\n</tool_call>ok"],
+        );
+        assert_eq!(broken.calls, vec![call(0, "f", "{\"a\": 1\n")]);
+        assert_eq!(broken.content, "ok");
     }
 
     /// However the text is cut into pieces, the same content and calls come out: the

@@ -34,7 +34,7 @@ use tracing::{debug, info, warn};
 
 use crate::actors::messages::{CheckHealth, ListModels, ListWorkers};
 use crate::actors::registry::{HealthStatus, Registry};
-use crate::actors::sessions::{Attach, AttachError, Sessions, Update};
+use crate::actors::sessions::{Attach, Sessions, Update};
 use crate::auth::StreamAccess;
 use crate::http::choices::{next, Member};
 use crate::http::error::ApiError;
@@ -334,7 +334,9 @@ impl PublicApi {
                 } => {
                     part.text.push_str(&t);
                     part.logprobs.extend(l);
-                    part.tool_calls.extend(calls);
+                    for piece in calls {
+                        baton_common::tools::merge_wire(&mut part.tool_calls, piece);
+                    }
                 }
                 Update::Finished(f) => {
                     answer.members[i].done = true;
@@ -422,12 +424,7 @@ impl PublicApi {
                 // NATS clients pass NATS's own credentials, not API keys.
                 access: StreamAccess::Any,
             })
-            .await?
-            .map_err(|e| match e {
-                AttachError::Unknown(_) => ApiError::StreamNotFound(e.to_string()),
-                AttachError::Diverged(..) => ApiError::StreamDiverged(e.to_string()),
-                AttachError::Store(m) => ApiError::Internal(m),
-            })?;
+            .await??;
         debug!(%stream, after = ?request.after, "NATS client replays a stream");
         out.stream = Some(stream);
         let record = attached.record;

@@ -189,12 +189,14 @@ impl Seen {
                             .cloned(),
                     );
                     for call in c["delta"]["tool_calls"].as_array().into_iter().flatten() {
-                        let id = call["id"].as_str().unwrap_or_default();
-                        if !id.starts_with("call_") {
-                            return Err(format!("a tool call without a call_ id: {call}"));
-                        }
+                        // A call's first delta names it; later ones carry arguments.
                         let mut call = call.clone();
-                        call["id"] = Value::Null;
+                        if let Some(id) = call.get("id") {
+                            if !id.as_str().is_some_and(|id| id.starts_with("call_")) {
+                                return Err(format!("a tool call with a bad id: {call}"));
+                            }
+                            call["id"] = Value::Null;
+                        }
                         tool_calls.push(call);
                     }
                 }
@@ -346,17 +348,30 @@ pub fn tool_call_request(cluster: &Cluster, sampling: Sampling, max_tokens: u32)
     body
 }
 
-/// The arguments of the one call of `outcome`, or why it is not one valid call.
+/// The arguments of the one call of `outcome` (its deltas joined), or why it is not one
+/// valid call.
 fn one_call(outcome: &Outcome) -> Result<String, String> {
-    match outcome.tool_calls.as_slice() {
-        [call] if call["function"]["name"] == "record_supplies" => {
-            let args = call["function"]["arguments"].as_str().unwrap_or_default();
-            match supplies_fault(args) {
-                None => Ok(args.to_string()),
+    let deltas = &outcome.tool_calls;
+    let named = deltas
+        .iter()
+        .filter(|d| d["function"].get("name").is_some())
+        .count();
+    let args: String = deltas
+        .iter()
+        .map(|d| d["function"]["arguments"].as_str().unwrap_or_default())
+        .collect();
+    match deltas.first() {
+        Some(first)
+            if named == 1
+                && first["function"]["name"] == "record_supplies"
+                && deltas.iter().all(|d| d["index"] == 0) =>
+        {
+            match supplies_fault(&args) {
+                None => Ok(args),
                 Some(fault) => Err(fault),
             }
         }
-        calls => Err(format!("not one call of record_supplies: {calls:?}")),
+        _ => Err(format!("not one call of record_supplies: {deltas:?}")),
     }
 }
 
@@ -374,14 +389,15 @@ fn generated_tokens(cluster: &Cluster, worker: usize) -> Option<u64> {
 }
 
 /// `kill -9` the worker serving a stream that must call a function (its arguments held
-/// to [`supplies_schema`] by the call's grammar), once it has generated about half of
-/// the call. A call's text reaches the client only when the call is whole, so the break
-/// is timed by the worker's own token count, and the coordinator's log says at which
-/// position the stream resumed. The resumed stream must give the uninterrupted run's
+/// to [`supplies_schema`] by the call's grammar), `runs` times, a quarter, a half or
+/// three quarters of the way through the call. The break is timed by the worker's own
+/// token count (a call's first text reaches the client only once its name is written),
+/// and the coordinator's log says at which position the stream resumed. The resumed stream must give the uninterrupted run's
 /// call, finish reason and every token's logprobs; the call itself validates.
 pub fn kill_worker_tool_call(
     cluster: &mut Cluster,
     sampling: Sampling,
+    runs: usize,
     max_tokens: u32,
 ) -> Verdict {
     let mut verdict = Verdict {
@@ -389,7 +405,7 @@ pub fn kill_worker_tool_call(
             "kill -9 the serving worker ({}, tool call)",
             sampling.name()
         ),
-        runs: 1,
+        runs: 0,
         passed: 0,
         gaps: Vec::new(),
         failures: Vec::new(),
@@ -403,6 +419,7 @@ pub fn kill_worker_tool_call(
     let reference = match reference(cluster, &body) {
         Ok(r) => r,
         Err(e) => {
+            verdict.runs = runs;
             verdict.failures.push(e);
             return verdict;
         }
@@ -421,70 +438,84 @@ pub fn kill_worker_tool_call(
     let tokens = match checks {
         Ok(n) => n,
         Err(e) => {
+            verdict.runs = runs;
             verdict.failures.push(format!("reference run: {e}"));
             return verdict;
         }
     };
-    let before: Vec<Option<u64>> = (0..cluster.workers.len())
-        .map(|w| generated_tokens(cluster, w))
-        .collect();
-    let accepted_before = cluster.coordinator.log().matches("stream accepted").count();
-    let reader = Reader::spawn(cluster.api.stream(PATH, &body));
-    let mut seen = Seen::default();
-    // The worker that took the stream, and the moment it is half-way through.
-    let deadline = Instant::now() + STREAM_TIMEOUT;
-    let mut serving = None;
-    while Instant::now() < deadline {
-        if serving.is_none() {
-            let log = cluster.coordinator.log();
-            serving = log
-                .lines()
-                .filter(|l| l.contains("stream accepted"))
-                .nth(accepted_before)
-                .and_then(|l| crate::cluster::field(l, "worker"))
-                .and_then(|id| {
-                    (0..cluster.workers.len())
-                        .find(|&i| cluster.worker_id(i).as_deref() == Some(id.as_str()))
-                });
-        }
-        if let Some(w) = serving {
-            let now = generated_tokens(cluster, w).unwrap_or(0);
-            if now >= before[w].unwrap_or(0) + tokens / 2 {
-                break;
+    for i in 0..runs {
+        let label = format!("run {i}");
+        // A quarter, a half, three quarters of the way through the call.
+        let break_at = tokens * (1 + i as u64 % 3) / 4;
+        let before: Vec<Option<u64>> = (0..cluster.workers.len())
+            .map(|w| generated_tokens(cluster, w))
+            .collect();
+        let accepted_before = cluster.coordinator.log().matches("stream accepted").count();
+        let reader = Reader::spawn(cluster.api.stream(PATH, &body));
+        let mut seen = Seen::default();
+        // The worker that took the stream, and the moment it is that far through.
+        let deadline = Instant::now() + STREAM_TIMEOUT;
+        let mut serving = None;
+        while Instant::now() < deadline {
+            if serving.is_none() {
+                let log = cluster.coordinator.log();
+                serving = log
+                    .lines()
+                    .filter(|l| l.contains("stream accepted"))
+                    .nth(accepted_before)
+                    .and_then(|l| crate::cluster::field(l, "worker"))
+                    .and_then(|id| {
+                        (0..cluster.workers.len())
+                            .find(|&i| cluster.worker_id(i).as_deref() == Some(id.as_str()))
+                    });
             }
+            if let Some(w) = serving {
+                let now = generated_tokens(cluster, w).unwrap_or(0);
+                if now >= before.get(w).copied().flatten().unwrap_or(0) + break_at {
+                    break;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
-        std::thread::sleep(Duration::from_millis(5));
+        verdict.runs += 1;
+        let Some(w) = serving else {
+            verdict
+                .failures
+                .push(format!("{label}: no worker took the stream"));
+            continue;
+        };
+        // No resume gap is measured: the client sees nothing until the call is whole.
+        cluster.workers[w].kill();
+        cluster.add_worker();
+        reader.rest(&mut seen, STREAM_TIMEOUT);
+        // Where the second attempt took over: strictly inside the call.
+        let stream = seen.stream_id().unwrap_or_default();
+        let resumed_at = cluster
+            .coordinator
+            .log()
+            .lines()
+            .rfind(|l| {
+                l.contains("stream accepted")
+                    && crate::cluster::field(l, "stream").as_deref() == Some(stream.as_str())
+                    && !l.contains("attempt=0")
+            })
+            .and_then(|l| crate::cluster::field(l, "position"))
+            .and_then(|p| p.parse::<u64>().ok());
+        match (seen.outcome(), resumed_at) {
+            (Ok(o), Some(p)) if o == reference && p > 0 && p < tokens => verdict.passed += 1,
+            (Ok(o), Some(p)) if o == reference => verdict.failures.push(format!(
+                "{label}: the stream resumed at position {p} of {tokens}: not mid-call"
+            )),
+            (Ok(o), None) if o == reference => verdict.failures.push(format!(
+                "{label}: no resumed attempt in the coordinator's log"
+            )),
+            (Ok(o), _) => verdict.failures.push(format!(
+                "{label}: differs from the uninterrupted run:\n  got  {o:?}\n  want {reference:?}"
+            )),
+            (Err(e), _) => verdict.failures.push(format!("{label}: {e}")),
+        }
+        wait_workers(cluster, live);
     }
-    let Some(w) = serving else {
-        verdict.failures.push("no worker took the stream".into());
-        return verdict;
-    };
-    // No resume gap is measured: the client sees nothing until the call is whole.
-    cluster.workers[w].kill();
-    cluster.add_worker();
-    reader.rest(&mut seen, STREAM_TIMEOUT);
-    // Where the second attempt took over: strictly inside the call.
-    let resumed_at = cluster
-        .coordinator
-        .log()
-        .lines()
-        .rfind(|l| l.contains("stream accepted") && l.contains("attempt=1"))
-        .and_then(|l| crate::cluster::field(l, "position"))
-        .and_then(|p| p.parse::<u64>().ok());
-    match (seen.outcome(), resumed_at) {
-        (Ok(o), Some(p)) if o == reference && p > 0 && p < tokens => verdict.passed += 1,
-        (Ok(o), Some(p)) if o == reference => verdict.failures.push(format!(
-            "the stream resumed at position {p} of {tokens}: not mid-call"
-        )),
-        (Ok(o), None) if o == reference => verdict
-            .failures
-            .push("no resumed attempt in the coordinator's log".into()),
-        (Ok(o), _) => verdict.failures.push(format!(
-            "differs from the uninterrupted run:\n  got  {o:?}\n  want {reference:?}"
-        )),
-        (Err(e), _) => verdict.failures.push(e),
-    }
-    wait_workers(cluster, live);
     verdict
 }
 

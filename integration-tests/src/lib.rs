@@ -130,6 +130,22 @@ pub fn generate_with(prompt: &str, chat: bool, max_tokens: u32, extra: &[&str]) 
     )
 }
 
+/// Qwen2.5-Coder-0.5B's file (`scripts/models fetch qwen2.5-coder-0.5b`), when it is
+/// there; without it a note, or a failure when `BATON_REQUIRE_DOWNLOADS` is set.
+pub fn qwen_model() -> Option<std::path::PathBuf> {
+    let path = workspace_root().join("models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf");
+    if path.is_file() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os(baton_common::env::REQUIRE_DOWNLOADS).is_none(),
+        "{} is absent (scripts/models fetch qwen2.5-coder-0.5b)",
+        path.display()
+    );
+    eprintln!("note: skipped: {} is absent", path.display());
+    None
+}
+
 /// [`generate_with`] on the model at `model`.
 pub fn generate_on(
     model: &std::path::Path,

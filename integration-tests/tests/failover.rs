@@ -85,7 +85,7 @@ fn real_model_streams_survive_a_killed_worker() {
     // A stream that must call a function: killed half-way through the call.
     for sampling in [Sampling::Greedy, Sampling::Seeded(3)] {
         check(
-            &drill::kill_worker_tool_call(&mut cluster, sampling, 200),
+            &drill::kill_worker_tool_call(&mut cluster, sampling, 1, 200),
             &cluster,
         );
     }
@@ -97,17 +97,9 @@ fn real_model_streams_survive_a_killed_worker() {
 /// `BATON_REQUIRE_DOWNLOADS` is set.
 #[test]
 fn qwen_streams_survive_a_killed_worker() {
-    let path = baton_integration_tests::workspace_root()
-        .join("models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf");
-    if !path.is_file() {
-        assert!(
-            std::env::var_os(baton_common::env::REQUIRE_DOWNLOADS).is_none(),
-            "{} is absent (scripts/models fetch qwen2.5-coder-0.5b)",
-            path.display()
-        );
-        eprintln!("note: skipped: {} is absent", path.display());
+    let Some(path) = baton_integration_tests::qwen_model() else {
         return;
-    }
+    };
     let Some(mut cluster) = Cluster::start(ClusterOptions::real(2).models(vec![path])) else {
         return;
     };

@@ -3,7 +3,8 @@
 //! and streamed alike, equal to the engine's own answer (`baton-worker generate --tools
 //! … --json`), with `finish_reason: "tool_calls"` and a `call_…` id; a seeded sampled
 //! call is reproducible and valid; a second turn that carries the call and the tool's
-//! result (`role: "tool"`) is answered. On the default model (SmolLM2, whose template
+//! result (`role: "tool"`) is answered; `/tokenize` with `tools` gives the prompt the
+//! engine renders with them. On the default model (SmolLM2, whose template
 //! takes no tools: Baton's generic tool prompt) and on Qwen2.5-Coder (its own template's
 //! Hermes format) when its file is there.
 
@@ -57,8 +58,8 @@ fn fault(call: &Value) -> Option<String> {
     (!ok).then(|| format!("not a valid call: {call}"))
 }
 
-/// The engine's own call for `choice`.
-fn engine_call(model: &Path, choice: &str) -> Value {
+/// The engine's own answer for `choice`: its one call, and its prompt's ids.
+fn engine_call(model: &Path, choice: &str) -> (Value, Value) {
     let tools = tools().to_string();
     let out = generate_on(
         model,
@@ -78,7 +79,7 @@ fn engine_call(model: &Path, choice: &str) -> Value {
     assert_eq!(v["finish"], "stop", "{v}");
     let calls = v["tool_calls"].as_array().expect("tool_calls");
     assert_eq!(calls.len(), 1, "{v}");
-    calls[0].clone()
+    (calls[0].clone(), v["prompt_ids"].clone())
 }
 
 fn check_model(model_path: PathBuf) {
@@ -94,7 +95,18 @@ fn check_model(model_path: PathBuf) {
         &cluster,
     );
     for (case, choice) in [("required", "required"), ("named", "get_time")] {
-        let engine = engine_call(&model_path, choice);
+        let (engine, prompt_ids) = engine_call(&model_path, choice);
+        // `/tokenize` renders the tools as a chat request offering them does.
+        let tokenized = cluster
+            .api
+            .post_json(
+                "/tokenize",
+                &json!({"model": cluster.model, "tools": tools(),
+                        "messages": [{"role": "user", "content": PROMPT}]}),
+            )
+            .expect("POST /tokenize");
+        assert_eq!(tokenized.status, 200, "{}", tokenized.body);
+        assert_eq!(tokenized.body["tokens"], prompt_ids);
         assert!(fault(&engine).is_none(), "{:?}", fault(&engine));
         for shape in ["whole", "stream"] {
             let got = &r[format!("{case}_{shape}")];
@@ -159,16 +171,7 @@ fn qwen_calls_tools_in_its_own_format() {
     if !python_has("openai", "openai") {
         return;
     }
-    let path = baton_integration_tests::workspace_root()
-        .join("models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf");
-    if !path.is_file() {
-        assert!(
-            std::env::var_os(baton_common::env::REQUIRE_DOWNLOADS).is_none(),
-            "{} is absent (scripts/models fetch qwen2.5-coder-0.5b)",
-            path.display()
-        );
-        eprintln!("note: skipped: {} is absent", path.display());
-        return;
+    if let Some(path) = baton_integration_tests::qwen_model() {
+        check_model(path);
     }
-    check_model(path);
 }

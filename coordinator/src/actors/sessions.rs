@@ -823,8 +823,9 @@ impl Sessions {
                         }
                     }
                     EventKind::Token(mut t) => {
-                        // Calls are named after the stream: the same on every attempt.
-                        for call in &mut t.tool_calls {
+                        // Calls are named after the stream: the same on every attempt. A
+                        // call's first piece (the one with its name) carries its id.
+                        for call in t.tool_calls.iter_mut().filter(|c| !c.name.is_empty()) {
                             call.id = tool_call_id(stream, call.index);
                         }
                         let next = s.tokens.len() as u32;

@@ -19,6 +19,7 @@ use baton_common::protocol::{ErrorKind, WireError};
 use serde::Serialize;
 
 use crate::actors::router::RouteError;
+use crate::actors::sessions::AttachError;
 use crate::dispatch::DispatchError;
 use crate::nats::SubmitError;
 
@@ -296,6 +297,16 @@ impl From<SubmitError> for ApiError {
             | SubmitError::Request(_)
             | SubmitError::Decode(_)
             | SubmitError::Unexpected(_) => ApiError::WorkerFailed(e.to_string()),
+        }
+    }
+}
+
+impl From<AttachError> for ApiError {
+    fn from(e: AttachError) -> Self {
+        match e {
+            AttachError::Unknown(_) => ApiError::StreamNotFound(e.to_string()),
+            AttachError::Diverged(..) => ApiError::StreamDiverged(e.to_string()),
+            AttachError::Store(m) => ApiError::Internal(m),
         }
     }
 }

@@ -256,17 +256,19 @@ pub struct ChatMessageOut {
     pub tool_calls: Option<Vec<ToolCallOut>>,
 }
 
-/// One call of a function, in OpenAI's shape (whole, and as a streamed delta).
+/// One call of a function, in OpenAI's shape: whole, or as a streamed delta (the first
+/// delta of a call has its id, type and name; later ones only more arguments).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ToolCallOut {
     /// Its place among the answer's calls (streamed deltas only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub index: Option<u32>,
     /// `call_…`.
-    pub id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     /// Always `function`.
-    #[serde(rename = "type")]
-    pub kind: &'static str,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
     /// What it calls.
     pub function: FunctionOut,
 }
@@ -275,8 +277,9 @@ pub struct ToolCallOut {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FunctionOut {
     /// Its name.
-    pub name: String,
-    /// Its arguments, as JSON text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its arguments, as JSON text (a delta: the next piece of it).
     pub arguments: String,
 }
 
@@ -296,12 +299,13 @@ impl ChatMessageOut {
 impl ToolCallOut {
     /// `call` as a whole answer lists it (`streamed`: as a delta, with its index).
     pub fn of(call: &baton_common::protocol::ToolCall, streamed: bool) -> Self {
+        let first = !call.name.is_empty();
         Self {
             index: streamed.then_some(call.index),
-            id: call.id.clone(),
-            kind: "function",
+            id: first.then(|| call.id.clone()),
+            kind: first.then_some("function"),
             function: FunctionOut {
-                name: call.name.clone(),
+                name: first.then(|| call.name.clone()),
                 arguments: call.arguments.clone(),
             },
         }

@@ -40,7 +40,7 @@ use super::validate::{Endpoint, ValidRequest};
 use super::AppState;
 use crate::actors::messages::{CheckHealth, ListModels};
 use crate::actors::registry::HealthStatus;
-use crate::actors::sessions::{Attach, AttachError, Sessions, StartStream, Update};
+use crate::actors::sessions::{Attach, Sessions, StartStream, Update};
 use crate::auth::{Identity, KeyId, StreamSlot};
 use crate::metrics::StreamTracker;
 use crate::store::StreamRecord;
@@ -534,7 +534,9 @@ async fn collect(
                 tracker.token();
                 texts[i].push_str(&t);
                 logprobs[i].push(l.as_ref());
-                tool_calls[i].extend(calls);
+                for piece in calls {
+                    baton_common::tools::merge_wire(&mut tool_calls[i], piece);
+                }
             }
             Update::Finished(f) => {
                 answer.members[i].done = true;
@@ -671,12 +673,7 @@ async fn reattach(
                 subscriber: tx,
                 access: identity.access(),
             })
-            .await?
-            .map_err(|e| match e {
-                AttachError::Unknown(_) => ApiError::StreamNotFound(e.to_string()),
-                AttachError::Diverged(..) => ApiError::StreamDiverged(e.to_string()),
-                AttachError::Store(m) => ApiError::Internal(m),
-            })?;
+            .await??;
         if !last.group.is_empty() && attached.record.choice != choice {
             return Err(ApiError::StreamNotFound(format!(
                 "stream {stream} is not choice {choice} of a request"

@@ -498,7 +498,7 @@ mod tests {
     }
 
     #[test]
-    fn tool_calls_stream_as_whole_deltas_with_their_index() {
+    fn tool_calls_stream_as_deltas_with_their_index() {
         let mut w = ChunkWriter::new(Endpoint::Chat, StreamId(3), "m".into(), 9, false);
         assert_eq!(w.token("", None, &[]), None, "nothing new: no chunk");
         let call = ToolCall {
@@ -516,6 +516,18 @@ mod tests {
             json!({"role": "assistant", "tool_calls": [{"index": 1, "id": "call_x",
                    "type": "function",
                    "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}}]})
+        );
+        // A later piece of a call: its index and more arguments only.
+        let more = ToolCall {
+            index: 1,
+            id: String::new(),
+            name: String::new(),
+            arguments: "}".into(),
+        };
+        let chunk = parse(&w.token("", None, &[more]).expect("a piece"));
+        assert_eq!(
+            chunk["choices"][0]["delta"],
+            json!({"tool_calls": [{"index": 1, "function": {"arguments": "}"}}]})
         );
         let fin = parse(&w.finish(FinishReason::ToolCalls));
         assert_eq!(fin["choices"][0]["finish_reason"], "tool_calls");

@@ -36,6 +36,8 @@ struct TokenizeBody {
     add_special_tokens: Option<bool>,
     /// Messages only; default true.
     add_generation_prompt: Option<bool>,
+    /// Messages only: the tools a chat request would offer.
+    tools: Option<Value>,
 }
 
 /// `/detokenize`.
@@ -62,6 +64,9 @@ pub fn parse(direction: Direction, body: &[u8]) -> Result<TokenizeRequest, ApiEr
                         "give `prompt` or `messages`, not both",
                     ))
                 }
+                (Some(_), None) if b.tools.is_some() => {
+                    return Err(ApiError::invalid("tools", "`tools` go with `messages`"))
+                }
                 (Some(Value::String(text)), None) => TokenizeInput::Text(TextInput {
                     text,
                     add_special: b.add_special_tokens.unwrap_or(true),
@@ -84,6 +89,15 @@ pub fn parse(direction: Direction, body: &[u8]) -> Result<TokenizeRequest, ApiEr
                             .map(|(i, m)| turn(i, m))
                             .collect::<Result<_, _>>()?,
                         add_generation_prompt: b.add_generation_prompt.unwrap_or(true),
+                        tools: match b.tools {
+                            None | Some(Value::Null) => None,
+                            Some(Value::Array(a)) if a.is_empty() => None,
+                            Some(tools) => {
+                                baton_common::tools::functions(&tools)
+                                    .map_err(|e| ApiError::invalid("tools", e.0))?;
+                                Some(tools.to_string())
+                            }
+                        },
                     })
                 }
                 (None, None) => return Err(ApiError::MissingField("prompt")),
@@ -209,9 +223,18 @@ mod tests {
             chat.input,
             TokenizeInput::Chat(ChatInput {
                 turns: vec![ChatTurn::new("user", "hi")],
-                add_generation_prompt: false
+                add_generation_prompt: false,
+                tools: None,
             })
         );
+        let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+        let with_tools = tokenize(json!({"model": "m", "tools": tools,
+                                         "messages": [{"role": "user", "content": "hi"}]}))
+        .expect("valid");
+        let TokenizeInput::Chat(c) = with_tools.input else {
+            panic!("chat")
+        };
+        assert_eq!(c.tools.as_deref(), Some(tools.to_string().as_str()));
         assert_eq!(
             detokenize(json!({"model": "m", "tokens": [1, 2]}))
                 .expect("valid")
@@ -239,6 +262,18 @@ mod tests {
             param(tokenize(json!({"model": "m", "add_special_tokens": true,
                                   "messages": [{"role": "user", "content": "x"}]}))),
             Some("add_special_tokens")
+        );
+        assert_eq!(
+            param(tokenize(
+                json!({"model": "m", "tools": [{"type": "function"}],
+                                  "messages": [{"role": "user", "content": "x"}]})
+            )),
+            Some("tools")
+        );
+        assert_eq!(
+            param(tokenize(json!({"model": "m", "prompt": "x",
+                                  "tools": [{"type": "function", "function": {"name": "f"}}]}))),
+            Some("tools")
         );
         assert_eq!(
             param(tokenize(

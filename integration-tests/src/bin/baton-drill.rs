@@ -82,22 +82,29 @@ fn main() -> ExitCode {
     };
     let mut verdicts: Vec<Verdict> = Vec::new();
     for sampling in [Sampling::Greedy, Sampling::Seeded(7)] {
-        let drills: [(&str, usize); 5] = [
+        let drills: [(&str, usize); 6] = [
             ("kill", args.kills),
             ("kill-json", args.kills),
+            ("kill-tools", args.runs),
             ("sigterm", args.runs),
             ("coordinator", args.runs),
             ("nats", args.runs),
         ];
         for (which, runs) in drills {
             // The simulated worker makes numbered tokens; it runs no grammar.
-            if which == "kill-json" && args.simulated {
+            if (which == "kill-json" || which == "kill-tools") && args.simulated {
                 continue;
             }
             let v = match which {
                 "kill" => drill::kill_worker(&mut cluster, sampling, runs, args.max_tokens),
                 // A schema's output needs room to end: at least 200 tokens.
                 "kill-json" => drill::kill_worker_structured(
+                    &mut cluster,
+                    sampling,
+                    runs,
+                    args.max_tokens.max(200),
+                ),
+                "kill-tools" => drill::kill_worker_tool_call(
                     &mut cluster,
                     sampling,
                     runs,

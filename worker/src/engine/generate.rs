@@ -250,8 +250,9 @@ pub struct TokenEvent {
     pub text: String,
     /// Its log-probability, when the request asked ([`GenerateParams::logprobs`]).
     pub logprobs: Option<Logprobs>,
-    /// Tool calls this token completed ([`GenerateParams::tools`]); their text is not
-    /// in `text`.
+    /// Pieces of tool calls this token wrote ([`GenerateParams::tools`]): a call's
+    /// first piece has its name, later ones more of its arguments. Their text is not in
+    /// `text`.
     pub tool_calls: Vec<ParsedCall>,
 }
 
@@ -1289,7 +1290,9 @@ impl<B: Backend> Sequence<B> {
             }
             text = parsed.content;
             tool_calls = parsed.calls;
-            self.calls.extend(tool_calls.iter().cloned());
+            for piece in &tool_calls {
+                baton_common::tools::merge(&mut self.calls, piece.clone());
+            }
         }
         self.text.push_str(&text);
         self.text_chars += text.chars().count();

@@ -314,9 +314,23 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
             TokenizeInput::Text(t) => tokenizer
                 .encode(&t.text, t.add_special)
                 .map_err(EngineError::from),
-            TokenizeInput::Chat(c) => self
-                .engine
-                .encode_chat(&messages(&c.turns), c.add_generation_prompt),
+            TokenizeInput::Chat(c) => {
+                let tools = match c.tools.as_deref().map(serde_json::from_str) {
+                    None => None,
+                    Some(Ok(tools)) => Some(tools),
+                    Some(Err(e)) => {
+                        return TokenizeReply::Failed(WireError {
+                            kind: ErrorKind::InvalidRequest,
+                            message: format!("`tools` is not JSON: {e}"),
+                        })
+                    }
+                };
+                self.engine.encode_chat_with(
+                    &messages(&c.turns),
+                    tools.as_ref(),
+                    c.add_generation_prompt,
+                )
+            }
             TokenizeInput::Ids(ids) => {
                 return match tokenizer.decode(ids, false) {
                     Ok(text) => TokenizeReply::Text(text),
