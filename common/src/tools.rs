@@ -3,7 +3,7 @@
 //! the parser that finds calls in a model's output as it streams.
 //!
 //! Formats follow the model's chat template:
-//! - **Hermes** (Qwen2.5, Qwen3, Hermes, SmolLM3, …): the template lists the tools itself
+//! - **Hermes** (Qwen2.5, Qwen3, Hermes 2 and 3, …): the template lists the tools itself
 //!   and the model answers `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`,
 //!   one block per call.
 //! - **Llama 3 JSON** (Llama 3.1–3.3): the template lists the tools; the model's whole

@@ -51,6 +51,46 @@ fn templates_dir() -> Option<PathBuf> {
     None
 }
 
+/// Each family's template names the tool format Baton speaks with it.
+#[test]
+fn family_templates_name_their_tool_format() {
+    use baton_common::tools::ToolFormat;
+    let Some(dir) = templates_dir() else { return };
+    let cases = [
+        ("Qwen-Qwen2.5-7B-Instruct.jinja", ToolFormat::Hermes),
+        ("Qwen-Qwen3-0.6B.jinja", ToolFormat::Hermes),
+        (
+            "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
+            ToolFormat::Hermes,
+        ),
+        (
+            "meta-llama-Llama-3.1-8B-Instruct.jinja",
+            ToolFormat::Llama3Json,
+        ),
+        (
+            "meta-llama-Llama-3.2-3B-Instruct.jinja",
+            ToolFormat::Llama3Json,
+        ),
+        (
+            "meta-llama-Llama-3.3-70B-Instruct.jinja",
+            ToolFormat::Llama3Json,
+        ),
+        // Mistral's own `[TOOL_CALLS]` format is not parsed: the generic prompt.
+        (
+            "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+            ToolFormat::Generic,
+        ),
+        ("google-gemma-2-2b-it.jinja", ToolFormat::Generic),
+        ("HuggingFaceTB-SmolLM3-3B.jinja", ToolFormat::Generic),
+    ];
+    for (file, want) in cases {
+        let source = std::fs::read_to_string(dir.join(file)).expect("template file");
+        let template = ChatTemplate::new(source, String::new(), String::new())
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(template.tool_format(), want, "{file}");
+    }
+}
+
 #[test]
 fn family_templates_render_as_transformers_renders_them() {
     let Some(dir) = templates_dir() else { return };
