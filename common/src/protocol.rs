@@ -304,8 +304,8 @@ pub struct ToolCall {
 /// The id of a stream's `index`-th tool call: the same on every worker that runs the
 /// stream, so that a resumed stream names its calls as the first attempt did.
 pub fn tool_call_id(stream: crate::ids::StreamId, index: u32) -> String {
-    let hex = stream.to_string().replace('-', "");
-    format!("call_{}{index:04x}", &hex[..hex.len().min(20)])
+    // The stream id's simple form: 32 hex digits.
+    format!("call_{}{index:04x}", &stream.to_string()[..20])
 }
 
 /// The functions a chat may call, and whether it must.
@@ -540,7 +540,7 @@ pub struct TokenEvent {
     pub logprobs: Option<TokenLogprobs>,
     /// Pieces of tool calls this token wrote ([`GenParams::tools`]): a call's first
     /// piece has its name (and, named by the coordinator, its id), later ones only more
-    /// of its `arguments` ([`crate::tools::merge_wire`] joins them). Their text is not in
+    /// of its `arguments` ([`crate::tools::merge`] joins them). Their text is not in
     /// `text`.
     pub tool_calls: Vec<ToolCall>,
 }

@@ -251,15 +251,16 @@ pub fn hermes_response(content: &str) -> String {
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
 
-/// A call found in the output.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParsedCall {
-    /// Its place among the output's calls.
-    pub index: u32,
-    /// The function's name.
-    pub name: String,
-    /// Its arguments as compact JSON text (an object).
-    pub arguments: String,
+/// A piece of a call found in the output, as it travels: a call's first piece has its
+/// name, later ones more of its arguments; the id is left for the coordinator, which
+/// names calls after their stream.
+fn piece(index: u32, name: String, arguments: String) -> ToolCall {
+    ToolCall {
+        index,
+        id: String::new(),
+        name,
+        arguments,
+    }
 }
 
 /// What a piece of output became.
@@ -268,7 +269,7 @@ pub struct Parsed {
     /// Text for the reply's `content`.
     pub content: String,
     /// Calls completed.
-    pub calls: Vec<ParsedCall>,
+    pub calls: Vec<ToolCall>,
 }
 
 /// Finds tool calls in an output, piece by piece. Text that may still turn out to be
@@ -366,11 +367,7 @@ impl ToolParser {
     }
 
     fn found(&mut self, out: &mut Parsed, name: String, arguments: String) {
-        out.calls.push(ParsedCall {
-            index: self.calls,
-            name,
-            arguments,
-        });
+        out.calls.push(piece(self.calls, name, arguments));
         self.calls += 1;
     }
 
@@ -380,11 +377,7 @@ impl ToolParser {
                 if let Some((name, len)) = call_header(&self.held) {
                     // `{"name": …, "arguments": ` is out: the name goes now, the
                     // arguments as they come.
-                    out.calls.push(ParsedCall {
-                        index: self.calls,
-                        name,
-                        arguments: String::new(),
-                    });
+                    out.calls.push(piece(self.calls, name, String::new()));
                     self.held.drain(..len);
                     self.streaming = Some(ArgScan::default());
                 }
@@ -393,11 +386,8 @@ impl ToolParser {
                 if !scan.ended() {
                     let n = scan.feed(&self.held);
                     if n > 0 {
-                        out.calls.push(ParsedCall {
-                            index: self.calls,
-                            name: String::new(),
-                            arguments: self.held[..n].to_string(),
-                        });
+                        let arguments = self.held[..n].to_string();
+                        out.calls.push(piece(self.calls, String::new(), arguments));
                         self.held.drain(..n);
                     }
                 }
@@ -541,18 +531,9 @@ impl ArgScan {
     }
 }
 
-/// Adds a call's piece to `calls`: a piece with a name starts a call, one without adds
-/// to the arguments of the call of its index.
-pub fn merge(calls: &mut Vec<ParsedCall>, piece: ParsedCall) {
-    match calls.iter_mut().rev().find(|c| c.index == piece.index) {
-        Some(call) if piece.name.is_empty() => call.arguments.push_str(&piece.arguments),
-        _ => calls.push(piece),
-    }
-}
-
-/// [`merge`] for calls as they travel: a piece with a name starts a call (and has its
-/// id), one without adds to the arguments of the call of its index.
-pub fn merge_wire(calls: &mut Vec<ToolCall>, piece: ToolCall) {
+/// Adds a call's piece to `calls`: a piece with a name starts a call (and has its id,
+/// once named), one without adds to the arguments of the call of its index.
+pub fn merge(calls: &mut Vec<ToolCall>, piece: ToolCall) {
     match calls.iter_mut().rev().find(|c| c.index == piece.index) {
         Some(call) if piece.name.is_empty() => call.arguments.push_str(&piece.arguments),
         _ => calls.push(piece),
@@ -626,12 +607,8 @@ mod tests {
         all
     }
 
-    fn call(index: u32, name: &str, arguments: &str) -> ParsedCall {
-        ParsedCall {
-            index,
-            name: name.into(),
-            arguments: arguments.into(),
-        }
+    fn call(index: u32, name: &str, arguments: &str) -> ToolCall {
+        piece(index, name.into(), arguments.into())
     }
 
     #[test]

@@ -335,7 +335,7 @@ impl PublicApi {
                     part.text.push_str(&t);
                     part.logprobs.extend(l);
                     for piece in calls {
-                        baton_common::tools::merge_wire(&mut part.tool_calls, piece);
+                        baton_common::tools::merge(&mut part.tool_calls, piece);
                     }
                 }
                 Update::Finished(f) => {

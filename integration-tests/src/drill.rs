@@ -71,6 +71,17 @@ pub struct Verdict {
 }
 
 impl Verdict {
+    /// A drill called `name` with nothing run yet.
+    pub fn named(name: String) -> Verdict {
+        Verdict {
+            name,
+            runs: 0,
+            passed: 0,
+            gaps: Vec::new(),
+            failures: Vec::new(),
+        }
+    }
+
     /// Whether every stream passed.
     pub fn ok(&self) -> bool {
         self.runs > 0 && self.passed == self.runs
@@ -400,21 +411,11 @@ pub fn kill_worker_tool_call(
     runs: usize,
     max_tokens: u32,
 ) -> Verdict {
-    let mut verdict = Verdict {
-        name: format!(
-            "kill -9 the serving worker ({}, tool call)",
-            sampling.name()
-        ),
-        runs: 0,
-        passed: 0,
-        gaps: Vec::new(),
-        failures: Vec::new(),
-    };
-    let live = cluster
-        .workers
-        .iter_mut()
-        .filter_map(|w| w.try_status().is_none().then_some(()))
-        .count();
+    let mut verdict = Verdict::named(format!(
+        "kill -9 the serving worker ({}, tool call)",
+        sampling.name()
+    ));
+    let live = live_workers(cluster);
     let body = tool_call_request(cluster, sampling, max_tokens);
     let reference = match reference(cluster, &body) {
         Ok(r) => r,
@@ -592,19 +593,8 @@ fn worker_drill(
         sampling.name(),
         if structured { ", json_schema" } else { "" }
     );
-    let mut verdict = Verdict {
-        name,
-        runs: 0,
-        passed: 0,
-        gaps: Vec::new(),
-        failures: Vec::new(),
-    };
-    let mut live = 0;
-    for w in cluster.workers.iter_mut() {
-        if w.try_status().is_none() {
-            live += 1;
-        }
-    }
+    let mut verdict = Verdict::named(name);
+    let live = live_workers(cluster);
     let body = if structured {
         structured_request(cluster, sampling, max_tokens, 0)
     } else {
@@ -719,6 +709,15 @@ pub fn stop_worker(
     worker_drill(cluster, sampling, runs, max_tokens, false, false)
 }
 
+/// The workers whose process still runs.
+fn live_workers(cluster: &mut Cluster) -> usize {
+    cluster
+        .workers
+        .iter_mut()
+        .filter_map(|w| w.try_status().is_none().then_some(()))
+        .count()
+}
+
 /// Waits until the coordinator counts `n` live workers and none of the stopped ones.
 fn wait_workers(cluster: &mut Cluster, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -748,13 +747,7 @@ pub fn restart_coordinator(
     runs: usize,
     max_tokens: u32,
 ) -> Verdict {
-    let mut verdict = Verdict {
-        name: format!("restart the coordinator ({})", sampling.name()),
-        runs: 0,
-        passed: 0,
-        gaps: Vec::new(),
-        failures: Vec::new(),
-    };
+    let mut verdict = Verdict::named(format!("restart the coordinator ({})", sampling.name()));
     let body = request(cluster, sampling, max_tokens, 1);
     let reference = match reference(cluster, &body) {
         Ok(r) => r,
@@ -801,13 +794,7 @@ pub fn restart_nats(
     runs: usize,
     max_tokens: u32,
 ) -> Verdict {
-    let mut verdict = Verdict {
-        name: format!("restart nats-server ({})", sampling.name()),
-        runs: 0,
-        passed: 0,
-        gaps: Vec::new(),
-        failures: Vec::new(),
-    };
+    let mut verdict = Verdict::named(format!("restart nats-server ({})", sampling.name()));
     let body = request(cluster, sampling, max_tokens, 2);
     let reference = match reference(cluster, &body) {
         Ok(r) => r,

@@ -535,7 +535,7 @@ async fn collect(
                 texts[i].push_str(&t);
                 logprobs[i].push(l.as_ref());
                 for piece in calls {
-                    baton_common::tools::merge_wire(&mut tool_calls[i], piece);
+                    baton_common::tools::merge(&mut tool_calls[i], piece);
                 }
             }
             Update::Finished(f) => {

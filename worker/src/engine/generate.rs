@@ -24,8 +24,8 @@ use baton_common::{
     protocol::Grammar,
 };
 
-use baton_common::protocol::ToolChoice;
-use baton_common::tools::{Function, ParsedCall, ToolFormat, ToolParser};
+use baton_common::protocol::{ToolCall, ToolChoice};
+use baton_common::tools::{Function, ToolFormat, ToolParser};
 use burn_tensor::backend::Backend;
 
 use super::{
@@ -253,7 +253,7 @@ pub struct TokenEvent {
     /// Pieces of tool calls this token wrote ([`GenerateParams::tools`]): a call's
     /// first piece has its name, later ones more of its arguments. Their text is not in
     /// `text`.
-    pub tool_calls: Vec<ParsedCall>,
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// A drawn token's log-probability and the most likely tokens' at its position, under
@@ -280,7 +280,7 @@ pub struct Completion {
     /// without the text of tool calls).
     pub text: String,
     /// Tool calls found in the output ([`GenerateParams::tools`]).
-    pub tool_calls: Vec<ParsedCall>,
+    pub tool_calls: Vec<ToolCall>,
     /// Why it ended.
     pub finish: FinishReason,
     /// The scored prompt's entries ([`GenerateParams::prompt_logprobs`]; empty when not
@@ -1089,7 +1089,7 @@ pub struct Sequence<B: Backend> {
     /// Text emitted so far.
     text: String,
     /// Tool calls found so far.
-    calls: Vec<ParsedCall>,
+    calls: Vec<ToolCall>,
     /// Its length in characters.
     text_chars: usize,
     /// Turns ids into whole characters as they come; taken when the sequence ends.

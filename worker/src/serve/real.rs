@@ -3,7 +3,7 @@
 use baton_common::protocol::{
     ErrorKind, EventKind, FinishReason as WireFinish, Finished, GenParams, ModelInfo, PromptEcho,
     PromptSpec, SeqRequest, TokenEvent, TokenIds, TokenLogprobs, TokenizeInput, TokenizeReply,
-    TokenizeRequest, ToolCall, Tools, TopLogprob, WireError,
+    TokenizeRequest, Tools, TopLogprob, WireError,
 };
 use burn_tensor::backend::Backend;
 
@@ -251,17 +251,8 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
                         hash: 0,
                         text: ev.text,
                         logprobs,
-                        // The coordinator names each call (it knows the stream).
-                        tool_calls: ev
-                            .tool_calls
-                            .into_iter()
-                            .map(|c| ToolCall {
-                                index: c.index,
-                                id: String::new(),
-                                name: c.name,
-                                arguments: c.arguments,
-                            })
-                            .collect(),
+                        // Unnamed: the coordinator names each call (it knows the stream).
+                        tool_calls: ev.tool_calls,
                     }));
                 }
                 let reason = match seq.finish_reason() {
