@@ -165,8 +165,16 @@ pub struct CoordinatorConfig {
     /// A stream never waits when no submit for its model went out in the last
     /// `max_wait_ms`; then it waits for that submit's reply or the end of that window.
     pub max_wait_ms: u64,
-    /// Most streams this coordinator holds at once; beyond, requests get 429.
+    /// Most streams this coordinator runs at once (dispatching or on a worker); beyond,
+    /// requests get 429. Streams whose clients left are not counted: see
+    /// `max_detached_streams`.
     pub max_streams: u32,
+    /// Most streams held for a client to reattach after it left (within
+    /// `reconnect_window_s`); past it the oldest are forgotten.
+    pub max_detached_streams: u32,
+    /// The same bound for each API key (when keys are configured), so that one key's
+    /// abandoned streams cannot push out everyone else's.
+    pub max_detached_per_key: u32,
     /// Route a request to the worker that most likely holds the start of its prompt in
     /// its prefix cache (while that worker is not much busier than the least loaded).
     pub prefix_routing: bool,
@@ -238,6 +246,8 @@ impl Default for CoordinatorConfig {
             max_batch: 16,
             max_wait_ms: 5,
             max_streams: 4096,
+            max_detached_streams: 4096,
+            max_detached_per_key: 256,
             prefix_routing: true,
             prefix_routing_slack: 4,
             max_prompt_tokens: 0,

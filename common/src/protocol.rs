@@ -10,7 +10,7 @@ use rkyv::{rancor, util::AlignedVec, Archive, Deserialize, Serialize};
 use crate::ids::{CoordinatorId, StreamId, WorkerId};
 
 /// Version of this protocol; receivers drop messages of another major version.
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// Largest message a receiver accepts (bytes), whatever NATS allows.
 pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
@@ -503,6 +503,9 @@ pub struct StreamEvent {
 pub enum EventKind {
     /// The scored prompt ([`GenParams::prompt_logprobs`]), before the first token.
     Prompt(PromptEcho),
+    /// A step ran part of the sequence's prompt (chunked prefill) and gave no token: the
+    /// positions its KV cache now holds. A long prompt is alive, not stalled.
+    Progress(u32),
     /// A generated token.
     Token(TokenEvent),
     /// The stream ended normally (after its last token event).
@@ -684,6 +687,29 @@ pub fn encode(wire: &Wire) -> Vec<u8> {
     rkyv::to_bytes::<rancor::Error>(wire)
         .expect("serializing owned values into a growable buffer cannot fail")
         .into_vec()
+}
+
+/// Bytes a submit carrying `req` takes on the wire when the stream is resumed with
+/// `room` generated tokens (its largest form: every later dispatch is at most this big),
+/// envelope included.
+pub fn submit_bytes(req: &SeqRequest, room: u32) -> usize {
+    let mut req = req.clone();
+    req.resume = Some(Resume {
+        tokens: vec![0; room as usize],
+        hash: 0,
+    });
+    encode(&Wire {
+        envelope: Envelope {
+            publisher: 0,
+            seq: 0,
+            version: PROTOCOL_VERSION,
+        },
+        body: Body::Submit(Submit {
+            coordinator: CoordinatorId(0),
+            sequences: vec![req],
+        }),
+    })
+    .len()
 }
 
 /// Decodes and validates bytes from the network. Never panics on any input.

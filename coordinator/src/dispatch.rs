@@ -49,6 +49,18 @@ pub enum DispatchError {
     /// The registry actor is gone (the coordinator is stopping).
     #[error("the registry is not answering: {0}")]
     Mailbox(#[from] actix::MailboxError),
+    /// The request, with room to resume it, would not fit in one NATS message.
+    #[error(
+        "the request takes {bytes} bytes on the cluster's message bus with room to resume \
+         it after max_tokens tokens, more than the NATS server's max_payload of {limit} \
+         bytes; shorten the prompt or max_tokens"
+    )]
+    TooLarge {
+        /// Its size.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
 }
 
 impl DispatchError {
@@ -56,7 +68,9 @@ impl DispatchError {
     pub fn retryable(&self) -> bool {
         match self {
             DispatchError::Route(e) => !matches!(e, RouteError::UnknownModel(_)),
-            DispatchError::Submit(e) => !matches!(e, SubmitError::Decode(_)),
+            DispatchError::Submit(e) => {
+                !matches!(e, SubmitError::Decode(_) | SubmitError::TooLarge(_))
+            }
             DispatchError::Refused(e) => matches!(
                 e.kind,
                 ErrorKind::Overloaded
@@ -64,7 +78,7 @@ impl DispatchError {
                     | ErrorKind::ChainMismatch
                     | ErrorKind::Internal
             ),
-            DispatchError::Mailbox(_) => false,
+            DispatchError::Mailbox(_) | DispatchError::TooLarge { .. } => false,
         }
     }
 
@@ -241,6 +255,7 @@ impl Dispatcher {
                         let e = match &e {
                             SubmitError::NoResponders => SubmitError::NoResponders,
                             SubmitError::Timeout(d) => SubmitError::Timeout(*d),
+                            SubmitError::TooLarge(m) => SubmitError::TooLarge(m.clone()),
                             _ => SubmitError::Request(message.clone()),
                         };
                         (r, Err(e.into()))

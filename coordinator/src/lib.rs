@@ -184,6 +184,8 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
             max_batch: config.max_batch.max(1) as usize,
             max_wait: Duration::from_millis(config.max_wait_ms),
             max_streams: config.max_streams.max(1) as usize,
+            max_detached: config.max_detached_streams as usize,
+            max_detached_per_key: config.max_detached_per_key as usize,
         },
         dispatcher,
         store,

@@ -67,7 +67,8 @@ pub struct Metrics {
     /// Streams with a client attached now.
     pub streams_in_flight: Gauge,
     /// Streams the sessions hold now (running, resuming, or detached and waiting for a
-    /// client to come back): what `max_streams` bounds.
+    /// client to come back): `max_streams` bounds the first two, `max_detached_streams`
+    /// the last.
     pub streams_held: Gauge,
     /// Streams in the checkpoint store at its last collection (every 30 s): the held
     /// ones and the ended ones kept for `reconnect_window_s`.

@@ -103,8 +103,11 @@ pub enum SubmitError {
     #[error("the worker did not answer within {0:?}")]
     Timeout(Duration),
     /// The request could not be sent.
-    #[error("submit failed: {0}")]
+    #[error("cannot send to the worker: {0}")]
     Request(String),
+    /// The message is larger than the NATS server takes (`max_payload`).
+    #[error("the message is larger than the NATS server's max_payload: {0}")]
+    TooLarge(String),
     /// The reply is not a valid message.
     #[error("malformed submit reply: {0}")]
     Decode(#[from] DecodeError),
@@ -126,9 +129,10 @@ impl SubmitError {
         match e.kind() {
             RequestErrorKind::NoResponders => SubmitError::NoResponders,
             RequestErrorKind::TimedOut => SubmitError::Timeout(timeout),
-            RequestErrorKind::InvalidSubject
-            | RequestErrorKind::MaxPayloadExceeded
-            | RequestErrorKind::Other => SubmitError::Request(e.to_string()),
+            RequestErrorKind::MaxPayloadExceeded => SubmitError::TooLarge(e.to_string()),
+            RequestErrorKind::InvalidSubject | RequestErrorKind::Other => {
+                SubmitError::Request(e.to_string())
+            }
         }
     }
 }
@@ -208,6 +212,12 @@ impl NatsHandle {
             }),
             counters: Arc::new(Counters::default()),
         })
+    }
+
+    /// Largest message the NATS server takes (headers and payload), as it said when we
+    /// connected.
+    pub fn max_payload(&self) -> usize {
+        self.client.server_info().max_payload
     }
 
     /// This coordinator's id.

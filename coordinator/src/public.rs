@@ -247,6 +247,7 @@ impl PublicApi {
             out.choice = (n > 1).then_some(answer.members[i].choice);
             let writer = &mut answer.writers[i];
             match update {
+                Update::Progress => {}
                 Update::Prompt(p) => {
                     let payload = match out.format {
                         Format::Json => writer.prompt(&p).into_bytes(),
@@ -322,6 +323,7 @@ impl PublicApi {
             let (i, update) = self.next(&mut answer.members).await?;
             let part = &mut parts[i];
             match update {
+                Update::Progress => {}
                 Update::Prompt(p) => {
                     part.text.insert_str(0, &p.text);
                     part.prompt = Some(p);
@@ -640,6 +642,7 @@ fn malformed(error: &ApiError) -> bool {
         | ApiError::ModelNotFound(_)
         | ApiError::ContextLengthExceeded(_)
         | ApiError::BodyTooLarge { .. }
+        | ApiError::RequestTooLarge(_)
         | ApiError::UnknownRoute(_)
         | ApiError::StreamNotFound(_)
         | ApiError::WorkerNotFound(_)

@@ -5,92 +5,14 @@ mod support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Duration;
 
-use baton_common::config::ClusterConfig;
-use baton_common::ids::CoordinatorId;
 use baton_common::subjects::Subjects;
-use baton_coordinator::nats::Counters;
-use baton_coordinator::Running;
 use serde_json::{json, Value};
-use support::{eventually, open_stream, request, sse_events, FakeWorker, NatsServer, MODEL};
-
-const MAX_BODY: usize = 4096;
-
-struct Started {
-    /// The checkpoint store's directory, removed on drop.
-    _store: tempfile::TempDir,
-    id: CoordinatorId,
-    counters: Arc<Counters>,
-    handle: actix_web::dev::ServerHandle,
-}
-
-/// A coordinator (its server spawned on this test's system) and its address.
-async fn coordinator(nats: &NatsServer, prefix: &str) -> (Started, SocketAddr) {
-    coordinator_with(nats, prefix, |_| {}).await
-}
-
-async fn coordinator_with(
-    nats: &NatsServer,
-    prefix: &str,
-    tweak: impl FnOnce(&mut ClusterConfig),
-) -> (Started, SocketAddr) {
-    let mut cluster = ClusterConfig::default();
-    cluster.nats.url = nats.url.clone();
-    cluster.nats.subject_prefix = prefix.into();
-    cluster.coordinator.listen = "127.0.0.1:0".into();
-    cluster.coordinator.max_body_bytes = MAX_BODY;
-    cluster.coordinator.worker_timeout_ms = 600;
-    // A stream whose only worker fails it has nowhere to go: fail fast.
-    cluster.coordinator.resume_deadline_ms = 300;
-    let store = tempfile::tempdir().expect("tempdir");
-    cluster.coordinator.store_path = store.path().display().to_string();
-    tweak(&mut cluster);
-    let running = baton_coordinator::start(cluster)
-        .await
-        .expect("coordinator starts");
-    let addr = running.addrs[0];
-    let Running {
-        id,
-        counters,
-        handle,
-        server,
-        ..
-    } = running;
-    actix_rt::spawn(server);
-    (
-        Started {
-            _store: store,
-            id,
-            counters,
-            handle,
-        },
-        addr,
-    )
-}
-
-async fn post(addr: SocketAddr, path: &str, body: Value) -> support::Response {
-    request(addr, "POST", path, Some(&body.to_string())).await
-}
-
-async fn wait_healthy(addr: SocketAddr) {
-    for _ in 0..250 {
-        if request(addr, "GET", "/health", None).await.status == 200 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the coordinator never saw the worker");
-}
-
-fn chat(content: &str, extra: Value) -> Value {
-    let mut v = json!({"model": MODEL, "messages": [{"role": "user", "content": content}]});
-    for (k, x) in extra.as_object().expect("object") {
-        v[k] = x.clone();
-    }
-    v
-}
+use support::{
+    chat, coordinator, coordinator_with, eventually, open_stream, post, request, sse_events,
+    wait_healthy, FakeWorker, NatsServer, MAX_BODY, MODEL,
+};
 
 #[actix_web::test]
 async fn the_openai_api_end_to_end() {

@@ -13,7 +13,7 @@ use baton_common::subjects::Subjects;
 use baton_coordinator::Running;
 use serde_json::{json, Value};
 use support::{
-    open_stream_with, request_with, sse_events, FakeWorker, NatsServer, Response, MODEL,
+    chat, open_stream_with, request_with, sse_events, FakeWorker, NatsServer, Response, MODEL,
 };
 
 const USER_A: &str = "sk-user-a-0123456789";
@@ -95,14 +95,6 @@ async fn call(
     let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("Authorization", a.as_str())).collect();
     let body = body.map(Value::to_string);
     request_with(c.addr, method, path, body.as_deref(), &headers).await
-}
-
-fn chat(content: &str, extra: Value) -> Value {
-    let mut v = json!({"model": MODEL, "messages": [{"role": "user", "content": content}]});
-    for (k, x) in extra.as_object().expect("object") {
-        v[k] = x.clone();
-    }
-    v
 }
 
 /// Status and `error.code` of an answer.

@@ -183,7 +183,7 @@ fn note(streams: &Streams, body: Body) {
                 }
             }
             EventKind::Finished(_) => s.finished = true,
-            EventKind::Failed(_) | EventKind::Prompt(_) => {}
+            EventKind::Failed(_) | EventKind::Prompt(_) | EventKind::Progress(_) => {}
         }
     }
 }

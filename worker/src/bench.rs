@@ -664,7 +664,7 @@ pub fn run_serve(args: &ServeBenchArgs) -> anyhow::Result<()> {
                         }
                     }
                     EventKind::Finished(_) | EventKind::Failed(_) => done += 1,
-                    EventKind::Prompt(_) => {}
+                    EventKind::Prompt(_) | EventKind::Progress(_) => {}
                 }
             }
         }

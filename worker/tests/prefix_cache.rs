@@ -282,6 +282,12 @@ fn chunked_prompts_match(engine: &Engine<B>) {
             while seqs[0].generated().is_empty() {
                 engine.step(&mut [&mut seqs[0]]).expect("step");
                 steps += 1;
+                if seqs[0].generated().is_empty() {
+                    // A chunk ran and gave no token: the worker reports how far it got.
+                    let at = seqs[0].cache().len() as u32;
+                    assert_eq!(seqs[0].progress(), Some(at), "{case}");
+                    assert_eq!(seqs[0].progress(), None, "{case}: reported once");
+                }
             }
             if cache == 0 {
                 assert_eq!(steps, prompts[0].len().div_ceil(budget), "{case}");

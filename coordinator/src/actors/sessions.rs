@@ -39,8 +39,8 @@ use actix::prelude::*;
 use baton_common::config::CheckpointMode;
 use baton_common::ids::{StreamId, WorkerId};
 use baton_common::protocol::{
-    tool_call_id, ErrorKind, EventKind, FinishReason, Finished, PromptEcho, Resume, SeqRequest,
-    TokenBatch, TokenEvent, TokenLogprobs, ToolCall, WireError,
+    submit_bytes, tool_call_id, ErrorKind, EventKind, FinishReason, Finished, PromptEcho, Resume,
+    SeqRequest, TokenBatch, TokenEvent, TokenLogprobs, ToolCall, WireError,
 };
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
@@ -51,10 +51,10 @@ const HANDED_OVER: &str = "handed over by a draining worker";
 
 use super::messages::{DispatchTokens, ForgetWorker, ReleaseWorker, WorkerLost};
 use super::registry::Registry;
-use crate::auth::{Owner, StreamAccess};
+use crate::auth::{KeyId, Owner, StreamAccess};
 use crate::dispatch::{Bound, DispatchError, Dispatcher};
 use crate::metrics::Metrics;
-use crate::nats::{NatsHandle, Probe};
+use crate::nats::{NatsHandle, Probe, SubmitError};
 use crate::store::{Store, StoredToken, StreamEnd, StreamRecord};
 
 /// What a stream's clients receive.
@@ -76,6 +76,8 @@ pub enum Update {
     },
     /// The scored prompt (a completion's `echo`), before the first token.
     Prompt(PromptEcho),
+    /// The worker ran part of a long prompt: nothing to show, but the stream is alive.
+    Progress,
     /// The stream ended normally.
     Finished(Finished),
     /// The stream failed.
@@ -101,12 +103,33 @@ pub struct SessionSettings {
     pub max_batch: usize,
     /// Longest wait of a new stream for others to share its submit.
     pub max_wait: Duration,
-    /// Most streams held at once.
+    /// Most streams running at once (dispatching or on a worker).
     pub max_streams: usize,
+    /// Most detached streams held for a reattach.
+    pub max_detached: usize,
+    /// Most detached streams of one API key.
+    pub max_detached_per_key: usize,
 }
+
+/// Prompt tokens a stall window covers before a stream's first token.
+const PROMPT_TOKENS_PER_WINDOW: u32 = 1024;
 
 /// A new stream's answer channel: whether a worker took it.
 type Reply = oneshot::Sender<Result<u32, DispatchError>>;
+
+/// Bytes a submit's NATS headers may take beside its payload: the fixed part, and each
+/// sequence's stream id in the request-id header.
+const HEADER_BYTES: usize = 256;
+const HEADER_BYTES_PER_STREAM: usize = 40;
+
+/// A new stream waiting to share a submit.
+#[derive(Debug)]
+struct Waiting {
+    stream: StreamId,
+    reply: Reply,
+    /// Its largest submit on the wire ([`submit_bytes`]), headers included.
+    bytes: usize,
+}
 
 /// Where a session stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,6 +250,16 @@ impl Session {
         self.record.attempt
     }
 
+    /// How long it may be silent before it moves although its worker answers: before
+    /// its first token the worker may be running a long prompt in one step, so the
+    /// window grows with the prompt (one more `stall_timeout` a 1,024 tokens).
+    fn stall_window(&self, stall_timeout: Duration) -> Duration {
+        if !self.tokens.is_empty() {
+            return stall_timeout;
+        }
+        stall_timeout.saturating_mul(1 + self.prompt_tokens / PROMPT_TOKENS_PER_WINDOW)
+    }
+
     /// The update that replays held token `index`.
     fn replay(&self, index: usize) -> Update {
         let t = &self.tokens[index];
@@ -255,20 +288,43 @@ impl Session {
     }
 }
 
-/// Streams whose last client left at least `window` before `now`: no client may
-/// reattach to them any more.
+/// Streams no client may reattach to any more: those whose last client left at least
+/// `window` before `now`, then the oldest detached ones past `max` in all or past
+/// `per_key` of one API key.
 fn abandoned(
     sessions: &HashMap<StreamId, Session>,
     now: Instant,
     window: Duration,
+    max: usize,
+    per_key: usize,
 ) -> Vec<StreamId> {
-    sessions
+    let mut detached: Vec<(Instant, StreamId, Option<KeyId>)> = sessions
         .iter()
-        .filter(|(_, s)| match s.phase {
-            Phase::Detached { since } => now.saturating_duration_since(since) >= window,
-            Phase::Dispatching | Phase::Running(_) => false,
+        .filter_map(|(id, s)| match s.phase {
+            Phase::Detached { since } => Some((since, *id, s.record.owner)),
+            Phase::Dispatching | Phase::Running(_) => None,
         })
-        .map(|(id, _)| *id)
+        .collect();
+    // Newest first: what is kept is a prefix of each list.
+    detached.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    let mut per_owner: HashMap<KeyId, usize> = HashMap::new();
+    let mut kept = 0;
+    detached
+        .into_iter()
+        .filter(|(since, _, owner)| {
+            let held = match owner {
+                Some(key) => {
+                    let n = per_owner.entry(*key).or_default();
+                    *n += 1;
+                    *n <= per_key
+                }
+                None => true,
+            };
+            let keep = now.saturating_duration_since(*since) < window && held && kept < max;
+            kept += usize::from(keep);
+            !keep
+        })
+        .map(|(_, id, _)| id)
         .collect()
 }
 
@@ -358,7 +414,7 @@ pub struct Sessions {
     /// Resumes, reattaches and flush times are counted here.
     metrics: Arc<Metrics>,
     /// New streams waiting to share a submit, by model.
-    waiting: HashMap<String, Vec<(StreamId, Reply)>>,
+    waiting: HashMap<String, Vec<Waiting>>,
     /// When each model's last submit went out.
     last_submit: HashMap<String, Instant>,
 }
@@ -556,10 +612,13 @@ impl Sessions {
     /// full, whichever is first. (Not "while a submit is in flight": a worker answers
     /// between two engine steps, so a submit stays in flight for most of a step whenever
     /// its worker is busy, and every stream arriving then would wait.)
-    fn enqueue(&mut self, stream: StreamId, model: String, reply: Reply, ctx: &mut Context<Self>) {
+    fn enqueue(&mut self, model: String, waiting: Waiting, ctx: &mut Context<Self>) {
+        let limit = self.nats.max_payload();
         let queue = self.waiting.entry(model.clone()).or_default();
-        queue.push((stream, reply));
-        let (first, full) = (queue.len() == 1, queue.len() >= self.settings.max_batch);
+        queue.push(waiting);
+        let bytes: usize = queue.iter().map(|w| w.bytes).sum();
+        let first = queue.len() == 1;
+        let full = queue.len() >= self.settings.max_batch || bytes >= limit;
         let age = self.last_submit.get(&model).map(Instant::elapsed);
         match age {
             Some(age) if age < self.settings.max_wait && !full => {
@@ -573,19 +632,29 @@ impl Sessions {
         }
     }
 
-    /// Sends up to `max_batch` waiting streams of `model` in one submit.
+    /// Sends up to `max_batch` waiting streams of `model` in one submit, as many as fit
+    /// in one NATS message (each fits alone: [`Handler<StartStream>`] refuses the others).
     fn send_batch(&mut self, model: String, ctx: &mut Context<Self>) {
+        let limit = self.nats.max_payload();
         let Some(queue) = self.waiting.get_mut(&model) else {
             return;
         };
-        let take = queue.len().min(self.settings.max_batch);
-        let batch: Vec<(StreamId, Reply)> = queue.drain(..take).collect();
+        let mut take = 0;
+        let mut bytes = HEADER_BYTES;
+        for w in queue.iter().take(self.settings.max_batch) {
+            if take > 0 && bytes + w.bytes > limit {
+                break;
+            }
+            bytes += w.bytes;
+            take += 1;
+        }
+        let batch: Vec<Waiting> = queue.drain(..take).collect();
         if queue.is_empty() {
             self.waiting.remove(&model);
         }
         let mut reqs = Vec::with_capacity(batch.len());
         let mut replies = HashMap::with_capacity(batch.len());
-        for (stream, reply) in batch {
+        for Waiting { stream, reply, .. } in batch {
             if let Some(s) = self.sessions.get_mut(&stream) {
                 s.last_progress = Instant::now();
                 reqs.push(s.request());
@@ -612,13 +681,20 @@ impl Sessions {
                             Err(DispatchError::Submit(e)) => e.worker_lost(),
                             _ => false,
                         };
-                        if elsewhere {
+                        // A batch the server found too large (its headers outgrew the
+                        // estimate): each stream alone fits.
+                        let alone = matches!(
+                            &result,
+                            Err(DispatchError::Submit(SubmitError::TooLarge(_)))
+                        );
+                        if elsewhere || alone {
                             // One more round, one by one, avoiding the worker that refused; with
                             // no other worker, the refusal is the answer.
                             let dispatcher = this.dispatcher.clone();
                             let (stream, attempt) = (req.stream, req.attempt);
                             let fut = async move {
-                                let mut exclude: Vec<WorkerId> = worker.into_iter().collect();
+                                let mut exclude: Vec<WorkerId> =
+                                    worker.filter(|_| !alone).into_iter().collect();
                                 match dispatcher.dispatch(&req, &mut exclude).await {
                                     Err(DispatchError::Route(_)) => result,
                                     other => other,
@@ -814,6 +890,10 @@ impl Sessions {
                     continue;
                 }
                 match event.kind {
+                    EventKind::Progress(_) => {
+                        s.last_progress = Instant::now();
+                        updates.push((stream, Update::Progress));
+                    }
                     EventKind::Prompt(p) => {
                         s.last_progress = Instant::now();
                         if s.record.prompt.is_none() {
@@ -956,17 +1036,26 @@ impl Sessions {
         }
     }
 
-    /// Forgets the streams no client came back to within the reconnect window: they
-    /// leave memory and the store, as ended streams do once the window has passed.
+    /// Forgets the streams no client came back to within the reconnect window, and the
+    /// oldest detached ones past their bounds: they leave memory and the store, as ended
+    /// streams do once the window has passed.
     fn forget_abandoned(&mut self, now: Instant) {
-        for stream in abandoned(&self.sessions, now, self.settings.reconnect_window) {
+        let s = &self.settings;
+        let gone = abandoned(
+            &self.sessions,
+            now,
+            s.reconnect_window,
+            s.max_detached,
+            s.max_detached_per_key,
+        );
+        for stream in gone {
             self.sessions.remove(&stream);
             if let Some(store) = &self.store {
                 if let Err(e) = store.remove_stream(stream) {
                     warn!(%stream, error = %e, "cannot remove an abandoned stream from the store");
                 }
             }
-            info!(%stream, "no client came back within the reconnect window; stream dropped");
+            info!(%stream, "no client came back (reconnect window, or detached streams past their bounds); stream dropped");
         }
         self.metrics.streams_held.set(self.sessions.len() as i64);
     }
@@ -982,7 +1071,7 @@ impl Sessions {
                 continue;
             };
             let quiet = now.saturating_duration_since(s.last_progress);
-            if quiet >= self.settings.stall_timeout {
+            if quiet >= s.stall_window(self.settings.stall_timeout) {
                 stalled.push((*id, worker));
             } else if quiet >= self.settings.stall_probe
                 && !self.probing.contains(&worker)
@@ -1126,14 +1215,27 @@ impl Handler<StartStream> for Sessions {
 
     fn handle(&mut self, msg: StartStream, ctx: &mut Context<Self>) -> Self::Result {
         let (tx, rx) = oneshot::channel();
-        if self.sessions.len() >= self.settings.max_streams {
+        // Streams whose clients left wait for a reattach but run nowhere: only live work
+        // counts.
+        let live = self
+            .sessions
+            .values()
+            .filter(|s| !matches!(s.phase, Phase::Detached { .. }))
+            .count();
+        if live >= self.settings.max_streams {
             let _ = tx.send(Err(DispatchError::Refused(WireError {
                 kind: ErrorKind::Overloaded,
-                message: format!(
-                    "the coordinator holds {} streams, its limit (max_streams)",
-                    self.sessions.len()
-                ),
+                message: format!("the coordinator runs {live} streams, its limit (max_streams)"),
             })));
+            return MessageResult(rx);
+        }
+        // Every later dispatch of the stream (a resume carries the tokens so far) must fit
+        // in one NATS message: a request that cannot is refused now, not failed later.
+        let limit = self.nats.max_payload();
+        let request = &msg.record.request;
+        let bytes = submit_bytes(request, request.params.max_tokens) + HEADER_BYTES_PER_STREAM;
+        if bytes + HEADER_BYTES > limit {
+            let _ = tx.send(Err(DispatchError::TooLarge { bytes, limit }));
             return MessageResult(rx);
         }
         let model = msg.record.request.model.clone();
@@ -1147,7 +1249,12 @@ impl Handler<StartStream> for Sessions {
         if self.settings.max_batch <= 1 {
             self.dispatch(msg.stream, None, Some(tx), ctx);
         } else {
-            self.enqueue(msg.stream, model, tx, ctx);
+            let waiting = Waiting {
+                stream: msg.stream,
+                reply: tx,
+                bytes,
+            };
+            self.enqueue(model, waiting, ctx);
         }
         MessageResult(rx)
     }
@@ -1414,10 +1521,52 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        assert!(abandoned(&sessions, t0 + Duration::from_secs(599), window).is_empty());
-        assert_eq!(abandoned(&sessions, t0 + window, window), vec![StreamId(1)]);
-        let mut late = abandoned(&sessions, t0 + Duration::from_secs(3600), window);
+        let at = |secs| abandoned(&sessions, t0 + Duration::from_secs(secs), window, 99, 99);
+        assert!(at(599).is_empty());
+        assert_eq!(at(600), vec![StreamId(1)]);
+        let mut late = at(3600);
         late.sort_by_key(|s| s.0);
         assert_eq!(late, vec![StreamId(1), StreamId(2)], "never a live stream");
+    }
+
+    #[test]
+    fn detached_streams_are_bounded_in_all_and_by_key() {
+        let window = Duration::from_secs(600);
+        let t0 = Instant::now();
+        let (a, b) = (KeyId([1; 32]), KeyId([2; 32]));
+        // Stream i left its client at second i: five of key a, three of key b, two
+        // without a key; one live stream of key a.
+        let owners = [a, a, b, a, b, a, b, a]
+            .map(Some)
+            .into_iter()
+            .chain([None, None]);
+        let mut sessions: HashMap<StreamId, Session> = owners
+            .enumerate()
+            .map(|(i, owner)| {
+                let since = t0 + Duration::from_secs(i as u64);
+                let mut s = session(Phase::Detached { since });
+                s.record.owner = owner;
+                (StreamId(i as u128), s)
+            })
+            .collect();
+        let mut live = session(Phase::Running(WorkerId(9)));
+        live.record.owner = Some(a);
+        sessions.insert(StreamId(99), live);
+        let now = t0 + Duration::from_secs(20);
+        let sorted = |mut v: Vec<StreamId>| {
+            v.sort_by_key(|s| s.0);
+            v.into_iter().map(|s| s.0).collect::<Vec<_>>()
+        };
+        // Two a key: key a keeps its newest two (7, 5), key b its newest two (6, 4).
+        let gone = sorted(abandoned(&sessions, now, window, 99, 2));
+        assert_eq!(gone, vec![0, 1, 2, 3]);
+        // Five in all, newest first: 9, 8, 7, 6, 5.
+        let gone = sorted(abandoned(&sessions, now, window, 5, 99));
+        assert_eq!(gone, vec![0, 1, 2, 3, 4]);
+        // Both: 9, 8 (no key), 7, 6, 5 (a, b, a) — 4 is b's second but past five in all.
+        let gone = sorted(abandoned(&sessions, now, window, 5, 2));
+        assert_eq!(gone, vec![0, 1, 2, 3, 4]);
+        let gone = sorted(abandoned(&sessions, now, window, 6, 2));
+        assert_eq!(gone, vec![0, 1, 2, 3]);
     }
 }

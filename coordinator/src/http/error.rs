@@ -55,6 +55,9 @@ pub enum ApiError {
         /// The limit.
         limit: usize,
     },
+    /// The request would not fit in one message to a worker (NATS `max_payload`).
+    #[error("{0}")]
+    RequestTooLarge(String),
     /// The worker is full; retry later.
     #[error("the server is overloaded, retry later: {0}")]
     Overloaded(String),
@@ -150,6 +153,7 @@ impl ApiError {
             ApiError::StreamDiverged(_) => StatusCode::CONFLICT,
             ApiError::WorkerNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::RequestTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::WorkerFailed(_) => StatusCode::BAD_GATEWAY,
@@ -187,6 +191,7 @@ impl ApiError {
             ApiError::StreamDiverged(_) => "stream_diverged",
             ApiError::WorkerNotFound(_) => "worker_not_found",
             ApiError::BodyTooLarge { .. } => "request_too_large",
+            ApiError::RequestTooLarge(_) => "request_too_large",
             ApiError::Overloaded(_) => "overloaded",
             ApiError::Internal(_) => "internal_error",
             ApiError::WorkerFailed(_) => "worker_error",
@@ -266,6 +271,7 @@ impl ApiError {
             DispatchError::Submit(e) => e.into(),
             DispatchError::Refused(e) => ApiError::from_worker(e, model),
             DispatchError::Mailbox(e) => e.into(),
+            DispatchError::TooLarge { .. } => ApiError::RequestTooLarge(e.to_string()),
         }
     }
 
@@ -295,6 +301,7 @@ impl From<SubmitError> for ApiError {
             SubmitError::Timeout(_) => ApiError::WorkerTimeout(e.to_string()),
             SubmitError::NoResponders
             | SubmitError::Request(_)
+            | SubmitError::TooLarge(_)
             | SubmitError::Decode(_)
             | SubmitError::Unexpected(_) => ApiError::WorkerFailed(e.to_string()),
         }

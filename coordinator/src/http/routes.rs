@@ -521,6 +521,7 @@ async fn collect(
             (_, None) => return Err(ApiError::Internal("the stream's session closed".into())),
         };
         match event {
+            Update::Progress => {}
             Update::Prompt(p) => {
                 texts[i].insert_str(0, &p.text);
                 logprobs[i].push_prompt(&p);

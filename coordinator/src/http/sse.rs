@@ -301,6 +301,9 @@ struct State {
     ended: bool,
     /// When the last event arrived (or the body started).
     idle_since: tokio::time::Instant,
+    /// When the last bytes were queued (or the body started): keep-alives count from it,
+    /// since events that write nothing (a long prompt's progress) are no traffic.
+    written_at: tokio::time::Instant,
 }
 
 /// A comment frame: clients ignore it, proxies see traffic.
@@ -340,10 +343,12 @@ impl SseStream {
             pending: VecDeque::new(),
             ended: false,
             idle_since: tokio::time::Instant::now(),
+            written_at: tokio::time::Instant::now(),
         };
         futures::stream::unfold(state, |mut st| async move {
             loop {
                 if let Some(bytes) = st.pending.pop_front() {
+                    st.written_at = tokio::time::Instant::now();
                     return Some((Ok(bytes), st));
                 }
                 if st.ended {
@@ -375,7 +380,7 @@ impl State {
     async fn step(&mut self) {
         let deadline = self.idle_since + self.s.settings.idle_timeout;
         let wake = match self.s.settings.keepalive {
-            Some(every) => deadline.min(tokio::time::Instant::now() + every),
+            Some(every) => deadline.min(self.written_at + every),
             None => deadline,
         };
         let (i, event) = match tokio::time::timeout_at(wake, next(&mut self.s.members)).await {
@@ -409,6 +414,8 @@ impl State {
                     self.pending.push_back(frame(None, Some(&id), &data));
                 }
             }
+            // A long prompt running: the wait starts again, nothing to send.
+            Update::Progress => {}
             Update::Prompt(p) => {
                 // No id: a client that reconnects has it if it has any token.
                 let data = self.s.writers[i].prompt(&p);

@@ -9,14 +9,18 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use baton_common::ids::{StreamId, WorkerId};
+use baton_common::config::ClusterConfig;
+use baton_common::ids::{CoordinatorId, StreamId, WorkerId};
 use baton_common::protocol::{
     decode, Accepted, Body, ErrorKind, EventKind, FinishReason, Finished, Heartbeat, ModelInfo,
     PromptSpec, Refused, Sequencer, StreamEvent, SubmitOutcome, SubmitReply, TokenBatch,
     TokenEvent, ToolCall, WireError,
 };
 use baton_common::subjects::Subjects;
+use baton_coordinator::nats::Counters;
+use baton_coordinator::Running;
 use futures::StreamExt;
+use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -110,7 +114,8 @@ pub struct FakeLog {
 /// containing `TOO_LONG`, `BUSY` or `BROKEN` are refused (context length) or
 /// overloaded, or fail after one token; `SLOW` prompts produce a token every 20 ms until
 /// cancelled; `PAUSE` prompts wait 300 ms before each token; `LATE_REPLY` prompts
-/// answer their submit after 300 ms.
+/// answer their submit after 300 ms; `PREFILL` prompts report prompt progress every
+/// 100 ms for 1.5 s before their first token (a long prompt in chunks).
 pub struct FakeWorker {
     pub id: WorkerId,
     pub log: Arc<FakeLog>,
@@ -268,6 +273,12 @@ impl FakeWorker {
                             let subject = s.tokens(coordinator);
                             async move { c.publish(subject, bytes.into()).await.expect("publish") }
                         };
+                        if text.contains("PREFILL") {
+                            for chunk in 1..=15 {
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                                send(EventKind::Progress(chunk * 256)).await;
+                            }
+                        }
                         let slow = text.contains("SLOW");
                         let pause = text.contains("PAUSE");
                         let limit = if slow { 10_000 } else { max_tokens };
@@ -517,4 +528,82 @@ pub async fn eventually<F: FnMut() -> bool>(secs: u64, mut f: F) -> bool {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     f()
+}
+
+/// The coordinator's `max_body_bytes` in these tests.
+pub const MAX_BODY: usize = 4096;
+
+/// A coordinator started for a test.
+pub struct Started {
+    /// The checkpoint store's directory, removed on drop.
+    pub _store: tempfile::TempDir,
+    pub id: CoordinatorId,
+    pub counters: Arc<Counters>,
+    pub handle: actix_web::dev::ServerHandle,
+}
+
+/// A coordinator (its server spawned on this test's system) and its address.
+pub async fn coordinator(nats: &NatsServer, prefix: &str) -> (Started, SocketAddr) {
+    coordinator_with(nats, prefix, |_| {}).await
+}
+
+pub async fn coordinator_with(
+    nats: &NatsServer,
+    prefix: &str,
+    tweak: impl FnOnce(&mut ClusterConfig),
+) -> (Started, SocketAddr) {
+    let mut cluster = ClusterConfig::default();
+    cluster.nats.url = nats.url.clone();
+    cluster.nats.subject_prefix = prefix.into();
+    cluster.coordinator.listen = "127.0.0.1:0".into();
+    cluster.coordinator.max_body_bytes = MAX_BODY;
+    cluster.coordinator.worker_timeout_ms = 600;
+    // A stream whose only worker fails it has nowhere to go: fail fast.
+    cluster.coordinator.resume_deadline_ms = 300;
+    let store = tempfile::tempdir().expect("tempdir");
+    cluster.coordinator.store_path = store.path().display().to_string();
+    tweak(&mut cluster);
+    let running = baton_coordinator::start(cluster)
+        .await
+        .expect("coordinator starts");
+    let addr = running.addrs[0];
+    let Running {
+        id,
+        counters,
+        handle,
+        server,
+        ..
+    } = running;
+    actix_rt::spawn(server);
+    (
+        Started {
+            _store: store,
+            id,
+            counters,
+            handle,
+        },
+        addr,
+    )
+}
+
+pub async fn post(addr: SocketAddr, path: &str, body: Value) -> Response {
+    request(addr, "POST", path, Some(&body.to_string())).await
+}
+
+pub async fn wait_healthy(addr: SocketAddr) {
+    for _ in 0..250 {
+        if request(addr, "GET", "/health", None).await.status == 200 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the coordinator never saw the worker");
+}
+
+pub fn chat(content: &str, extra: Value) -> Value {
+    let mut v = json!({"model": MODEL, "messages": [{"role": "user", "content": content}]});
+    for (k, x) in extra.as_object().expect("object") {
+        v[k] = x.clone();
+    }
+    v
 }

@@ -637,6 +637,7 @@ impl<B: Backend> Engine<B> {
             reused: 0,
             prompt_scores: Vec::new(),
             prompt_scored: false,
+            reported: 0,
         })
     }
 
@@ -1107,6 +1108,8 @@ pub struct Sequence<B: Backend> {
     prompt_scores: Vec<Logprobs>,
     /// Whether they were taken.
     prompt_scored: bool,
+    /// Positions last reported by [`Sequence::progress`].
+    reported: usize,
 }
 
 impl<B: Backend> Sequence<B> {
@@ -1177,6 +1180,16 @@ impl<B: Backend> Sequence<B> {
         }
         self.prompt_scored = true;
         Some(std::mem::take(&mut self.prompt_scores))
+    }
+
+    /// The positions its KV cache holds, when they grew since the last call: a step that
+    /// ran a chunk of its prompt and gave no token still shows the sequence moving.
+    pub fn progress(&mut self) -> Option<u32> {
+        let at = self.cache.len();
+        (at > self.reported).then(|| {
+            self.reported = at;
+            at as u32
+        })
     }
 
     /// The prompt's token ids.

@@ -256,7 +256,12 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
                     }));
                 }
                 let reason = match seq.finish_reason() {
-                    None => return out,
+                    None => {
+                        if out.is_empty() {
+                            out.extend(seq.progress().map(EventKind::Progress));
+                        }
+                        return out;
+                    }
                     // A grammar with no way on is the request's, and every worker would
                     // fail it alike: not a failure to move elsewhere.
                     Some(FinishReason::GrammarFailed) => {

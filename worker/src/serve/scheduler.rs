@@ -407,7 +407,7 @@ pub fn run<E: SeqEngine>(
                                     load.tokens.fetch_add(1, Ordering::Relaxed);
                                 }
                                 EventKind::Finished(_) | EventKind::Failed(_) => done.push(i),
-                                EventKind::Prompt(_) => {}
+                                EventKind::Prompt(_) | EventKind::Progress(_) => {}
                             }
                             outbox
                                 .entry(slot.coordinator)
