@@ -32,6 +32,10 @@ pub struct AuthConfig {
     /// Keys that may do all that an API key may, and also call the admin routes
     /// (`/admin/*`, `/metrics`, `/v1/status`) and reattach to any stream.
     pub admin_keys: Vec<Secret>,
+    /// Keys (each also in `api_keys` or `admin_keys`) whose chat messages may spell the
+    /// model's special tokens and have them read as such, for clients that write turns of
+    /// their own. Any other client's `<|im_start|>` in a message is plain text.
+    pub special_token_keys: Vec<Secret>,
 }
 
 impl AuthConfig {

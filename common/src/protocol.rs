@@ -378,6 +378,10 @@ pub struct GenParams {
     pub prompt_logprobs: Option<u8>,
     /// Functions the model may call (chat only); `None`: no tools.
     pub tools: Option<Tools>,
+    /// Chat messages may spell the model's special tokens (`<|im_start|>`) and have them
+    /// read as such: only for clients trusted to write turns of their own. Otherwise such
+    /// text in a message is read as plain text.
+    pub content_specials: bool,
 }
 
 /// A bias added to one token's logit.
@@ -411,6 +415,7 @@ impl GenParams {
             logprobs: None,
             prompt_logprobs: None,
             tools: None,
+            content_specials: false,
         }
     }
 }

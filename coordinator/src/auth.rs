@@ -92,6 +92,8 @@ pub struct Caller {
     streams: Option<Arc<Semaphore>>,
     /// `max_streams_per_key`, for the refusal's message.
     limit: u32,
+    /// Its chat messages may spell special tokens (`auth.special_token_keys`).
+    pub content_specials: bool,
 }
 
 /// Who made a request.
@@ -110,6 +112,11 @@ impl Identity {
             Identity::Anonymous => None,
             Identity::Key(caller) => Some(caller.key),
         }
+    }
+
+    /// Whether its chat messages may spell the model's special tokens.
+    pub fn content_specials(&self) -> bool {
+        matches!(self, Identity::Key(c) if c.content_specials)
     }
 
     /// Which streams this identity may reattach to.
@@ -204,6 +211,9 @@ pub enum KeyError {
         /// Its position in the list.
         index: usize,
     },
+    /// A key allowed special tokens that is not a key at all.
+    #[error("auth.special_token_keys[{0}] is not one of api_keys or admin_keys")]
+    StraySpecial(usize),
 }
 
 /// One configured key.
@@ -213,6 +223,8 @@ struct Entry {
     role: Role,
     /// Its stream slots, when `max_streams_per_key` is set.
     streams: Option<Arc<Semaphore>>,
+    /// In `special_token_keys`.
+    content_specials: bool,
 }
 
 /// Every configured key, by digest.
@@ -243,8 +255,18 @@ impl Keys {
                 }
                 let streams = (max_streams_per_key > 0)
                     .then(|| Arc::new(Semaphore::new(max_streams_per_key as usize)));
-                entries.push(Entry { id, role, streams });
+                entries.push(Entry {
+                    id,
+                    role,
+                    streams,
+                    content_specials: false,
+                });
             }
+        }
+        for (index, key) in config.special_token_keys.iter().enumerate() {
+            let id = KeyId::of(key.expose());
+            let entry = entries.iter_mut().find(|e| e.id == id);
+            entry.ok_or(KeyError::StraySpecial(index))?.content_specials = true;
         }
         Ok(Self {
             entries,
@@ -282,6 +304,7 @@ impl Keys {
             role: entry.role,
             streams: entry.streams.clone(),
             limit: self.limit,
+            content_specials: entry.content_specials,
         })
     }
 }
@@ -294,7 +317,21 @@ mod tests {
         AuthConfig {
             api_keys: api.iter().map(|k| Secret::new(*k)).collect(),
             admin_keys: admin.iter().map(|k| Secret::new(*k)).collect(),
+            special_token_keys: Vec::new(),
         }
+    }
+
+    #[test]
+    fn only_listed_keys_may_spell_special_tokens() {
+        let mut c = config(&["sk-a", "sk-b"], &["sk-root"]);
+        c.special_token_keys = vec![Secret::new("sk-b")];
+        let keys = Keys::new(&c, 0).expect("keys");
+        let trusted = |k: &str| keys.authenticate(k).expect("a key").content_specials;
+        assert!(trusted("sk-b"));
+        assert!(!trusted("sk-a") && !trusted("sk-root"));
+        assert!(!Identity::Anonymous.content_specials());
+        c.special_token_keys.push(Secret::new("sk-nobody"));
+        assert_eq!(Keys::new(&c, 0).err(), Some(KeyError::StraySpecial(1)));
     }
 
     #[test]

@@ -134,6 +134,7 @@ fn wire_seeds(dir: &Path) -> anyhow::Result<()> {
             choice: ToolChoice::Function("f".into()),
             parallel: false,
         }),
+        content_specials: true,
     };
     let call = ToolCall {
         index: 0,

@@ -306,7 +306,7 @@ fn abandoned(
         })
         .collect();
     // Newest first: what is kept is a prefix of each list.
-    detached.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    detached.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
     let mut per_owner: HashMap<KeyId, usize> = HashMap::new();
     let mut kept = 0;
     detached

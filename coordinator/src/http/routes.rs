@@ -247,9 +247,10 @@ struct Answer {
 async fn generate(
     state: &AppState,
     identity: &Identity,
-    request: ValidRequest,
+    mut request: ValidRequest,
     started: Instant,
 ) -> Result<HttpResponse, ApiError> {
+    request.params.content_specials = identity.content_specials();
     let slots = (0..request.n)
         .map(|_| admit(identity))
         .collect::<Result<Vec<_>, _>>()?;

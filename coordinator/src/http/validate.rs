@@ -290,6 +290,8 @@ impl ValidRequest {
                 prompt_logprobs: echo.then_some(logprobs.unwrap_or(0)),
                 // Set by `chat`.
                 tools: None,
+                // Set by the front, from the client's key.
+                content_specials: false,
             },
             stream,
             include_usage: stream && s.stream_options.is_some_and(|o| o.include_usage),

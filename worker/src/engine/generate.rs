@@ -29,7 +29,7 @@ use baton_common::tools::{Function, ToolFormat, ToolParser};
 use burn_tensor::backend::Backend;
 
 use super::{
-    chat::{ChatError, ChatMessage, ChatTemplate},
+    chat::{message_spans, ChatError, ChatMessage, ChatTemplate},
     gguf::{GgufError, GgufFile},
     guide::{apply_mask, Guide, Guides},
     llama::{
@@ -60,6 +60,13 @@ pub enum EngineError {
     /// The model file has no chat template but a chat request came.
     #[error("the model has no chat template")]
     NoChatTemplate,
+    /// A message spells special tokens and the chat template does not copy it whole, so
+    /// its text cannot be kept apart from the template's own tokens.
+    #[error(
+        "message {0} spells special tokens of the model, and the chat template changes its \
+         text: it cannot be read as plain text"
+    )]
+    UnguardedContent(usize),
     /// A sampling parameter is out of range.
     #[error(transparent)]
     Sampling(#[from] SamplingError),
@@ -134,6 +141,7 @@ impl EngineError {
             EngineError::Tokenizer(e) => e.kind(),
             EngineError::Chat(e) => e.kind(),
             EngineError::NoChatTemplate => "no_chat_template",
+            EngineError::UnguardedContent(_) => "unguarded_content",
             EngineError::Sampling(_) => "invalid_sampling",
             EngineError::EmptyPrompt => "empty_prompt",
             EngineError::PromptTooLong { .. } => "prompt_too_long",
@@ -535,10 +543,29 @@ impl<B: Backend> Engine<B> {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, EngineError> {
+        self.encode_chat_as(messages, tools, add_generation_prompt, false)
+    }
+
+    /// [`Engine::encode_chat_with`]; special tokens spelled in the messages' text
+    /// (`<|im_start|>system`) are read as plain text unless `trusted`: only the template
+    /// writes turns.
+    pub fn encode_chat_as(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        trusted: bool,
+    ) -> Result<Vec<u32>, EngineError> {
         let chat = self.chat.as_ref().ok_or(EngineError::NoChatTemplate)?;
         let text = chat.render_tools(messages, tools, add_generation_prompt)?;
-        // The template writes any BOS itself.
-        Ok(self.tokenizer.encode(&text, false)?)
+        let writes = |m: &ChatMessage| self.tokenizer.writes_special(&m.content);
+        if trusted || !messages.iter().any(writes) {
+            // The template writes any BOS itself.
+            return Ok(self.tokenizer.encode(&text, false)?);
+        }
+        let guarded =
+            message_spans(&text, messages, writes).map_err(EngineError::UnguardedContent)?;
+        Ok(self.tokenizer.encode_guarded(&text, &guarded)?)
     }
 
     /// How the model calls tools (by its chat template).

@@ -149,6 +149,7 @@ fn wire_error(e: EngineError) -> WireError {
         | EngineError::ZeroMaxTokens
         | EngineError::EmptyPrompt
         | EngineError::NoChatTemplate
+        | EngineError::UnguardedContent(_)
         | EngineError::Chat(_)
         | EngineError::Tokenizer(_)
         | EngineError::Forward(_)
@@ -212,10 +213,11 @@ impl<B: Backend> SeqEngine for RealEngine<B> {
         let tools = req.params.tools.as_ref().map(tool_use).transpose()?;
         let ids = match &req.prompt {
             PromptSpec::Text(t) => self.engine.encode_prompt(&Prompt::Text(t.clone())),
-            PromptSpec::Chat(turns) => self.engine.encode_chat_with(
+            PromptSpec::Chat(turns) => self.engine.encode_chat_as(
                 &messages(turns),
                 tools.as_ref().map(|(array, _)| array),
                 true,
+                req.params.content_specials,
             ),
             PromptSpec::Tokens(ids) => Ok(ids.clone()),
         }

@@ -477,6 +477,40 @@ fn python_split<'a>(
     }
 }
 
+/// Where the rendered prompt `text` holds the messages that spell special tokens (as
+/// `writes` tells): each message's text (or, for templates that trim it, its trimmed
+/// text) found in turn after the one before. A message that spells them and is not
+/// found (the template changed its text) is an error: its index.
+pub fn message_spans(
+    text: &str,
+    messages: &[ChatMessage],
+    writes: impl Fn(&ChatMessage) -> bool,
+) -> Result<Vec<std::ops::Range<usize>>, usize> {
+    let mut spans = Vec::new();
+    let mut from = 0;
+    for (i, m) in messages.iter().enumerate() {
+        let found = [m.content.as_str(), m.content.trim()]
+            .into_iter()
+            .filter(|needle| !needle.is_empty())
+            .find_map(|needle| {
+                text[from..]
+                    .find(needle)
+                    .map(|at| from + at..from + at + needle.len())
+            });
+        match found {
+            Some(span) => {
+                from = span.end;
+                if writes(m) {
+                    spans.push(span);
+                }
+            }
+            None if writes(m) => return Err(i),
+            None => {}
+        }
+    }
+    Ok(spans)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

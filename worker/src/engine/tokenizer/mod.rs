@@ -21,7 +21,9 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, OnceLock};
+
+use aho_corasick::AhoCorasick;
 
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::{
@@ -324,6 +326,11 @@ pub struct Tokenizer {
     offsets: Vec<usize>,
     /// Ids registered as special (control tokens): matched whole, skippable on decode.
     special: HashSet<u32>,
+    /// Finds their spellings in a text (`None`: the vocabulary has none).
+    special_text: Option<AhoCorasick>,
+    /// The encoder without its special tokens, for text that must not write them; made
+    /// when first needed.
+    plain: OnceLock<tokenizers::Tokenizer>,
     bos_id: Option<u32>,
     eos_id: Option<u32>,
     unk_id: Option<u32>,
@@ -609,6 +616,7 @@ impl Tokenizer {
         let in_alphabet = |t: &str| spm.is_some() || t.chars().all(|c| char_to_byte(c).is_some());
         let mut special = HashSet::new();
         let mut control = Vec::new();
+        let mut spellings = Vec::new();
         let mut user_defined = Vec::new();
         for ((id, token), ty) in (0u32..).zip(&tokens).zip(&token_types) {
             if !in_alphabet(token) {
@@ -617,6 +625,7 @@ impl Tokenizer {
             match ty {
                 TokenType::Control => {
                     special.insert(id);
+                    spellings.push(token.as_str());
                     control.push(AddedToken::from(token.clone(), true).normalized(false));
                 }
                 TokenType::UserDefined => {
@@ -639,7 +648,16 @@ impl Tokenizer {
             offsets.push(bytes.len());
         }
 
+        let special_text = match spellings.is_empty() {
+            true => None,
+            false => Some(
+                AhoCorasick::new(&spellings)
+                    .map_err(|e| TokenizerError::InvalidVocab(format!("special tokens: {e}")))?,
+            ),
+        };
         Ok(Tokenizer {
+            special_text,
+            plain: OnceLock::new(),
             inner,
             spm,
             pre,
@@ -675,6 +693,43 @@ impl Tokenizer {
         ids.extend_from_slice(body);
         if add_special && self.add_eos {
             ids.extend(self.eos_id);
+        }
+        Ok(ids)
+    }
+
+    /// Whether `text` spells a special token (`<|im_end|>`).
+    pub fn writes_special(&self, text: &str) -> bool {
+        self.special_text.as_ref().is_some_and(|a| a.is_match(text))
+    }
+
+    /// Token ids for `text` (as [`Tokenizer::encode`] without BOS/EOS), where special
+    /// tokens spelled inside the byte ranges `guarded` are read as plain text: a chat
+    /// prompt's messages are the client's, and a client must not write turns of its own.
+    pub fn encode_guarded(
+        &self,
+        text: &str,
+        guarded: &[std::ops::Range<usize>],
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(TokenizerError::Encode)?;
+        let mut ids = Vec::with_capacity(encoding.len());
+        for (&id, &(start, end)) in encoding.get_ids().iter().zip(encoding.get_offsets()) {
+            let inside = guarded.iter().any(|g| g.start <= start && end <= g.end);
+            if !(inside && self.special.contains(&id)) {
+                ids.push(id);
+                continue;
+            }
+            let plain = self.plain.get_or_init(|| {
+                let mut plain = self.inner.clone();
+                plain.set_encode_special_tokens(true);
+                plain
+            });
+            let piece = plain
+                .encode_fast(&text[start..end], false)
+                .map_err(TokenizerError::Encode)?;
+            ids.extend_from_slice(piece.get_ids());
         }
         Ok(ids)
     }
