@@ -131,6 +131,12 @@ pub struct CoordinatorConfig {
     pub default_max_tokens: u32,
     /// Largest request body, in bytes.
     pub max_body_bytes: usize,
+    /// Time a request's body has to arrive in full, in milliseconds; slower bodies get
+    /// 408.
+    pub body_timeout_ms: u64,
+    /// Most open HTTP connections from one client address (0: no limit); requests on
+    /// connections past it get 429 and the connection is closed.
+    pub max_connections_per_client: u32,
     /// How long to wait for a worker to accept a submit, in milliseconds.
     pub submit_timeout_ms: u64,
     /// A worker silent for this long is dropped from the registry, in milliseconds.
@@ -235,6 +241,8 @@ impl Default for CoordinatorConfig {
             max_tokens_limit: 4096,
             default_max_tokens: 0,
             max_body_bytes: 1 << 20,
+            body_timeout_ms: 30_000,
+            max_connections_per_client: 1024,
             submit_timeout_ms: 5_000,
             worker_timeout_ms: 3_000,
             stream_timeout_ms: 60_000,

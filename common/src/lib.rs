@@ -11,6 +11,7 @@
 //! - [`config`]: `cluster.toml` types.
 //! - [`nats`]: connecting to NATS with the configured credentials and TLS.
 //! - [`secret`]: values that never print (keys, passwords).
+//! - [`throttle`]: warnings a remote party can repeat, logged once per interval.
 //! - [`env`](mod@env): the names of every environment variable Baton reads.
 //! - [`fuzz`]: what the `wire` fuzz target feeds arbitrary bytes to, and the replay of
 //!   past crash inputs that every crate's regression test runs.
@@ -29,4 +30,5 @@ pub mod protocol;
 pub mod public;
 pub mod secret;
 pub mod subjects;
+pub mod throttle;
 pub mod tools;

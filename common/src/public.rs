@@ -42,6 +42,9 @@ pub mod headers {
     pub const COORDINATOR: &str = "Baton-Coordinator";
     /// The body's encoding, on requests and replies.
     pub const CONTENT_TYPE: &str = "Content-Type";
+    /// `true` on a request to a coordinator's own replay subject that only asks whether
+    /// it is there: it answers at once with one final message, `{}`.
+    pub const PROBE: &str = "Baton-Probe";
 }
 
 /// Body of a replay request (`<p>.v1.streams.replay`).

@@ -235,10 +235,14 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
     };
     let data = web::Data::new(state);
     let cors_origins = config.cors_origins.clone();
+    let clients = http::clients::ClientTable::new(config.max_connections_per_client as usize);
     let server = HttpServer::new(move || {
         App::new()
             .app_data(data.clone())
             .wrap(actix_web::middleware::from_fn(http::auth::check))
+            // Before the key check: a connection past its address's limit is served
+            // nothing.
+            .wrap(actix_web::middleware::from_fn(http::clients::check))
             // Outside the key check: its refusals carry the request's id too.
             .wrap(actix_web::middleware::from_fn(http::request_id::echo))
             // Outermost: preflights are answered before the key check.
@@ -252,10 +256,13 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
     // Streamed answers are many small writes: with Nagle's algorithm on, a token's chunk
     // waits for the client's (delayed) acknowledgement of the one before, and a first
     // token could reach its client only with the second.
-    .on_connect(|conn, _| {
+    .on_connect(move |conn, data| {
         if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
             if let Err(e) = tcp.set_nodelay(true) {
                 warn!(error = %e, "cannot set TCP_NODELAY on a client connection");
+            }
+            if let Ok(peer) = tcp.peer_addr() {
+                data.insert(clients.connect(peer.ip()));
             }
         }
     })

@@ -20,6 +20,7 @@ use baton_common::protocol::{
     StreamAttempt, Submit, SubmitReply, TokenizeReply, TokenizeRequest, Wire,
 };
 use baton_common::subjects::{Subjects, REQUEST_ID_HEADER};
+use baton_common::throttle::Throttle;
 use futures::{FutureExt, StreamExt};
 use lru::LruCache;
 use tracing::{info, warn};
@@ -467,7 +468,9 @@ fn decode_wire_counted(payload: &[u8], counters: &Counters) -> Option<Wire> {
         Ok(wire) => Some(wire),
         Err(e) => {
             counters.garbage.fetch_add(1, Ordering::Relaxed);
-            warn!(kind = e.kind(), error = %e, bytes = payload.len(), "dropping a malformed message");
+            if let Some(held) = GARBAGE_WARNINGS.admit() {
+                warn!(kind = e.kind(), error = %e, bytes = payload.len(), held_back = held, "dropping a malformed message");
+            }
             None
         }
     }
@@ -488,8 +491,19 @@ fn unexpected(counters: &Counters, subject: &str, body: &Body) {
         Body::Tokenize(_) => "tokenize",
         Body::TokenizeReply(_) => "tokenize reply",
     };
-    warn!(subject, kind, "dropping a message of the wrong kind");
+    if let Some(held) = GARBAGE_WARNINGS.admit() {
+        warn!(
+            subject,
+            kind,
+            held_back = held,
+            "dropping a message of the wrong kind"
+        );
+    }
 }
+
+/// Garbage on the subjects this coordinator reads is logged once a second (the count of
+/// what was held back goes with it; the metrics count each message).
+static GARBAGE_WARNINGS: Throttle = Throttle::new(Duration::from_secs(1));
 
 #[cfg(test)]
 mod tests {

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Addr;
+use async_nats::client::RequestErrorKind;
 use async_nats::{Client, HeaderMap, Message, Subject, Subscriber};
 use baton_common::config::CoordinatorConfig;
 use baton_common::ids::{CoordinatorId, StreamId};
@@ -27,6 +28,7 @@ use baton_common::public::{
     ErrorReply, Final, LoadStatus, ModelStatus, ReplayRequest, Reply, Whole, WorkerStatus,
     CONTENT_TYPE_JSON, CONTENT_TYPE_RKYV, QUEUE_GROUP,
 };
+use baton_common::throttle::Throttle;
 use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::unbounded_channel;
@@ -67,6 +69,9 @@ impl PublicCounters {
         self.malformed.load(Ordering::Relaxed)
     }
 }
+
+/// Requests without a reply inbox are logged once a second (with the count held back).
+static NO_INBOX_WARNINGS: Throttle = Throttle::new(Duration::from_secs(1));
 
 /// Which public subject a request came on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,7 +175,9 @@ impl PublicApi {
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
         let Some(inbox) = msg.reply.clone() else {
             self.counters.malformed.fetch_add(1, Ordering::Relaxed);
-            warn!(subject = %msg.subject, bytes = msg.payload.len(), "public request without a reply inbox dropped");
+            if let Some(held) = NO_INBOX_WARNINGS.admit() {
+                warn!(subject = %msg.subject, bytes = msg.payload.len(), held_back = held, "public request without a reply inbox dropped");
+            }
             return;
         };
         let mut out = Replier::new(
@@ -179,6 +186,15 @@ impl PublicApi {
             Format::of(msg.headers.as_ref()),
             self.nats.coordinator(),
         );
+        let probe = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(headers::PROBE))
+            .is_some_and(|v| v.as_str() == "true");
+        if route == Route::OwnReplay && probe {
+            out.send(Kind::Single, b"{}".to_vec()).await;
+            return;
+        }
         let result = if msg.payload.len() > self.config.max_body_bytes {
             Err(ApiError::BodyTooLarge {
                 limit: self.config.max_body_bytes,
@@ -397,8 +413,10 @@ impl PublicApi {
             .map_err(|e| ApiError::MalformedJson(e.to_string()))?;
         let own = self.nats.coordinator();
         if let Some(owner) = request.coordinator.filter(|c| shared && *c != own) {
-            // Another coordinator holds the stream: it answers the same inbox.
+            // Another coordinator holds the stream: it answers the same inbox, once it is
+            // known to be there (else nobody would answer at all).
             let subject = self.nats.subjects().coordinator_replay(owner);
+            self.probe_coordinator(owner, &subject).await?;
             let headers = msg.headers.clone().unwrap_or_default();
             return self
                 .nats
@@ -452,6 +470,34 @@ impl PublicApi {
             answer.writers[0].role_sent();
         }
         self.forward(answer, out).await
+    }
+
+    /// Checks that coordinator `owner` answers on its replay `subject`.
+    async fn probe_coordinator(&self, owner: CoordinatorId, subject: &str) -> Result<(), ApiError> {
+        let mut probe = HeaderMap::new();
+        probe.insert(headers::PROBE, "true");
+        let timeout = Duration::from_millis(self.config.submit_timeout_ms);
+        let request = async_nats::Request::new()
+            .headers(probe)
+            .payload(Vec::new().into())
+            .timeout(Some(timeout));
+        match self
+            .nats
+            .client()
+            .send_request(subject.to_string(), request)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == RequestErrorKind::NoResponders => {
+                Err(ApiError::StreamNotFound(format!(
+                    "the stream is held by coordinator {owner}, which is not running (nothing \
+                     answers on its replay subject); its streams cannot be replayed"
+                )))
+            }
+            Err(e) => Err(ApiError::WorkerTimeout(format!(
+                "coordinator {owner} did not answer a replay probe: {e}"
+            ))),
+        }
     }
 
     /// `/tokenize` and `/detokenize`: one final message.
@@ -651,6 +697,9 @@ fn malformed(error: &ApiError) -> bool {
         | ApiError::AdminKeyRequired(_) => true,
         ApiError::Overloaded(_)
         | ApiError::TooManyStreams { .. }
+        | ApiError::TooManyConnections { .. }
+        | ApiError::BodyTimeout(_)
+        | ApiError::MethodNotAllowed(_)
         | ApiError::NotSynced
         | ApiError::NoLiveWorkers
         | ApiError::ModelUnavailable(_)

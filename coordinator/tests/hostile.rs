@@ -6,7 +6,7 @@
 mod support;
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use baton_common::subjects::Subjects;
 use futures::future::join_all;
@@ -15,6 +15,8 @@ use support::{
     chat, coordinator_with, eventually, open_stream, post, request, wait_healthy, FakeWorker,
     NatsServer, MODEL,
 };
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 /// Status and `error.code` of an answer.
 fn refusal(r: &support::Response) -> (u16, String) {
@@ -221,4 +223,146 @@ async fn abandoned_streams_give_their_places_back() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(held <= 100.0, "{held} streams held");
+}
+
+/// Bodies that dribble in are cut at `body_timeout_ms` (408); one address holds at most
+/// `max_connections_per_client` connections (429 on the others, which are closed), and
+/// its places come back as its connections close.
+#[actix_web::test]
+async fn slow_bodies_time_out_and_one_address_holds_a_bounded_number_of_connections() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (_running, addr) = coordinator_with(&nats, "slow", |c| {
+        c.coordinator.body_timeout_ms = 600;
+        c.coordinator.max_connections_per_client = 20;
+    })
+    .await;
+    let _worker = FakeWorker::start(&nats.url, Subjects::new("slow")).await;
+    wait_healthy(addr).await;
+
+    // A body of 100 bytes sent a byte every 100 ms.
+    let head = |len: usize| {
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+             Content-Length: {len}\r\n\r\n"
+        )
+    };
+    let mut slow = TcpStream::connect(addr).await.expect("connect");
+    slow.write_all(head(100).as_bytes()).await.expect("head");
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&answer).contains("request_timeout") {
+        assert!(started.elapsed() < Duration::from_secs(5), "no 408 in time");
+        let _ = slow.write_all(b" ").await;
+        if let Ok(Ok(n)) =
+            tokio::time::timeout(Duration::from_millis(100), slow.read(&mut buf)).await
+        {
+            if n == 0 {
+                break;
+            }
+            answer.extend_from_slice(&buf[..n]);
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+
+    // Twenty connections each sending half a body hold every place of this address.
+    let mut held = Vec::new();
+    for _ in 0..20 {
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        s.write_all(head(100).as_bytes()).await.expect("head");
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let r = post(
+        addr,
+        "/v1/chat/completions",
+        chat("hi", json!({"max_tokens": 2})),
+    )
+    .await;
+    assert_eq!(
+        refusal(&r),
+        (429, "too_many_connections".into()),
+        "{}",
+        r.body
+    );
+    drop(held);
+    // The places come back with the connections.
+    let mut served = false;
+    for _ in 0..50 {
+        let r = post(
+            addr,
+            "/v1/chat/completions",
+            chat("hi", json!({"max_tokens": 2})),
+        )
+        .await;
+        if r.status == 200 {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(served, "the address's places never came back");
+}
+
+/// The web server's own refusals have OpenAI's error shape, a client's long model name
+/// is not echoed whole, and a failed whole answer is counted once.
+#[actix_web::test]
+async fn rough_edges_answer_in_shape() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (_running, addr) = coordinator_with(&nats, "edges", |c| {
+        c.coordinator.max_body_bytes = 1 << 20;
+    })
+    .await;
+    let _worker = FakeWorker::start(&nats.url, Subjects::new("edges")).await;
+    wait_healthy(addr).await;
+
+    let r = request(addr, "GET", "/v1/chat/completions", None).await;
+    assert_eq!(
+        refusal(&r),
+        (405, "method_not_allowed".into()),
+        "{}",
+        r.body
+    );
+    let r = request(addr, "DELETE", "/v1/models", None).await;
+    assert_eq!(
+        refusal(&r),
+        (405, "method_not_allowed".into()),
+        "{}",
+        r.body
+    );
+
+    let name = "m".repeat(100_000);
+    let r = post(
+        addr,
+        "/v1/chat/completions",
+        json!({"model": name, "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(refusal(&r), (404, "model_not_found".into()));
+    assert!(r.body.len() < 1000, "{} bytes", r.body.len());
+    assert!(r.body.contains("100000 bytes"), "{}", r.body);
+
+    // A whole answer whose stream fails (its only worker fails it) is one request.
+    let r = post(
+        addr,
+        "/v1/chat/completions",
+        chat("BROKEN", json!({"max_tokens": 4})),
+    )
+    .await;
+    let (status, code) = refusal(&r);
+    assert!(status >= 400, "{}", r.body);
+    let metrics = request(addr, "GET", "/metrics", None).await;
+    let counted: f64 = metrics
+        .body
+        .lines()
+        .filter(|l| l.starts_with("baton_requests_total{") && l.contains(&format!("\"{code}\"")))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(counted, 1.0, "{code}: {}", metrics.body);
 }

@@ -208,6 +208,12 @@ fn malformed_public_requests_get_errors_and_are_counted() {
                 json!({"stream": unknown, "after": 3}),
                 "stream_not_found",
             ),
+            // A coordinator that is not running: answered, not left unanswered.
+            (
+                s.replay(),
+                json!({"stream": unknown, "after": 3, "coordinator": unknown}),
+                "stream_not_found",
+            ),
             (s.admin_drain(), json!({}), "missing_required_parameter"),
             (s.admin_drain(), json!({"worker": "nope"}), "invalid_value"),
             (s.admin_drain(), json!({"worker": unknown}), "invalid_value"),

@@ -44,7 +44,7 @@ pub enum ApiError {
         message: String,
     },
     /// No live worker serves the model.
-    #[error("The model `{0}` does not exist")]
+    #[error("The model `{}` does not exist", clip(.0))]
     ModelNotFound(String),
     /// The prompt (with the output it asks for) does not fit the model's context.
     #[error("{0}")]
@@ -71,7 +71,7 @@ pub enum ApiError {
     #[error("no live workers")]
     NoLiveWorkers,
     /// Workers serve the model but none can take the request now (draining, gone).
-    #[error("no worker can take a request for `{0}` now")]
+    #[error("no worker can take a request for `{}` now", clip(.0))]
     ModelUnavailable(String),
     /// A worker did not accept the request in time.
     #[error("{0}")]
@@ -107,6 +107,21 @@ pub enum ApiError {
     /// The route needs an admin key and the request's key is an API key.
     #[error("{0} needs an admin key; the API key provided is not one")]
     AdminKeyRequired(String),
+    /// The client's address holds `max_connections_per_client` connections already.
+    #[error(
+        "this address holds more than {limit} connections to the server, its limit \
+         (max_connections_per_client); close some and retry"
+    )]
+    TooManyConnections {
+        /// `max_connections_per_client`.
+        limit: usize,
+    },
+    /// The body did not arrive within `body_timeout_ms`.
+    #[error("the request body did not arrive within {0} ms")]
+    BodyTimeout(u64),
+    /// The URL exists, for other methods.
+    #[error("{0}")]
+    MethodNotAllowed(String),
     /// The request's key holds `max_streams_per_key` open streams.
     #[error(
         "this API key holds {limit} open streams, its limit (max_streams_per_key); \
@@ -116,6 +131,22 @@ pub enum ApiError {
         /// `max_streams_per_key`.
         limit: u32,
     },
+}
+
+/// Longest client-given name an error repeats whole.
+const NAME_SHOWN: usize = 64;
+
+/// A client-given name as an error shows it: whole when short, else its start and its
+/// length (a 100 KB model name is not sent back).
+pub fn clip(name: &str) -> String {
+    if name.len() <= NAME_SHOWN {
+        return name.to_string();
+    }
+    let mut end = NAME_SHOWN;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &name[..end], name.len())
 }
 
 /// OpenAI's error body.
@@ -166,6 +197,9 @@ impl ApiError {
             ApiError::InvalidApiKey => StatusCode::UNAUTHORIZED,
             ApiError::AdminKeyRequired(_) => StatusCode::FORBIDDEN,
             ApiError::TooManyStreams { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::TooManyConnections { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
 
@@ -204,6 +238,9 @@ impl ApiError {
             ApiError::InvalidApiKey => "invalid_api_key",
             ApiError::AdminKeyRequired(_) => "insufficient_permissions",
             ApiError::TooManyStreams { .. } => "rate_limit_exceeded",
+            ApiError::TooManyConnections { .. } => "too_many_connections",
+            ApiError::BodyTimeout(_) => "request_timeout",
+            ApiError::MethodNotAllowed(_) => "method_not_allowed",
         }
     }
 

@@ -2,6 +2,7 @@
 //!
 //! - [`cors`]: CORS for browser clients, outermost (preflights need no key).
 //! - [`request_id`]: `X-Request-Id` on every response.
+//! - [`clients`]: at most `max_connections_per_client` connections an address.
 //! - [`auth`]: the API key check in front of every route.
 //! - [`routes`]: handlers (`/v1/chat/completions`, `/v1/completions`, `/v1/models`,
 //!   `/v1/streams/{id}`, `/health`).
@@ -13,6 +14,7 @@
 
 pub mod auth;
 pub mod choices;
+pub mod clients;
 pub mod cors;
 pub mod error;
 pub mod logprobs;

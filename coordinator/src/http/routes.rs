@@ -17,7 +17,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use actix::Addr;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::web::{self, Bytes, BytesMut};
-use actix_web::{HttpMessage, HttpRequest, HttpResponse};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, ResponseError};
+use baton_common::config::CoordinatorConfig;
 use baton_common::ids::StreamId;
 use baton_common::protocol::{FinishReason, SeqRequest, ToolCall};
 use futures::StreamExt;
@@ -45,28 +46,47 @@ use crate::auth::{Identity, KeyId, StreamSlot};
 use crate::metrics::StreamTracker;
 use crate::store::StreamRecord;
 
-/// Registers every route on `cfg`.
+/// Registers every route on `cfg`; another method on a known URL is an OpenAI-shaped
+/// 405.
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/v1/chat/completions", web::post().to(chat_completions))
-        .route("/v1/completions", web::post().to(completions))
-        .route("/v1/models", web::get().to(models))
-        .route(
+    let routes = [
+        ("/v1/chat/completions", web::post().to(chat_completions)),
+        ("/v1/completions", web::post().to(completions)),
+        ("/v1/models", web::get().to(models)),
+        (
             "/tokenize",
             web::post().to(|s, r, p| tokenizer(s, r, p, Direction::Tokenize)),
-        )
-        .route(
+        ),
+        (
             "/detokenize",
             web::post().to(|s, r, p| tokenizer(s, r, p, Direction::Detokenize)),
-        )
-        .route("/v1/streams/{id}", web::get().to(stream_events))
-        .route("/health", web::get().to(health))
-        .route("/v1/status", web::get().to(super::status::status))
-        .route("/metrics", web::get().to(super::status::metrics))
-        .route(
+        ),
+        ("/v1/streams/{id}", web::get().to(stream_events)),
+        ("/health", web::get().to(health)),
+        ("/v1/status", web::get().to(super::status::status)),
+        ("/metrics", web::get().to(super::status::metrics)),
+        (
             "/admin/workers/{id}/drain",
             web::post().to(super::status::drain),
-        )
-        .route("/", web::get().to(super::status::page));
+        ),
+        ("/", web::get().to(super::status::page)),
+    ];
+    for (path, route) in routes {
+        cfg.service(
+            web::resource(path)
+                .route(route)
+                .default_service(web::to(method_not_allowed)),
+        );
+    }
+}
+
+/// A known URL with another method.
+async fn method_not_allowed(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    Err(ApiError::MethodNotAllowed(format!(
+        "{} is not allowed on {}",
+        req.method(),
+        req.path()
+    )))
 }
 
 /// Any other URL: an OpenAI-shaped 404.
@@ -89,7 +109,7 @@ async fn chat_completions(
         if let Some(last) = last_event_id(&req)? {
             return reattach(&state, &identity, last, started).await;
         }
-        let body = read_body(&req, payload, state.config.max_body_bytes).await?;
+        let body = read_body(&req, payload, &state.config).await?;
         let request = ValidRequest::chat(&body, &state.config)?;
         generate(&state, &identity, request, started).await
     }
@@ -109,7 +129,7 @@ async fn completions(
         if let Some(last) = last_event_id(&req)? {
             return reattach(&state, &identity, last, started).await;
         }
-        let body = read_body(&req, payload, state.config.max_body_bytes).await?;
+        let body = read_body(&req, payload, &state.config).await?;
         let request = ValidRequest::completion(&body, &state.config)?;
         generate(&state, &identity, request, started).await
     }
@@ -160,7 +180,7 @@ async fn tokenizer(
     payload: web::Payload,
     direction: Direction,
 ) -> Result<HttpResponse, ApiError> {
-    let body = read_body(&req, payload, state.config.max_body_bytes).await?;
+    let body = read_body(&req, payload, &state.config).await?;
     let request = super::tokenize::parse(direction, &body)?;
     let timeout = Duration::from_millis(state.config.submit_timeout_ms);
     let answer = super::tokenize::run(&state.registry, &state.nats, timeout, request).await?;
@@ -199,12 +219,15 @@ async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     })
 }
 
-/// Reads the body, refusing more than `limit` bytes with a 413.
+/// Reads the body, refusing more than `max_body_bytes` with a 413 and one that takes
+/// longer than `body_timeout_ms` with a 408.
 async fn read_body(
     req: &HttpRequest,
     mut payload: web::Payload,
-    limit: usize,
+    config: &CoordinatorConfig,
 ) -> Result<Bytes, ApiError> {
+    let limit = config.max_body_bytes;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(config.body_timeout_ms);
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -214,7 +237,12 @@ async fn read_body(
         return Err(ApiError::BodyTooLarge { limit });
     }
     let mut body = BytesMut::with_capacity(declared.unwrap_or(0));
-    while let Some(chunk) = payload.next().await {
+    loop {
+        let chunk = match tokio::time::timeout_at(deadline, payload.next()).await {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => break,
+            Err(_) => return Err(ApiError::BodyTimeout(config.body_timeout_ms)),
+        };
         let chunk =
             chunk.map_err(|e| ApiError::MalformedJson(format!("cannot read the body: {e}")))?;
         if body.len() + chunk.len() > limit {
@@ -441,8 +469,10 @@ async fn respond_whole(state: &AppState, answer: Answer) -> Result<HttpResponse,
             done
         }
         Err(e) => {
+            // Counted here, with the stream's outcome; not again as a request that failed
+            // before its answer started.
             tracker.finish(e.code());
-            return Err(e);
+            return Ok(e.error_response());
         }
     };
     let usage = Usage::of_choices(wholes.iter().map(|w| w.usage));

@@ -402,17 +402,29 @@ fn listen(
                 Ok(wire) => {
                     if !handle(wire.body, msg.reply) {
                         metrics.dropped(what, "misplaced");
-                        tracing::warn!("unexpected message kind on the {what} subject dropped");
+                        if let Some(held) = GARBAGE_WARNINGS.admit() {
+                            tracing::warn!(
+                                held_back = held,
+                                "unexpected message kind on the {what} subject dropped"
+                            );
+                        }
                     }
                 }
                 Err(e) => {
                     metrics.dropped(what, "malformed");
-                    tracing::warn!(error = %e, "malformed message on the {what} subject dropped");
+                    if let Some(held) = GARBAGE_WARNINGS.admit() {
+                        tracing::warn!(error = %e, held_back = held, "malformed message on the {what} subject dropped");
+                    }
                 }
             }
         }
     });
 }
+
+/// Garbage on this worker's subjects is logged once a second (with the count held back;
+/// the metrics count each message).
+static GARBAGE_WARNINGS: baton_common::throttle::Throttle =
+    baton_common::throttle::Throttle::new(std::time::Duration::from_secs(1));
 
 /// Resolves on SIGTERM or Ctrl-C.
 async fn shutdown_signal() {
