@@ -46,8 +46,50 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
-/// Why a stream resumes when its draining worker hands it over.
-const HANDED_OVER: &str = "handed over by a draining worker";
+/// Why a stream moves to another worker (or starts again on one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResumeReason {
+    /// Its worker failed it (`internal`).
+    WorkerFailed,
+    /// Its draining worker handed it over: planned, not counted against `max_resumes`.
+    HandedOver,
+    /// Its events skipped a position (a lost message).
+    TokensMissing,
+    /// Its worker said it finished with fewer tokens than the stream holds, or cancelled.
+    EndedEarly,
+    /// No progress for its stall window although the worker answers.
+    Stalled,
+    /// A probe found the worker alive without the stream.
+    LostByWorker,
+    /// A probe found nobody on the worker's subject.
+    NoResponders,
+    /// The registry dropped the worker (heartbeats stopped).
+    LeftRegistry,
+    /// A client came back to a detached stream: not a failure either.
+    Reattached,
+}
+
+impl ResumeReason {
+    /// What logs and the `stream_resumes_total{reason}` metric say.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResumeReason::WorkerFailed => "the worker failed it",
+            ResumeReason::HandedOver => "handed over by a draining worker",
+            ResumeReason::TokensMissing => "tokens missing",
+            ResumeReason::EndedEarly => "the stream ended early",
+            ResumeReason::Stalled => "stalled",
+            ResumeReason::LostByWorker => "the worker lost it",
+            ResumeReason::NoResponders => "no responders",
+            ResumeReason::LeftRegistry => "left the registry",
+            ResumeReason::Reattached => "a client reattached",
+        }
+    }
+
+    /// Whether the move counts towards `max_resumes` (a failure, not a plan).
+    fn counts(self) -> bool {
+        !matches!(self, ResumeReason::HandedOver | ResumeReason::Reattached)
+    }
+}
 
 use super::messages::{DispatchTokens, ForgetWorker, ReleaseWorker, WorkerLost};
 use super::registry::Registry;
@@ -804,15 +846,15 @@ impl Sessions {
         &mut self,
         stream: StreamId,
         avoid: Option<WorkerId>,
-        why: &str,
+        reason: ResumeReason,
         ctx: &mut Context<Self>,
     ) {
         let max = self.settings.max_resumes;
         let Some(s) = self.sessions.get_mut(&stream) else {
             return;
         };
-        // A hand-over is planned, not a failure: it does not count towards the limit.
-        if why != HANDED_OVER {
+        let why = reason.as_str();
+        if reason.counts() {
             if s.resumes >= max {
                 let message = format!("the stream was resumed {max} times; giving up ({why})");
                 return self.fail(stream, ErrorKind::Internal, message);
@@ -832,7 +874,7 @@ impl Sessions {
     }
 
     /// Resumes every stream running on `worker`, elsewhere.
-    fn worker_lost(&mut self, worker: WorkerId, why: &str, ctx: &mut Context<Self>) {
+    fn worker_lost(&mut self, worker: WorkerId, reason: ResumeReason, ctx: &mut Context<Self>) {
         let streams: Vec<StreamId> = self
             .sessions
             .iter()
@@ -840,10 +882,10 @@ impl Sessions {
             .map(|(id, _)| *id)
             .collect();
         if !streams.is_empty() {
-            warn!(%worker, streams = streams.len(), why, "worker lost; resuming its streams");
+            warn!(%worker, streams = streams.len(), why = reason.as_str(), "worker lost; resuming its streams");
         }
         for stream in streams {
-            self.resume(stream, Some(worker), why, ctx);
+            self.resume(stream, Some(worker), reason, ctx);
         }
     }
 
@@ -859,7 +901,7 @@ impl Sessions {
         // Streams whose record gained their scored prompt.
         let mut prompts: Vec<StreamId> = Vec::new();
         let mut stop: HashMap<WorkerId, Vec<(StreamId, u32)>> = HashMap::new();
-        let mut resume: Vec<(StreamId, Option<WorkerId>, &'static str)> = Vec::new();
+        let mut resume: Vec<(StreamId, Option<WorkerId>, ResumeReason)> = Vec::new();
         let mut ended: HashSet<StreamId> = HashSet::new();
         for batch in batches {
             let worker = batch.worker;
@@ -914,7 +956,7 @@ impl Sessions {
                         }
                         if t.index > next {
                             warn!(%stream, %worker, expected = next, got = t.index, "tokens missing; resuming from the checkpoint");
-                            resume.push((stream, None, "tokens missing"));
+                            resume.push((stream, None, ResumeReason::TokensMissing));
                             continue;
                         }
                         s.tokens.push(Held {
@@ -941,7 +983,7 @@ impl Sessions {
                         if f.reason == FinishReason::Cancelled
                             || f.completion_tokens as usize != s.tokens.len()
                         {
-                            resume.push((stream, None, "the stream ended early"));
+                            resume.push((stream, None, ResumeReason::EndedEarly));
                             continue;
                         }
                         let f = Finished {
@@ -958,10 +1000,10 @@ impl Sessions {
                     EventKind::Failed(e) => {
                         if matches!(e.kind, ErrorKind::Internal) {
                             warn!(%stream, %worker, error = %e.message, "worker failed the stream");
-                            resume.push((stream, Some(worker), "the worker failed it"));
+                            resume.push((stream, Some(worker), ResumeReason::WorkerFailed));
                         } else if matches!(e.kind, ErrorKind::Draining) {
                             info!(%stream, %worker, "the draining worker handed the stream over");
-                            resume.push((stream, Some(worker), HANDED_OVER));
+                            resume.push((stream, Some(worker), ResumeReason::HandedOver));
                         } else {
                             updates.push((stream, Update::Failed(e)));
                             ended.insert(stream);
@@ -1084,7 +1126,7 @@ impl Sessions {
             }
         }
         for (stream, worker) in stalled {
-            self.resume(stream, Some(worker), "stalled", ctx);
+            self.resume(stream, Some(worker), ResumeReason::Stalled, ctx);
         }
         for worker in probe {
             self.probing.insert(worker);
@@ -1109,14 +1151,14 @@ impl Sessions {
                                         s.phase == Phase::Running(worker) && s.attempt() == attempt
                                     });
                                     if still {
-                                        this.resume(stream, None, "the worker lost it", ctx);
+                                        this.resume(stream, None, ResumeReason::LostByWorker, ctx);
                                     }
                                 }
                             }
                             Probe::Gone => {
                                 this.answered.remove(&worker);
                                 this.registry.do_send(ForgetWorker { worker });
-                                this.worker_lost(worker, "no responders", ctx);
+                                this.worker_lost(worker, ResumeReason::NoResponders, ctx);
                             }
                             Probe::Unknown => debug!(%worker, "probe unanswered"),
                         }
@@ -1303,9 +1345,7 @@ impl Handler<Attach> for Sessions {
         };
         if matches!(s.phase, Phase::Detached { .. }) {
             info!(stream = %msg.stream, position = s.tokens.len(), "a client is back; resuming the stream");
-            // Not counted as a failover: nothing failed.
-            s.resumes = s.resumes.saturating_sub(1);
-            self.resume(msg.stream, None, "a client reattached", ctx);
+            self.resume(msg.stream, None, ResumeReason::Reattached, ctx);
         }
         Ok(attached)
     }
@@ -1398,7 +1438,7 @@ impl Handler<WorkerLost> for Sessions {
         // Nothing is kept of a worker that left: each restart is a new worker id.
         self.answered.remove(&msg.worker);
         self.nats.forget_worker(msg.worker);
-        self.worker_lost(msg.worker, "left the registry", ctx);
+        self.worker_lost(msg.worker, ResumeReason::LeftRegistry, ctx);
     }
 }
 
