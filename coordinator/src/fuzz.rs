@@ -11,8 +11,8 @@
 use actix_web::http::header::HeaderValue;
 use baton_common::config::CoordinatorConfig;
 
+use crate::api::validate::{ValidRequest, MAX_STOP_STRINGS};
 use crate::http::routes::parse_last_event_id;
-use crate::http::validate::{ValidRequest, MAX_STOP_STRINGS};
 
 /// Feeds `data` to request validation as both kinds of body and to the `Last-Event-ID`
 /// parser; panics only on a bug.

@@ -14,14 +14,17 @@
 //! - [`dispatch`]: routing and submitting a sequence, with retries on other workers.
 //! - [`store`]: the sled checkpoint store.
 //! - [`metrics`]: Prometheus metrics (`/metrics`).
-//! - [`http`]: routes, OpenAI bodies, validation, SSE, and the error → status mapping.
-//! - [`public`]: the public NATS API (completions, replays, admin) in a queue group.
+//! - [`api`]: what both fronts share: validation, opening streams, reading and shaping
+//!   answers, and the one error kind.
+//! - [`http`]: the HTTP front: routes, SSE, keys, and the error → status mapping.
+//! - [`public`]: the NATS front (completions, replays, admin) in a queue group.
 //! - [`fuzz`]: what the `http` fuzz target feeds arbitrary bytes to.
 //!
 //! [`start`] wires them together inside an actix system; [`run`] also waits for the
 //! HTTP server to stop (SIGINT/SIGTERM stop it gracefully).
 
 pub mod actors;
+pub mod api;
 pub mod auth;
 pub mod config;
 pub mod dispatch;
@@ -199,7 +202,8 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
         );
     }
     let sessions = sessions_ctx.run(sessions);
-    nats.listen(registry.clone(), sessions.clone()).await?;
+    nats.listen(registry.clone().recipient(), sessions.clone().recipient())
+        .await?;
     // One tokens/s sample a second, for the status page.
     {
         let metrics = metrics.clone();

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use actix::Addr;
+use actix::Recipient;
 use async_nats::{Client, RequestErrorKind};
 use baton_common::config::NatsConfig;
 use baton_common::ids::{CoordinatorId, StreamId, WorkerId};
@@ -26,8 +26,6 @@ use lru::LruCache;
 use tracing::{info, warn};
 
 use crate::actors::messages::{DispatchTokens, WorkerHeartbeat};
-use crate::actors::registry::Registry;
-use crate::actors::sessions::Sessions;
 
 /// Counters of what went wrong on the wire.
 #[derive(Debug, Default)]
@@ -253,8 +251,8 @@ impl NatsHandle {
     /// actors from two tasks on the current arbiter.
     pub async fn listen(
         &self,
-        registry: Addr<Registry>,
-        sessions: Addr<Sessions>,
+        registry: Recipient<WorkerHeartbeat>,
+        sessions: Recipient<DispatchTokens>,
     ) -> Result<(), async_nats::SubscribeError> {
         let mut heartbeats = self.client.subscribe(self.subjects.heartbeat()).await?;
         let mut tokens = self

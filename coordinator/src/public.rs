@@ -22,7 +22,7 @@ use async_nats::client::RequestErrorKind;
 use async_nats::{Client, HeaderMap, Message, Subject, Subscriber};
 use baton_common::config::CoordinatorConfig;
 use baton_common::ids::{CoordinatorId, StreamId};
-use baton_common::protocol::{FinishReason, Finished, PromptEcho, TokenLogprobs, ToolCall};
+use baton_common::protocol::{FinishReason, TokenLogprobs};
 use baton_common::public::{
     encode_reply, headers, Chunk, ClusterStatus, CoordinatorStatus, DrainRequest, Drained,
     ErrorReply, Final, LoadStatus, ModelStatus, ReplayRequest, Reply, Whole, WorkerStatus,
@@ -36,17 +36,17 @@ use tracing::{debug, info, warn};
 
 use crate::actors::messages::{CheckHealth, ListModels, ListWorkers};
 use crate::actors::registry::{HealthStatus, Registry};
-use crate::actors::sessions::{Attach, Sessions, Update};
+use crate::actors::sessions::{Attach, Sessions};
+use crate::api::answer::{gather, whole_body, Read, Reader, Shape};
+use crate::api::choices::Member;
+use crate::api::chunks::{response_id, ChunkWriter};
+use crate::api::error::ApiError;
+use crate::api::open::{open_streams, StreamGuard};
+use crate::api::openai::Usage;
+use crate::api::tokenize::{self, Direction};
+use crate::api::validate::{Endpoint, ValidRequest};
 use crate::auth::StreamAccess;
-use crate::http::choices::{next, Member};
-use crate::http::error::ApiError;
-use crate::http::logprobs::LogprobsWriter;
-use crate::http::openai::{ChatMessageOut, Usage};
-use crate::http::routes::open_streams;
-use crate::http::sse::{response_id, ChunkWriter, StreamGuard};
-use crate::http::tokenize::{self, Direction};
-use crate::http::validate::{Endpoint, ValidRequest};
-use crate::nats::{NatsHandle, SubmitError};
+use crate::nats::NatsHandle;
 
 /// What the public API has taken.
 #[derive(Debug, Default)]
@@ -226,10 +226,7 @@ impl PublicApi {
         body: &[u8],
         out: &mut Replier,
     ) -> Result<(), ApiError> {
-        let request = match endpoint {
-            Endpoint::Chat => ValidRequest::chat(body, &self.config)?,
-            Endpoint::Completion => ValidRequest::completion(body, &self.config)?,
-        };
+        let request = ValidRequest::parse(endpoint, body, &self.config)?;
         // Held until the answer is out: then the sessions may stop the streams.
         let opened = open_streams(&self.sessions, &request, None).await?;
         let _guards = opened.guards;
@@ -242,6 +239,7 @@ impl PublicApi {
             asked,
             opened.prompt_tokens,
             opened.members,
+            Duration::from_millis(self.config.stream_timeout_ms),
         );
         if request.stream {
             self.forward(answer, out).await
@@ -253,25 +251,32 @@ impl PublicApi {
     /// Sends every update as a chunk, then each choice's final message (the last one
     /// marked final, with the usage of all).
     async fn forward(&self, mut answer: Answer, out: &mut Replier) -> Result<(), ApiError> {
-        let n = answer.members.len();
+        let n = answer.reader.members().len();
         // rkyv replies: logprobs of tokens whose text is still held back, per choice.
         let mut pending: Vec<Vec<TokenLogprobs>> = vec![Vec::new(); n];
         let mut usages: Vec<Option<Usage>> = vec![None; n];
         loop {
-            let (i, update) = self.next(&mut answer.members).await?;
-            out.stream = Some(answer.members[i].stream);
-            out.choice = (n > 1).then_some(answer.members[i].choice);
+            let read = answer.reader.next(None).await?;
+            let i = match &read {
+                Read::Prompt(i, _) | Read::Finished(i, _) => *i,
+                Read::Token { choice, .. } => *choice,
+                Read::Quiet => continue,
+                Read::Done => return Ok(()),
+            };
+            let member = &answer.reader.members()[i];
+            out.stream = Some(member.stream);
+            out.choice = (n > 1).then_some(member.choice);
+            let last = answer.reader.members().iter().all(|m| m.done);
             let writer = &mut answer.writers[i];
-            match update {
-                Update::Progress => {}
-                Update::Prompt(p) => {
+            match read {
+                Read::Prompt(_, p) => {
                     let payload = match out.format {
                         Format::Json => writer.prompt(&p).into_bytes(),
                         Format::Rkyv => encode_reply(&Reply::Prompt(p)),
                     };
                     out.send(Kind::Prompt, payload).await;
                 }
-                Update::Token {
+                Read::Token {
                     index,
                     text,
                     logprobs,
@@ -297,11 +302,9 @@ impl PublicApi {
                         out.send(Kind::Chunk(index), payload).await;
                     }
                 }
-                Update::Finished(f) => {
-                    answer.members[i].done = true;
+                Read::Finished(_, f) => {
                     let usage = Usage::finished(&f, answer.prompt_tokens);
                     usages[i] = Some(usage);
-                    let last = answer.members.iter().all(|m| m.done);
                     let payload = match out.format {
                         Format::Json => {
                             let chunk = writer.finish(f.reason);
@@ -324,7 +327,7 @@ impl PublicApi {
                     }
                     out.send(Kind::Chunk(f.completion_tokens), payload).await;
                 }
-                Update::Failed(error) => return Err(ApiError::from_worker(error, &answer.model)),
+                Read::Quiet | Read::Done => {}
             }
         }
     }
@@ -332,53 +335,32 @@ impl PublicApi {
     /// Gathers the whole answer and sends it as one message (rkyv: one per choice, the
     /// last marked final).
     async fn whole(&self, mut answer: Answer, out: &mut Replier) -> Result<(), ApiError> {
-        let n = answer.members.len();
-        let mut parts: Vec<WholePart> = (0..n).map(|_| WholePart::default()).collect();
-        let mut ends: Vec<Option<Finished>> = vec![None; n];
-        while answer.members.iter().any(|m| !m.done) {
-            let (i, update) = self.next(&mut answer.members).await?;
-            let part = &mut parts[i];
-            match update {
-                Update::Progress => {}
-                Update::Prompt(p) => {
-                    part.text.insert_str(0, &p.text);
-                    part.prompt = Some(p);
-                }
-                Update::Token {
-                    text: t,
-                    logprobs: l,
-                    tool_calls: calls,
-                    ..
-                } => {
-                    part.text.push_str(&t);
-                    part.logprobs.extend(l);
-                    for piece in calls {
-                        baton_common::tools::merge(&mut part.tool_calls, piece);
-                    }
-                }
-                Update::Finished(f) => {
-                    answer.members[i].done = true;
-                    ends[i] = Some(f);
-                }
-                Update::Failed(error) => return Err(ApiError::from_worker(error, &answer.model)),
-            }
-        }
-        let ends: Vec<Finished> = ends.into_iter().flatten().collect();
-        let id = response_id(answer.endpoint, answer.group);
-        let generated: u32 = ends.iter().map(|f| f.completion_tokens).sum();
+        let parts = gather(&mut answer.reader, || {}).await?;
+        let n = parts.len();
+        let shape = Shape {
+            endpoint: answer.endpoint,
+            id: response_id(answer.endpoint, answer.group),
+            model: answer.model.clone(),
+            created: answer.created,
+            logprobs: answer.logprobs,
+            prompt_tokens: answer.prompt_tokens,
+        };
+        let generated: u32 = parts.iter().map(|p| p.finished.completion_tokens).sum();
         match out.format {
             Format::Json => {
-                let payload = whole_json(&answer, id, &parts, &ends);
+                let payload = whole_body(&shape, &parts).into_bytes();
                 out.stream = Some(answer.group);
                 out.send(Kind::Final(generated), payload).await;
             }
             Format::Rkyv => {
-                for (i, (part, f)) in parts.into_iter().zip(&ends).enumerate() {
-                    out.stream = Some(answer.members[i].stream);
-                    out.choice = (n > 1).then_some(answer.members[i].choice);
-                    let usage = Usage::finished(f, answer.prompt_tokens);
+                for (i, part) in parts.into_iter().enumerate() {
+                    let member = &answer.reader.members()[i];
+                    out.stream = Some(member.stream);
+                    out.choice = (n > 1).then_some(member.choice);
+                    let f = part.finished;
+                    let usage = Usage::finished(&f, answer.prompt_tokens);
                     let payload = encode_reply(&Reply::Whole(Whole {
-                        id: id.clone(),
+                        id: shape.id.clone(),
                         model: answer.model.clone(),
                         text: part.text,
                         logprobs: part.logprobs,
@@ -396,16 +378,6 @@ impl PublicApi {
             }
         }
         Ok(())
-    }
-
-    /// The next update of any choice still running, within the stream timeout.
-    async fn next(&self, members: &mut [Member]) -> Result<(usize, Update), ApiError> {
-        let idle = Duration::from_millis(self.config.stream_timeout_ms);
-        match tokio::time::timeout(idle, next(members)).await {
-            Ok(Some((i, Some(update)))) => Ok((i, update)),
-            Ok(_) => Err(ApiError::Internal("the stream's session closed".into())),
-            Err(_) => Err(ApiError::StreamTimeout(self.config.stream_timeout_ms)),
-        }
     }
 
     async fn replay(&self, msg: &Message, shared: bool, out: &mut Replier) -> Result<(), ApiError> {
@@ -465,6 +437,7 @@ impl PublicApi {
             asked,
             attached.prompt_tokens,
             vec![member],
+            Duration::from_millis(self.config.stream_timeout_ms),
         );
         if request.after.is_some() {
             answer.writers[0].role_sent();
@@ -603,12 +576,7 @@ impl PublicApi {
                 timeout,
             )
             .await
-            .map_err(|e| match e {
-                SubmitError::NoResponders => {
-                    ApiError::invalid("worker", format!("no worker {worker} answers"))
-                }
-                other => ApiError::from(other),
-            })?;
+            .map_err(|e| ApiError::from_drain(worker, e))?;
         info!(%worker, running = reply.running, queued = reply.queued, "worker drains on an operator's request");
         let drained = Drained {
             worker: reply.worker,
@@ -638,10 +606,11 @@ struct Answer {
     created: u64,
     prompt_tokens: u32,
     /// Each choice's updates, in order.
-    members: Vec<Member>,
+    reader: Reader,
 }
 
 impl Answer {
+    #[allow(clippy::too_many_arguments)]
     fn new(
         endpoint: Endpoint,
         group: StreamId,
@@ -650,6 +619,7 @@ impl Answer {
         logprobs: bool,
         prompt_tokens: u32,
         members: Vec<Member>,
+        idle: Duration,
     ) -> Self {
         let writers = members
             .iter()
@@ -657,6 +627,7 @@ impl Answer {
                 ChunkWriter::new(endpoint, group, model.clone(), created, logprobs).choice(m.choice)
             })
             .collect();
+        let model_for_errors = model.clone();
         Self {
             writers,
             endpoint,
@@ -665,18 +636,9 @@ impl Answer {
             model,
             created,
             prompt_tokens,
-            members,
+            reader: Reader::new(members, model_for_errors, idle),
         }
     }
-}
-
-/// One choice's whole answer, gathered.
-#[derive(Debug, Default)]
-struct WholePart {
-    text: String,
-    logprobs: Vec<TokenLogprobs>,
-    tool_calls: Vec<ToolCall>,
-    prompt: Option<PromptEcho>,
 }
 
 /// Whether a failed request counts as malformed (the client's fault).
@@ -719,49 +681,6 @@ fn final_of(reason: FinishReason, usage: Usage) -> Final {
         cached_tokens: usage.prompt_tokens_details.cached_tokens,
         logprobs: Vec::new(),
     }
-}
-
-/// The whole OpenAI body, as `stream: false` over HTTP gives it.
-fn whole_json(answer: &Answer, id: String, parts: &[WholePart], ends: &[Finished]) -> Vec<u8> {
-    let choices: Vec<Value> = parts
-        .iter()
-        .zip(ends)
-        .enumerate()
-        .map(|(i, (part, end))| {
-            let mut writer = LogprobsWriter::new(answer.endpoint, answer.logprobs);
-            if let Some(p) = &part.prompt {
-                writer.push_prompt(p);
-            }
-            for l in &part.logprobs {
-                writer.push(Some(l));
-            }
-            let logprobs = writer.take();
-            let reason = end.reason.openai();
-            match answer.endpoint {
-                Endpoint::Chat => json!({
-                    "index": i,
-                    "message": ChatMessageOut::answer(part.text.clone(), &part.tool_calls),
-                    "logprobs": logprobs, "finish_reason": reason}),
-                Endpoint::Completion => json!({
-                    "text": part.text, "index": i, "logprobs": logprobs,
-                    "finish_reason": reason}),
-            }
-        })
-        .collect();
-    let usage = Usage::of_choices(
-        ends.iter()
-            .map(|f| Usage::finished(f, answer.prompt_tokens)),
-    );
-    let object = match answer.endpoint {
-        Endpoint::Chat => "chat.completion",
-        Endpoint::Completion => "text_completion",
-    };
-    json!({
-        "id": id, "object": object, "created": answer.created, "model": answer.model,
-        "choices": choices, "usage": usage,
-    })
-    .to_string()
-    .into_bytes()
 }
 
 fn to_json_bytes<T: serde::Serialize>(value: &T) -> Vec<u8> {
@@ -935,99 +854,5 @@ mod tests {
         assert!(malformed(&ApiError::MissingField("model")));
         assert!(!malformed(&ApiError::NoLiveWorkers));
         assert!(!malformed(&ApiError::Overloaded("full".into())));
-    }
-
-    #[test]
-    fn whole_bodies_have_the_http_shape() {
-        let answer = |logprobs: bool| {
-            Answer::new(
-                Endpoint::Chat,
-                StreamId(1),
-                "m".into(),
-                7,
-                logprobs,
-                2,
-                Vec::new(),
-            )
-        };
-        let end = |reason, completion_tokens| Finished {
-            reason,
-            prompt_tokens: 2,
-            completion_tokens,
-            cached_tokens: 0,
-        };
-        let part = |text: &str| WholePart {
-            text: text.into(),
-            ..WholePart::default()
-        };
-        let body: Value = serde_json::from_slice(&whole_json(
-            &answer(false),
-            "chatcmpl-1".into(),
-            &[part("Hi")],
-            &[end(FinishReason::Stop, 1)],
-        ))
-        .expect("json");
-        assert_eq!(body["object"], "chat.completion");
-        assert_eq!(body["choices"][0]["message"]["content"], "Hi");
-        assert_eq!(body["choices"][0]["logprobs"], Value::Null);
-        assert_eq!(body["usage"]["total_tokens"], 3);
-        let entry = TokenLogprobs {
-            logprob: -0.5,
-            bytes: b"Hi".to_vec(),
-            text_offset: 0,
-            top: Vec::new(),
-        };
-        let body: Value = serde_json::from_slice(&whole_json(
-            &answer(true),
-            "chatcmpl-1".into(),
-            &[WholePart {
-                logprobs: vec![entry],
-                ..part("Hi")
-            }],
-            &[end(FinishReason::Stop, 1)],
-        ))
-        .expect("json");
-        assert_eq!(
-            body["choices"][0]["logprobs"]["content"][0]["token"], "Hi",
-            "{body}"
-        );
-        let call = ToolCall {
-            index: 0,
-            id: "call_1".into(),
-            name: "f".into(),
-            arguments: "{}".into(),
-        };
-        // Two choices: each its own entry; the prompt counted once, the tokens of both.
-        let body: Value = serde_json::from_slice(&whole_json(
-            &answer(false),
-            "chatcmpl-1".into(),
-            &[
-                WholePart {
-                    tool_calls: vec![call],
-                    ..part("")
-                },
-                part("Hello"),
-            ],
-            &[
-                end(FinishReason::ToolCalls, 3),
-                end(FinishReason::Length, 4),
-            ],
-        ))
-        .expect("json");
-        assert_eq!(
-            body["choices"][0]["message"],
-            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
-                   "type": "function", "function": {"name": "f", "arguments": "{}"}}]})
-        );
-        assert_eq!(body["choices"][0]["finish_reason"], "tool_calls");
-        assert_eq!(body["choices"][1]["index"], 1);
-        assert_eq!(body["choices"][1]["message"]["content"], "Hello");
-        assert_eq!(
-            (
-                body["usage"]["prompt_tokens"].as_u64(),
-                body["usage"]["completion_tokens"].as_u64()
-            ),
-            (Some(2), Some(7))
-        );
     }
 }

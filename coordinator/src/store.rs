@@ -38,7 +38,16 @@ use baton_common::protocol::{
 use rkyv::{rancor, util::AlignedVec, Archive, Deserialize, Serialize};
 
 use crate::auth::KeyId;
-use crate::http::validate::Endpoint;
+
+/// Which API a stream's request came through (decides its answer's shapes); kept in its
+/// record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`.
+    Completion,
+}
 
 /// Why the store failed.
 #[derive(Debug, thiserror::Error)]

@@ -288,8 +288,9 @@ async fn requests_spread_over_workers_and_disconnects_cancel() {
     drop(first);
     drop(second);
     let cancelled = |w: &FakeWorker| w.log.cancelled.lock().expect("lock").len();
+    // (A token already on its way when the first cancel went out draws another one.)
     assert!(
-        eventually(5, || cancelled(&a) == 1 && cancelled(&b) == 1).await,
+        eventually(5, || cancelled(&a) >= 1 && cancelled(&b) >= 1).await,
         "cancels sent"
     );
 

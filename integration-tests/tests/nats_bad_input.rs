@@ -216,7 +216,11 @@ fn malformed_public_requests_get_errors_and_are_counted() {
             ),
             (s.admin_drain(), json!({}), "missing_required_parameter"),
             (s.admin_drain(), json!({"worker": "nope"}), "invalid_value"),
-            (s.admin_drain(), json!({"worker": unknown}), "invalid_value"),
+            (
+                s.admin_drain(),
+                json!({"worker": unknown}),
+                "worker_not_found",
+            ),
         ];
         for (subject, body, expected) in &cases {
             let code = error_code(&client, subject, body.to_string().into_bytes()).await;

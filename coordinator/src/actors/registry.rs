@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use actix::{Actor, AsyncContext, Context, Handler, MessageResponse, Recipient};
+use actix::{Actor, AsyncContext, Context, Handler, Recipient};
 use baton_common::ids::WorkerId;
 use baton_common::protocol::Heartbeat;
 use tracing::{info, warn};
@@ -21,82 +21,7 @@ use super::messages::{
 };
 use super::router::{self, RouteError, WorkerLoad};
 
-/// A model as `GET /v1/models` lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelEntry {
-    /// The name clients ask for.
-    pub id: String,
-    /// When this coordinator first saw it served (Unix seconds).
-    pub created: u64,
-    /// Longest sequence any live worker allows for it.
-    pub context_length: u32,
-}
-
-/// A live worker as the NATS admin status shows it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LiveWorker {
-    /// Its last heartbeat.
-    pub heartbeat: Heartbeat,
-    /// Time since that heartbeat.
-    pub silent_for: Duration,
-    /// Streams this coordinator runs on it.
-    pub in_flight: u32,
-}
-
-/// Whether the cluster can serve.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, MessageResponse)]
-pub enum HealthStatus {
-    /// No heartbeat has ever arrived.
-    NotSynced,
-    /// Workers were seen, none is alive now.
-    NoLiveWorkers,
-    /// Some workers are alive.
-    Live {
-        /// How many.
-        workers: usize,
-    },
-}
-
-/// One live worker, for status pages and metrics.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct WorkerView {
-    /// Its id.
-    #[serde(serialize_with = "display")]
-    pub id: WorkerId,
-    /// Models it serves.
-    pub models: Vec<String>,
-    /// Most sequences it runs at once.
-    pub capacity: u32,
-    /// Sequences running (last heartbeat).
-    pub running: u32,
-    /// Sequences queued (last heartbeat).
-    pub queued: u32,
-    /// This coordinator's streams on it now.
-    pub in_flight: u32,
-    /// KV cache bytes in use.
-    pub kv_used_bytes: u64,
-    /// KV cache budget.
-    pub kv_budget_bytes: u64,
-    /// Taking no new work.
-    pub draining: bool,
-    /// Its software version.
-    pub version: String,
-    /// Milliseconds since its last heartbeat.
-    pub last_seen_ms: u64,
-}
-
-fn display<S: serde::Serializer>(id: &WorkerId, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_str(id)
-}
-
-/// The cluster as the registry sees it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, MessageResponse)]
-pub struct ClusterView {
-    /// Whether any heartbeat ever arrived.
-    pub synced: bool,
-    /// Live workers.
-    pub workers: Vec<WorkerView>,
-}
+pub use super::messages::{ClusterView, HealthStatus, LiveWorker, ModelEntry, WorkerView};
 
 /// What a worker last said about itself.
 #[derive(Debug, Clone)]

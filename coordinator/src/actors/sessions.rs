@@ -1445,7 +1445,7 @@ impl Handler<WorkerLost> for Sessions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::validate::Endpoint;
+    use crate::api::validate::Endpoint;
     use baton_common::protocol::{GenParams, PromptSpec};
 
     fn session(phase: Phase) -> Session {

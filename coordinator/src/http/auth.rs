@@ -22,8 +22,8 @@ use actix_web::middleware::Next;
 use actix_web::{web, HttpMessage, HttpRequest, ResponseError};
 use tracing::{debug, warn};
 
-use super::error::ApiError;
 use super::AppState;
+use crate::api::error::ApiError;
 use crate::auth::{Identity, KeyId, Keys, Role};
 
 /// What a path needs.

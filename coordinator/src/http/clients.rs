@@ -18,7 +18,7 @@ use actix_web::http::ConnectionType;
 use actix_web::middleware::Next;
 use actix_web::ResponseError;
 
-use super::error::ApiError;
+use crate::api::error::ApiError;
 
 /// Open connections by client address.
 #[derive(Debug)]

@@ -1,174 +1,19 @@
-//! The one place where errors become HTTP status codes.
+//! The one place where errors become HTTP status codes: [`ApiError::status`] maps each
+//! case in one exhaustive `match` (no `_` arm: a new case must choose its code), and the
+//! response carries OpenAI's error body.
 //!
-//! Every failure a client can see is an [`ApiError`]; [`ApiError::status`] maps each to
-//! its status in one exhaustive `match` (no `_` arm: a new case must choose its code).
-//! Bodies have OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`.
-//!
-//! An unknown model is **404** with code `model_not_found`, as OpenAI answers (400 would
-//! also be defensible; 404 lets OpenAI clients raise their `NotFoundError`).
-//!
-//! A missing or unknown API key is **401** with code `invalid_api_key` and a
-//! `WWW-Authenticate: Bearer` challenge (RFC 6750), as OpenAI answers; an API key on an
-//! admin route is **403** `insufficient_permissions`; a key over `max_streams_per_key` is
-//! **429** `rate_limit_exceeded` with `Retry-After`.
+//! A missing or unknown API key is **401** with a `WWW-Authenticate: Bearer` challenge
+//! (RFC 6750), as OpenAI answers; an API key on an admin route is **403**; 429 and 503
+//! say when to retry (`Retry-After`).
 
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
-use baton_common::protocol::{ErrorKind, WireError};
-use serde::Serialize;
 
-use crate::actors::router::RouteError;
-use crate::actors::sessions::AttachError;
-use crate::dispatch::DispatchError;
-use crate::nats::SubmitError;
+use crate::api::error::ApiError;
 
 /// Seconds a client should wait before retrying a 429 or a 503.
 pub const RETRY_AFTER_SECS: u32 = 1;
-
-/// Everything that can go wrong with a request, as the client sees it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ApiError {
-    /// The body is not JSON of the expected shape.
-    #[error("We could not parse the JSON body of your request: {0}")]
-    MalformedJson(String),
-    /// A required field is absent.
-    #[error("you must provide a `{0}` parameter")]
-    MissingField(&'static str),
-    /// A field is out of range or unsupported.
-    #[error("{message}")]
-    InvalidRequest {
-        /// The field, when one is to blame.
-        param: Option<&'static str>,
-        /// What is wrong.
-        message: String,
-    },
-    /// No live worker serves the model.
-    #[error("The model `{}` does not exist", clip(.0))]
-    ModelNotFound(String),
-    /// The prompt (with the output it asks for) does not fit the model's context.
-    #[error("{0}")]
-    ContextLengthExceeded(String),
-    /// The body is larger than `max_body_bytes`.
-    #[error("request body is larger than {limit} bytes")]
-    BodyTooLarge {
-        /// The limit.
-        limit: usize,
-    },
-    /// The request would not fit in one message to a worker (NATS `max_payload`).
-    #[error("{0}")]
-    RequestTooLarge(String),
-    /// The worker is full; retry later.
-    #[error("the server is overloaded, retry later: {0}")]
-    Overloaded(String),
-    /// No URL here.
-    #[error("unknown route: {0}")]
-    UnknownRoute(String),
-    /// The coordinator has not heard from any worker yet.
-    #[error("the coordinator has not heard from any worker yet (not synced)")]
-    NotSynced,
-    /// No worker is alive.
-    #[error("no live workers")]
-    NoLiveWorkers,
-    /// Workers serve the model but none can take the request now (draining, gone).
-    #[error("no worker can take a request for `{}` now", clip(.0))]
-    ModelUnavailable(String),
-    /// A worker did not accept the request in time.
-    #[error("{0}")]
-    WorkerTimeout(String),
-    /// The stream received nothing for `stream_timeout_ms`.
-    #[error("the stream received nothing for {0} ms")]
-    StreamTimeout(u64),
-    /// A worker failed or answered something unusable.
-    #[error("worker error: {0}")]
-    WorkerFailed(String),
-    /// A fault of the coordinator itself.
-    #[error("internal error: {0}")]
-    Internal(String),
-    /// A reconnect names a stream this coordinator does not have.
-    #[error("{0}")]
-    StreamNotFound(String),
-    /// A reconnect's `Last-Event-ID` names a chain hash the stream does not have at that
-    /// position: the client holds another text than the stream's.
-    #[error("{0}")]
-    StreamDiverged(String),
-    /// An admin request names a worker nobody answers for.
-    #[error("{0}")]
-    WorkerNotFound(String),
-    /// API keys are configured and the request carries none.
-    #[error(
-        "You didn't provide an API key. Send it in the Authorization header \
-         (`Authorization: Bearer <key>`)."
-    )]
-    MissingApiKey,
-    /// The request's API key is not one of this server's.
-    #[error("Incorrect API key provided.")]
-    InvalidApiKey,
-    /// The route needs an admin key and the request's key is an API key.
-    #[error("{0} needs an admin key; the API key provided is not one")]
-    AdminKeyRequired(String),
-    /// The client's address holds `max_connections_per_client` connections already.
-    #[error(
-        "this address holds more than {limit} connections to the server, its limit \
-         (max_connections_per_client); close some and retry"
-    )]
-    TooManyConnections {
-        /// `max_connections_per_client`.
-        limit: usize,
-    },
-    /// The body did not arrive within `body_timeout_ms`.
-    #[error("the request body did not arrive within {0} ms")]
-    BodyTimeout(u64),
-    /// The URL exists, for other methods.
-    #[error("{0}")]
-    MethodNotAllowed(String),
-    /// The request's key holds `max_streams_per_key` open streams.
-    #[error(
-        "this API key holds {limit} open streams, its limit (max_streams_per_key); \
-         retry when one of them ends"
-    )]
-    TooManyStreams {
-        /// `max_streams_per_key`.
-        limit: u32,
-    },
-}
-
-/// Longest client-given name an error repeats whole.
-const NAME_SHOWN: usize = 64;
-
-/// A client-given name as an error shows it: whole when short, else its start and its
-/// length (a 100 KB model name is not sent back).
-pub fn clip(name: &str) -> String {
-    if name.len() <= NAME_SHOWN {
-        return name.to_string();
-    }
-    let mut end = NAME_SHOWN;
-    while !name.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} bytes)", &name[..end], name.len())
-}
-
-/// OpenAI's error body.
-#[derive(Debug, Clone, Serialize)]
-pub struct ErrorBody {
-    /// The error.
-    pub error: ErrorDetail,
-}
-
-/// Inside [`ErrorBody`].
-#[derive(Debug, Clone, Serialize)]
-pub struct ErrorDetail {
-    /// For people.
-    pub message: String,
-    /// OpenAI's error type (`invalid_request_error`, `server_error`, …).
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    /// The request field to blame, if any.
-    pub param: Option<&'static str>,
-    /// A stable code, if any.
-    pub code: Option<&'static str>,
-}
 
 impl ApiError {
     /// The HTTP status, one arm per case.
@@ -203,69 +48,6 @@ impl ApiError {
         }
     }
 
-    /// OpenAI's error type, from the status class.
-    pub fn error_type(&self) -> &'static str {
-        match self.status().as_u16() {
-            429 => "rate_limit_error",
-            400..=499 => "invalid_request_error",
-            _ => "server_error",
-        }
-    }
-
-    /// A stable code for the body and for metrics.
-    pub fn code(&self) -> &'static str {
-        match self {
-            ApiError::MalformedJson(_) => "invalid_json",
-            ApiError::MissingField(_) => "missing_required_parameter",
-            ApiError::InvalidRequest { .. } => "invalid_value",
-            ApiError::ContextLengthExceeded(_) => "context_length_exceeded",
-            ApiError::ModelNotFound(_) => "model_not_found",
-            ApiError::UnknownRoute(_) => "unknown_url",
-            ApiError::StreamNotFound(_) => "stream_not_found",
-            ApiError::StreamDiverged(_) => "stream_diverged",
-            ApiError::WorkerNotFound(_) => "worker_not_found",
-            ApiError::BodyTooLarge { .. } => "request_too_large",
-            ApiError::RequestTooLarge(_) => "request_too_large",
-            ApiError::Overloaded(_) => "overloaded",
-            ApiError::Internal(_) => "internal_error",
-            ApiError::WorkerFailed(_) => "worker_error",
-            ApiError::NotSynced => "not_synced",
-            ApiError::NoLiveWorkers => "no_live_workers",
-            ApiError::ModelUnavailable(_) => "model_unavailable",
-            ApiError::WorkerTimeout(_) => "worker_timeout",
-            ApiError::StreamTimeout(_) => "stream_timeout",
-            ApiError::MissingApiKey => "invalid_api_key",
-            ApiError::InvalidApiKey => "invalid_api_key",
-            ApiError::AdminKeyRequired(_) => "insufficient_permissions",
-            ApiError::TooManyStreams { .. } => "rate_limit_exceeded",
-            ApiError::TooManyConnections { .. } => "too_many_connections",
-            ApiError::BodyTimeout(_) => "request_timeout",
-            ApiError::MethodNotAllowed(_) => "method_not_allowed",
-        }
-    }
-
-    /// The request field to blame, if any.
-    pub fn param(&self) -> Option<&'static str> {
-        match self {
-            ApiError::MissingField(field) => Some(field),
-            ApiError::InvalidRequest { param, .. } => *param,
-            ApiError::ModelNotFound(_) => Some("model"),
-            _ => None,
-        }
-    }
-
-    /// The OpenAI error body.
-    pub fn body(&self) -> ErrorBody {
-        ErrorBody {
-            error: ErrorDetail {
-                message: self.to_string(),
-                kind: self.error_type(),
-                param: self.param(),
-                code: Some(self.code()),
-            },
-        }
-    }
-
     /// The `WWW-Authenticate` challenge of a refused key (RFC 6750), if any.
     fn challenge(&self) -> Option<&'static str> {
         match self {
@@ -284,80 +66,6 @@ impl ApiError {
             self.status(),
             StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
         )
-    }
-
-    /// The error a worker's refusal or failure of a request for `model` becomes.
-    pub fn from_worker(error: WireError, model: &str) -> Self {
-        match error.kind {
-            ErrorKind::InvalidRequest => ApiError::InvalidRequest {
-                param: None,
-                message: error.message,
-            },
-            ErrorKind::PromptTooLong => ApiError::ContextLengthExceeded(error.message),
-            ErrorKind::UnknownModel => ApiError::ModelNotFound(model.to_string()),
-            ErrorKind::Overloaded => ApiError::Overloaded(error.message),
-            ErrorKind::Draining => ApiError::ModelUnavailable(model.to_string()),
-            ErrorKind::Internal | ErrorKind::ChainMismatch => ApiError::WorkerFailed(error.message),
-        }
-    }
-
-    /// The error of a new stream that no worker took.
-    pub fn from_dispatch(e: DispatchError, model: &str) -> Self {
-        match e {
-            DispatchError::Route(e) => e.into(),
-            DispatchError::Submit(e) => e.into(),
-            DispatchError::Refused(e) => ApiError::from_worker(e, model),
-            DispatchError::Mailbox(e) => e.into(),
-            DispatchError::TooLarge { .. } => ApiError::RequestTooLarge(e.to_string()),
-        }
-    }
-
-    /// A field out of range.
-    pub fn invalid(param: &'static str, message: impl Into<String>) -> Self {
-        ApiError::InvalidRequest {
-            param: Some(param),
-            message: message.into(),
-        }
-    }
-}
-
-impl From<RouteError> for ApiError {
-    fn from(e: RouteError) -> Self {
-        match e {
-            RouteError::NotSynced => ApiError::NotSynced,
-            RouteError::NoLiveWorkers => ApiError::NoLiveWorkers,
-            RouteError::UnknownModel(model) => ApiError::ModelNotFound(model),
-            RouteError::ModelUnavailable(model) => ApiError::ModelUnavailable(model),
-        }
-    }
-}
-
-impl From<SubmitError> for ApiError {
-    fn from(e: SubmitError) -> Self {
-        match e {
-            SubmitError::Timeout(_) => ApiError::WorkerTimeout(e.to_string()),
-            SubmitError::NoResponders
-            | SubmitError::Request(_)
-            | SubmitError::TooLarge(_)
-            | SubmitError::Decode(_)
-            | SubmitError::Unexpected(_) => ApiError::WorkerFailed(e.to_string()),
-        }
-    }
-}
-
-impl From<AttachError> for ApiError {
-    fn from(e: AttachError) -> Self {
-        match e {
-            AttachError::Unknown(_) => ApiError::StreamNotFound(e.to_string()),
-            AttachError::Diverged(..) => ApiError::StreamDiverged(e.to_string()),
-            AttachError::Store(m) => ApiError::Internal(m),
-        }
-    }
-}
-
-impl From<actix::MailboxError> for ApiError {
-    fn from(e: actix::MailboxError) -> Self {
-        ApiError::Internal(e.to_string())
     }
 }
 
@@ -384,7 +92,9 @@ impl ResponseError for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::actors::router::RouteError;
     use actix_web::body::MessageBody;
+    use baton_common::protocol::{ErrorKind, WireError};
 
     fn status(e: ApiError) -> u16 {
         e.status().as_u16()
@@ -443,9 +153,6 @@ mod tests {
         let response = ApiError::TooManyStreams { limit: 3 }.error_response();
         assert_eq!(header(&response, header::RETRY_AFTER), Some("1"));
         assert!(header(&response, header::WWW_AUTHENTICATE).is_none());
-        let e = ApiError::TooManyStreams { limit: 3 };
-        assert!(e.to_string().contains("max_streams_per_key"));
-        assert_eq!(e.error_type(), "rate_limit_error");
     }
 
     #[test]
@@ -474,20 +181,6 @@ mod tests {
     }
 
     #[test]
-    fn bodies_have_the_openai_shape() {
-        let body =
-            serde_json::to_value(ApiError::ModelNotFound("gpt-9".into()).body()).expect("json");
-        assert_eq!(
-            body,
-            serde_json::json!({"error": {"message": "The model `gpt-9` does not exist",
-                "type": "invalid_request_error", "param": "model", "code": "model_not_found"}})
-        );
-        let e = serde_json::to_value(ApiError::NoLiveWorkers.body()).expect("json");
-        assert_eq!(e["error"]["type"], "server_error");
-        assert_eq!(e["error"]["param"], serde_json::Value::Null);
-    }
-
-    #[test]
     fn overload_says_when_to_retry() {
         let response = ApiError::Overloaded("full".into()).error_response();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -503,5 +196,46 @@ mod tests {
         assert_eq!(json["error"]["code"], "overloaded");
         let response = ApiError::invalid("n", "only 1").error_response();
         assert!(response.headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    /// OpenAI's error type (the front-neutral class) agrees with the HTTP status.
+    #[test]
+    fn the_error_type_follows_the_status_class() {
+        let cases = [
+            ApiError::MalformedJson("x".into()),
+            ApiError::MissingField("model"),
+            ApiError::invalid("n", "x"),
+            ApiError::ContextLengthExceeded("x".into()),
+            ApiError::ModelNotFound("m".into()),
+            ApiError::UnknownRoute("/x".into()),
+            ApiError::StreamNotFound("s".into()),
+            ApiError::StreamDiverged("s".into()),
+            ApiError::WorkerNotFound("w".into()),
+            ApiError::BodyTooLarge { limit: 1 },
+            ApiError::RequestTooLarge("x".into()),
+            ApiError::Overloaded("x".into()),
+            ApiError::Internal("x".into()),
+            ApiError::WorkerFailed("x".into()),
+            ApiError::NotSynced,
+            ApiError::NoLiveWorkers,
+            ApiError::ModelUnavailable("m".into()),
+            ApiError::WorkerTimeout("x".into()),
+            ApiError::StreamTimeout(1),
+            ApiError::MissingApiKey,
+            ApiError::InvalidApiKey,
+            ApiError::AdminKeyRequired("/x".into()),
+            ApiError::TooManyStreams { limit: 1 },
+            ApiError::TooManyConnections { limit: 1 },
+            ApiError::BodyTimeout(1),
+            ApiError::MethodNotAllowed("x".into()),
+        ];
+        for e in cases {
+            let expected = match e.status().as_u16() {
+                429 => "rate_limit_error",
+                400..=499 => "invalid_request_error",
+                _ => "server_error",
+            };
+            assert_eq!(e.error_type(), expected, "{e:?}");
+        }
     }
 }

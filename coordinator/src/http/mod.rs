@@ -6,25 +6,21 @@
 //! - [`auth`]: the API key check in front of every route.
 //! - [`routes`]: handlers (`/v1/chat/completions`, `/v1/completions`, `/v1/models`,
 //!   `/v1/streams/{id}`, `/health`).
-//! - [`openai`]: request and response bodies.
-//! - [`validate`]: request validation into a [`validate::ValidRequest`].
-//! - [`sse`]: Server-Sent Events framing and chunks.
+//! - [`sse`]: Server-Sent Events framing of an answer's chunks.
 //! - [`status`]: `/metrics`, `/v1/status` and the live status page at `/`.
 //! - [`error`]: the one mapping from errors to status codes.
+//!
+//! Validation, answers and errors are the API's, shared with the NATS front
+//! ([`crate::api`]).
 
 pub mod auth;
-pub mod choices;
 pub mod clients;
 pub mod cors;
 pub mod error;
-pub mod logprobs;
-pub mod openai;
 pub mod request_id;
 pub mod routes;
 pub mod sse;
 pub mod status;
-pub mod tokenize;
-pub mod validate;
 
 use std::sync::Arc;
 

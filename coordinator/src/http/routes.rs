@@ -12,39 +12,34 @@
 //! answer, streamed or whole, new or reattached, holds one of its key's
 //! `max_streams_per_key` slots until it ends or its client goes away.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use actix::Addr;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::web::{self, Bytes, BytesMut};
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, ResponseError};
 use baton_common::config::CoordinatorConfig;
 use baton_common::ids::StreamId;
-use baton_common::protocol::{FinishReason, SeqRequest, ToolCall};
 use futures::StreamExt;
-use serde_json::Value;
 use tokio::sync::mpsc::unbounded_channel;
 use tracing::info;
 
 use super::auth::identity;
-use super::choices::{choice_seed, member, next, parse_positions, Member};
-use super::error::ApiError;
-use super::logprobs::LogprobsWriter;
-use super::openai::{
-    ChatChoice, ChatCompletion, ChatMessageOut, Completion, CompletionChoice, ModelCard, ModelList,
-    Usage,
-};
 use super::request_id::RequestId;
-use super::sse::{response_id, ChunkWriter, SseSettings, SseStream, StreamGuard};
-use super::tokenize::Direction;
-use super::validate::{Endpoint, ValidRequest};
+use super::sse::{SseSettings, SseStream};
 use super::AppState;
 use crate::actors::messages::{CheckHealth, ListModels};
 use crate::actors::registry::HealthStatus;
-use crate::actors::sessions::{Attach, Sessions, StartStream, Update};
-use crate::auth::{Identity, KeyId, StreamSlot};
+use crate::actors::sessions::Attach;
+use crate::api::answer::{gather, whole_body, Reader, Shape};
+use crate::api::choices::{member, parse_positions, Member};
+use crate::api::chunks::{response_id, ChunkWriter};
+use crate::api::error::ApiError;
+use crate::api::open::{open_streams, StreamGuard};
+use crate::api::openai::{ModelCard, ModelList};
+use crate::api::tokenize::Direction;
+use crate::api::validate::{Endpoint, ValidRequest};
+use crate::auth::{Identity, StreamSlot};
 use crate::metrics::StreamTracker;
-use crate::store::StreamRecord;
 
 /// Registers every route on `cfg`; another method on a known URL is an OpenAI-shaped
 /// 405.
@@ -103,25 +98,23 @@ async fn chat_completions(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let started = Instant::now();
-    let result = async {
-        let identity = identity(&req, &state.keys)?;
-        if let Some(last) = last_event_id(&req)? {
-            return reattach(&state, &identity, last, started).await;
-        }
-        let body = read_body(&req, payload, &state.config).await?;
-        let request = ValidRequest::chat(&body, &state.config)?;
-        generate(&state, &identity, request, started).await
-    }
-    .await;
-    log_client_id(&req, &result);
-    counted(&state, "chat", result)
+    generation(state, req, payload, Endpoint::Chat).await
 }
 
 async fn completions(
     state: web::Data<AppState>,
     req: HttpRequest,
     payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    generation(state, req, payload, Endpoint::Completion).await
+}
+
+/// A generation request on `endpoint`: a new answer, or a reattach with `Last-Event-ID`.
+async fn generation(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    payload: web::Payload,
+    endpoint: Endpoint,
 ) -> Result<HttpResponse, ApiError> {
     let started = Instant::now();
     let result = async {
@@ -130,12 +123,12 @@ async fn completions(
             return reattach(&state, &identity, last, started).await;
         }
         let body = read_body(&req, payload, &state.config).await?;
-        let request = ValidRequest::completion(&body, &state.config)?;
+        let request = ValidRequest::parse(endpoint, &body, &state.config)?;
         generate(&state, &identity, request, started).await
     }
     .await;
     log_client_id(&req, &result);
-    counted(&state, "completion", result)
+    counted(&state, endpoint_label(endpoint), result)
 }
 
 /// Names the stream a client's own request id became, so that the client's id finds the
@@ -181,9 +174,9 @@ async fn tokenizer(
     direction: Direction,
 ) -> Result<HttpResponse, ApiError> {
     let body = read_body(&req, payload, &state.config).await?;
-    let request = super::tokenize::parse(direction, &body)?;
+    let request = crate::api::tokenize::parse(direction, &body)?;
     let timeout = Duration::from_millis(state.config.submit_timeout_ms);
-    let answer = super::tokenize::run(&state.registry, &state.nats, timeout, request).await?;
+    let answer = crate::api::tokenize::run(&state.registry, &state.nats, timeout, request).await?;
     Ok(HttpResponse::Ok().json(answer.json()))
 }
 
@@ -303,103 +296,11 @@ async fn generate(
     }
 }
 
-/// The streams of a request's choices, each taken by a worker.
-pub struct Opened {
-    /// The first choice's stream (the request id).
-    pub group: StreamId,
-    /// Unix seconds, the `created` of every chunk.
-    pub created: u64,
-    /// Prompt tokens, as the worker of the first choice counted.
-    pub prompt_tokens: u32,
-    /// Their updates, one per choice.
-    pub members: Vec<Member>,
-    /// Stop the streams when the client goes away (dropped).
-    pub guards: Vec<StreamGuard>,
-}
-
 /// Takes one of the caller's stream slots, or refuses with 429.
 fn admit(identity: &Identity) -> Result<StreamSlot, ApiError> {
     identity.admit().map_err(|full| {
         info!(key = %identity, limit = full.limit, "stream refused: max_streams_per_key reached");
         ApiError::TooManyStreams { limit: full.limit }
-    })
-}
-
-/// Records a validated request as one new stream per choice (`n`), owned by `owner` (the
-/// key that opened it, if any), and waits until workers take them all; the HTTP and
-/// NATS fronts both start streams here. The choices are submitted together, so that
-/// they share a batch.
-pub async fn open_streams(
-    sessions: &Addr<Sessions>,
-    request: &ValidRequest,
-    owner: Option<KeyId>,
-) -> Result<Opened, ApiError> {
-    let group = StreamId::random();
-    let created = unix_now();
-    let mut members = Vec::with_capacity(request.n as usize);
-    let mut guards = Vec::with_capacity(request.n as usize);
-    let mut pending = Vec::with_capacity(request.n as usize);
-    for choice in 0..request.n {
-        let stream = member(group, choice);
-        let mut params = request.params.clone();
-        params.seed = choice_seed(params.seed, choice);
-        let record = StreamRecord {
-            request: SeqRequest {
-                stream,
-                model: request.model.clone(),
-                prompt: request.prompt.clone(),
-                params,
-                attempt: 0,
-                resume: None,
-                max_prompt_tokens: request.max_prompt_tokens,
-            },
-            endpoint: request.endpoint,
-            include_usage: request.include_usage,
-            created,
-            attempt: 0,
-            worker: None,
-            end: None,
-            ended_at: 0,
-            owner,
-            prompt: None,
-            choice,
-        };
-        let (tx, events) = unbounded_channel();
-        // From here on, a client that goes away stops the stream.
-        guards.push(StreamGuard::new(stream, sessions.clone()));
-        members.push(Member {
-            choice,
-            stream,
-            events,
-            done: false,
-        });
-        pending.push(
-            sessions
-                .send(StartStream {
-                    stream,
-                    record,
-                    subscriber: tx,
-                })
-                .await?,
-        );
-    }
-    let mut prompt_tokens = 0;
-    for (i, accepted) in pending.into_iter().enumerate() {
-        let n = match accepted.await {
-            Ok(Ok(n)) => n,
-            Ok(Err(e)) => return Err(ApiError::from_dispatch(e, &request.model)),
-            Err(_) => return Err(ApiError::Internal("the stream's session closed".into())),
-        };
-        if i == 0 {
-            prompt_tokens = n;
-        }
-    }
-    Ok(Opened {
-        group,
-        created,
-        prompt_tokens,
-        members,
-        guards,
     })
 }
 
@@ -428,15 +329,16 @@ fn sse_response(state: &AppState, answer: Answer, resumed: bool) -> HttpResponse
         endpoint_label(answer.endpoint),
         answer.started,
     );
+    let idle = Duration::from_millis(state.config.stream_timeout_ms);
+    let reader = Reader::new(answer.members, answer.model.clone(), idle);
     let body = SseStream::new(
         answer.group,
-        answer.members,
+        reader,
         answer.guards,
         answer.slots,
         tracker,
         writers,
         SseSettings {
-            idle_timeout: Duration::from_millis(state.config.stream_timeout_ms),
             keepalive: match state.config.sse_keepalive_ms {
                 0 => None,
                 ms => Some(Duration::from_millis(ms)),
@@ -454,19 +356,33 @@ fn sse_response(state: &AppState, answer: Answer, resumed: bool) -> HttpResponse
 }
 
 async fn respond_whole(state: &AppState, answer: Answer) -> Result<HttpResponse, ApiError> {
-    let idle_timeout = Duration::from_millis(state.config.stream_timeout_ms);
-    let id = response_id(answer.endpoint, answer.group);
-    let request_id = answer.group.to_string();
-    let (endpoint, model, created) = (answer.endpoint, answer.model.clone(), answer.created);
     let mut tracker = StreamTracker::new(
         state.metrics.clone(),
-        endpoint_label(endpoint),
+        endpoint_label(answer.endpoint),
         answer.started,
     );
-    let wholes = match collect(answer, idle_timeout, &mut tracker).await {
-        Ok(done) => {
+    let Answer {
+        endpoint,
+        group,
+        model,
+        created,
+        logprobs,
+        prompt_tokens,
+        members,
+        guards,
+        slots,
+        ..
+    } = answer;
+    let idle = Duration::from_millis(state.config.stream_timeout_ms);
+    let mut reader = Reader::new(members, model.clone(), idle);
+    let gathered = gather(&mut reader, || tracker.token()).await;
+    // The channels close before the guards detach.
+    drop(reader);
+    drop((guards, slots));
+    let parts = match gathered {
+        Ok(parts) => {
             tracker.finish("finished");
-            done
+            parts
         }
         Err(e) => {
             // Counted here, with the stream's outcome; not again as a request that failed
@@ -475,115 +391,18 @@ async fn respond_whole(state: &AppState, answer: Answer) -> Result<HttpResponse,
             return Ok(e.error_response());
         }
     };
-    let usage = Usage::of_choices(wholes.iter().map(|w| w.usage));
-    let mut ok = HttpResponse::Ok();
-    ok.insert_header(("X-Request-Id", request_id));
-    Ok(match endpoint {
-        Endpoint::Chat => ok.json(ChatCompletion {
-            id,
-            object: "chat.completion",
-            created,
-            model,
-            choices: wholes
-                .into_iter()
-                .enumerate()
-                .map(|(i, w)| ChatChoice {
-                    index: i as u32,
-                    message: ChatMessageOut::answer(w.text, &w.tool_calls),
-                    logprobs: w.logprobs,
-                    finish_reason: w.reason.openai(),
-                })
-                .collect(),
-            usage,
-        }),
-        Endpoint::Completion => ok.json(Completion {
-            id,
-            object: "text_completion",
-            created,
-            model,
-            choices: wholes
-                .into_iter()
-                .enumerate()
-                .map(|(i, w)| CompletionChoice {
-                    text: w.text,
-                    index: i as u32,
-                    logprobs: w.logprobs,
-                    finish_reason: Some(w.reason.openai()),
-                })
-                .collect(),
-            usage: Some(usage),
-        }),
-    })
-}
-
-/// A whole answer, gathered.
-struct Whole {
-    text: String,
-    logprobs: Option<Value>,
-    tool_calls: Vec<ToolCall>,
-    reason: FinishReason,
-    usage: Usage,
-}
-
-/// Waits for every choice's whole answer.
-async fn collect(
-    mut answer: Answer,
-    idle_timeout: Duration,
-    tracker: &mut StreamTracker,
-) -> Result<Vec<Whole>, ApiError> {
-    let n = answer.members.len();
-    let mut texts = vec![String::new(); n];
-    let mut tool_calls: Vec<Vec<ToolCall>> = vec![Vec::new(); n];
-    let mut logprobs: Vec<LogprobsWriter> = (0..n)
-        .map(|_| LogprobsWriter::new(answer.endpoint, answer.logprobs))
-        .collect();
-    let mut done: Vec<Option<Whole>> = (0..n).map(|_| None).collect();
-    loop {
-        let next = match tokio::time::timeout(idle_timeout, next(&mut answer.members)).await {
-            Ok(Some(next)) => next,
-            Ok(None) => break,
-            Err(_) => {
-                let ms = u64::try_from(idle_timeout.as_millis()).unwrap_or(u64::MAX);
-                return Err(ApiError::StreamTimeout(ms));
-            }
-        };
-        let (i, event) = match next {
-            (i, Some(event)) => (i, event),
-            (_, None) => return Err(ApiError::Internal("the stream's session closed".into())),
-        };
-        match event {
-            Update::Progress => {}
-            Update::Prompt(p) => {
-                texts[i].insert_str(0, &p.text);
-                logprobs[i].push_prompt(&p);
-            }
-            Update::Token {
-                text: t,
-                logprobs: l,
-                tool_calls: calls,
-                ..
-            } => {
-                tracker.token();
-                texts[i].push_str(&t);
-                logprobs[i].push(l.as_ref());
-                for piece in calls {
-                    baton_common::tools::merge(&mut tool_calls[i], piece);
-                }
-            }
-            Update::Finished(f) => {
-                answer.members[i].done = true;
-                done[i] = Some(Whole {
-                    text: std::mem::take(&mut texts[i]),
-                    logprobs: logprobs[i].take(),
-                    tool_calls: std::mem::take(&mut tool_calls[i]),
-                    reason: f.reason,
-                    usage: Usage::finished(&f, answer.prompt_tokens),
-                });
-            }
-            Update::Failed(error) => return Err(ApiError::from_worker(error, &answer.model)),
-        }
-    }
-    Ok(done.into_iter().flatten().collect())
+    let shape = Shape {
+        endpoint,
+        id: response_id(endpoint, group),
+        model,
+        created,
+        logprobs,
+        prompt_tokens,
+    };
+    Ok(HttpResponse::Ok()
+        .insert_header(("X-Request-Id", group.to_string()))
+        .content_type("application/json")
+        .body(whole_body(&shape, &parts)))
 }
 
 /// What a `Last-Event-ID` names: a stream, the last position the client has, and the
@@ -773,13 +592,6 @@ async fn stream_events(
         },
     };
     reattach(&state, &identity, last, Instant::now()).await
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -5,11 +5,10 @@
 use actix_web::{web, HttpResponse};
 use serde::Serialize;
 
-use super::error::ApiError;
 use super::AppState;
 use crate::actors::messages::ClusterStatus;
 use crate::actors::registry::WorkerView;
-use crate::nats::SubmitError;
+use crate::api::error::ApiError;
 use baton_common::ids::WorkerId;
 
 /// The status page: one self-contained HTML file, no external assets.
@@ -90,12 +89,7 @@ pub async fn drain(
             timeout,
         )
         .await
-        .map_err(|e| match e {
-            SubmitError::NoResponders => {
-                ApiError::WorkerNotFound(format!("no worker {worker} answers"))
-            }
-            other => other.into(),
-        })?;
+        .map_err(|e| ApiError::from_drain(worker, e))?;
     tracing::info!(%worker, running = reply.running, queued = reply.queued, "worker draining (HTTP)");
     Ok(HttpResponse::Ok().json(serde_json::json!({
         "worker": worker.to_string(),

@@ -28,14 +28,7 @@ use super::openai::{
 /// Most stop strings a request may give.
 pub const MAX_STOP_STRINGS: usize = 16;
 
-/// Which API a request came through (decides the response shapes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
-pub enum Endpoint {
-    /// `/v1/chat/completions`.
-    Chat,
-    /// `/v1/completions`.
-    Completion,
-}
+pub use crate::store::Endpoint;
 
 /// A request that passed validation: what the worker needs, and how to answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,6 +58,18 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 }
 
 impl ValidRequest {
+    /// A request body of `endpoint`, validated.
+    pub fn parse(
+        endpoint: Endpoint,
+        body: &[u8],
+        config: &CoordinatorConfig,
+    ) -> Result<Self, ApiError> {
+        match endpoint {
+            Endpoint::Chat => Self::chat(body, config),
+            Endpoint::Completion => Self::completion(body, config),
+        }
+    }
+
     /// Validates a `/v1/chat/completions` body.
     pub fn chat(body: &[u8], config: &CoordinatorConfig) -> Result<Self, ApiError> {
         let mut request: ChatRequest = parse_json(body)?;
