@@ -9,8 +9,9 @@
 //! - [`auth`]: API keys (constant-time check, key ids for logs), stream ownership and
 //!   the per-key stream limit.
 //! - [`nats`]: the NATS connection: listeners (heartbeats, tokens), submit, cancel.
-//! - [`actors`]: the worker registry with the router's choice, and the stream sessions
-//!   (checkpoints, failover, reconnects).
+//! - [`actors`]: the worker registry with the router's choice.
+//! - [`sessions`]: every stream's state as a table (checkpoints, failover, batching,
+//!   reconnects) and the actor that runs its effects.
 //! - [`dispatch`]: routing and submitting a sequence, with retries on other workers.
 //! - [`store`]: the sled checkpoint store.
 //! - [`metrics`]: Prometheus metrics (`/metrics`).
@@ -33,6 +34,7 @@ pub mod http;
 pub mod metrics;
 pub mod nats;
 pub mod public;
+pub mod sessions;
 pub mod store;
 
 use std::net::SocketAddr;
@@ -47,12 +49,12 @@ use baton_common::subjects::Subjects;
 use tracing::{info, warn};
 
 use crate::actors::registry::{Registry, RoutingSettings};
-use crate::actors::sessions::{SessionSettings, Sessions};
 use crate::auth::Keys;
 use crate::dispatch::Dispatcher;
 use crate::http::AppState;
 use crate::metrics::Metrics;
 use crate::nats::{Counters, NatsHandle};
+use crate::sessions::{NatsLink, SessionSettings, SessionTable, Sessions};
 use crate::store::Store;
 use baton_common::config::CheckpointMode;
 
@@ -176,7 +178,7 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
         submit_timeout: Duration::from_millis(config.submit_timeout_ms),
     };
     let metrics = Metrics::new();
-    let mut sessions = Sessions::new(
+    let table = SessionTable::new(
         SessionSettings {
             checkpoint: config.checkpoint,
             reconnect_window: Duration::from_secs(config.reconnect_window_s),
@@ -189,11 +191,12 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
             max_streams: config.max_streams.max(1) as usize,
             max_detached: config.max_detached_streams as usize,
             max_detached_per_key: config.max_detached_per_key as usize,
+            max_payload: nats.max_payload(),
         },
-        dispatcher,
         store,
         metrics.clone(),
     );
+    let mut sessions = Sessions::new(table, std::rc::Rc::new(NatsLink::new(dispatcher)));
     let recovered = sessions.recover();
     if recovered > 0 {
         info!(

@@ -36,7 +36,6 @@ use tracing::{debug, info, warn};
 
 use crate::actors::messages::{CheckHealth, ListModels, ListWorkers};
 use crate::actors::registry::{HealthStatus, Registry};
-use crate::actors::sessions::{Attach, Sessions};
 use crate::api::answer::{gather, whole_body, Read, Reader, Shape};
 use crate::api::choices::Member;
 use crate::api::chunks::{response_id, ChunkWriter};
@@ -47,6 +46,7 @@ use crate::api::tokenize::{self, Direction};
 use crate::api::validate::{Endpoint, ValidRequest};
 use crate::auth::StreamAccess;
 use crate::nats::NatsHandle;
+use crate::sessions::{Attach, Sessions};
 
 /// What the public API has taken.
 #[derive(Debug, Default)]

@@ -551,7 +551,8 @@ async fn a_stream_its_client_left_is_dropped_after_the_reconnect_window() {
     assert_eq!(streams_held(addr, 1).await, Some(1));
     // The client goes away: the worker stops the stream, which waits for its client.
     drop(client);
-    let cancelled = || worker.log.cancelled.lock().expect("lock").len() == 1;
+    // (A token already on its way when the cancel went out draws another one.)
+    let cancelled = || !worker.log.cancelled.lock().expect("lock").is_empty();
     assert!(eventually(5, cancelled).await, "the stream was stopped");
     // Nobody comes back within the window: the stream is dropped.
     assert_eq!(streams_held(addr, 0).await, Some(0), "after the window");

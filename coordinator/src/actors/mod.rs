@@ -1,8 +1,8 @@
-//! The coordinator's actors: the worker registry (with the router's choice) and the
-//! stream sessions; [`messages`] holds every message they take.
+//! The worker registry (with the router's choice, and the prompt prefixes it routes
+//! by); [`messages`] holds the messages the registry and the sessions
+//! ([`crate::sessions`]) take from the transport.
 
 pub mod affinity;
 pub mod messages;
 pub mod registry;
 pub mod router;
-pub mod sessions;

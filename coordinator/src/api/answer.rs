@@ -17,7 +17,7 @@ use super::openai::{
     ChatChoice, ChatCompletion, ChatMessageOut, Completion, CompletionChoice, Usage,
 };
 use super::validate::Endpoint;
-use crate::actors::sessions::Update;
+use crate::sessions::Update;
 
 /// What a read gave.
 #[derive(Debug)]

@@ -7,7 +7,7 @@
 use baton_common::ids::StreamId;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::actors::sessions::Update;
+use crate::sessions::Update;
 
 /// Most choices one request may ask for.
 pub const MAX_CHOICES: u32 = 16;

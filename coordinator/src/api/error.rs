@@ -12,9 +12,9 @@ use baton_common::protocol::{ErrorKind, WireError};
 use serde::Serialize;
 
 use crate::actors::router::RouteError;
-use crate::actors::sessions::AttachError;
 use crate::dispatch::DispatchError;
 use crate::nats::SubmitError;
+use crate::sessions::AttachError;
 
 /// Everything that can go wrong with a request, as the client sees it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -11,8 +11,8 @@ use tokio::sync::mpsc::unbounded_channel;
 use super::choices::{choice_seed, member, Member};
 use super::error::ApiError;
 use super::validate::ValidRequest;
-use crate::actors::sessions::{Detach, Sessions, StartStream};
 use crate::auth::KeyId;
+use crate::sessions::{Detach, Sessions, StartStream};
 use crate::store::StreamRecord;
 
 /// Tells the sessions when a client's answer is dropped (finished, or the client went

@@ -28,10 +28,10 @@ use actix::Addr;
 use baton_common::config::CoordinatorConfig;
 
 use crate::actors::registry::Registry;
-use crate::actors::sessions::Sessions;
 use crate::auth::Keys;
 use crate::metrics::Metrics;
 use crate::nats::NatsHandle;
+use crate::sessions::Sessions;
 
 /// What every handler shares.
 #[derive(Debug, Clone)]

@@ -29,7 +29,6 @@ use super::sse::{SseSettings, SseStream};
 use super::AppState;
 use crate::actors::messages::{CheckHealth, ListModels};
 use crate::actors::registry::HealthStatus;
-use crate::actors::sessions::Attach;
 use crate::api::answer::{gather, whole_body, Reader, Shape};
 use crate::api::choices::{member, parse_positions, Member};
 use crate::api::chunks::{response_id, ChunkWriter};
@@ -40,6 +39,7 @@ use crate::api::tokenize::Direction;
 use crate::api::validate::{Endpoint, ValidRequest};
 use crate::auth::{Identity, StreamSlot};
 use crate::metrics::StreamTracker;
+use crate::sessions::Attach;
 
 /// Registers every route on `cfg`; another method on a known URL is an OpenAI-shaped
 /// 405.
