@@ -4,11 +4,14 @@
 
 use std::time::Instant;
 
+use baton_common::config::CheckpointMode;
+use baton_common::ids::StreamId;
+
 use tracing::{debug, info, warn};
 
 use super::messages::{Attach, AttachError, Attached};
 use super::session::{Held, Session, Update};
-use super::table::{unix_now, Effect, SessionTable};
+use super::table::{unix_now, Effect, InFlush, SessionTable};
 use crate::store::{StoredToken, StreamEnd};
 
 impl SessionTable {
@@ -145,5 +148,63 @@ impl SessionTable {
             record,
             prompt_tokens,
         })
+    }
+
+    /// Keeps back (in `pending`) the updates of streams whose record is not on disk
+    /// yet; returns the others, in order.
+    pub(super) fn hold_undurable(
+        &mut self,
+        updates: Vec<(StreamId, Update)>,
+    ) -> Vec<(StreamId, Update)> {
+        let (held, ready): (Vec<_>, Vec<_>) = updates
+            .into_iter()
+            .partition(|(stream, _)| self.sessions.get(stream).is_some_and(|s| !s.durable));
+        self.pending.extend(held);
+        ready
+    }
+
+    /// Starts a flush when there is something to flush and none is running.
+    pub(super) fn flush(&mut self) {
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        if self.flushing.is_some() || (self.pending.is_empty() && self.undurable.is_empty()) {
+            return;
+        }
+        self.flushing = Some(InFlush {
+            batch: std::mem::take(&mut self.pending),
+            covered: std::mem::take(&mut self.undurable),
+            started: self.now,
+        });
+        self.out.push(Effect::Flush(store));
+    }
+
+    /// The flush finished: what waited for it goes to clients, and the next one starts
+    /// if more arrived meanwhile.
+    pub fn flushed(&mut self, result: Result<(), String>, now: Instant) -> Vec<Effect> {
+        self.at(now);
+        let Some(done) = self.flushing.take() else {
+            return self.effects();
+        };
+        self.metrics
+            .checkpoint_flush
+            .observe(now.saturating_duration_since(done.started).as_secs_f64());
+        if let Err(e) = result {
+            warn!(error = %e, "checkpoint flush failed");
+        }
+        for stream in done.covered {
+            if let Some(s) = self.sessions.get_mut(&stream) {
+                s.durable = true;
+            }
+        }
+        self.forward(done.batch);
+        if self.settings.checkpoint == CheckpointMode::Async {
+            // What arrived during the flush for streams now on disk goes out now.
+            let held = std::mem::take(&mut self.pending);
+            let ready = self.hold_undurable(held);
+            self.forward(ready);
+        }
+        self.flush();
+        self.effects()
     }
 }

@@ -20,13 +20,13 @@ use tracing::{debug, info, warn};
 use super::batcher::{
     Batcher, Limits, Queued, Reply, Waiting, HEADER_BYTES, HEADER_BYTES_PER_STREAM,
 };
-use super::failover::{abandoned, ResumeReason};
+use super::failover::ResumeReason;
 use super::messages::{Attach, AttachError, Attached, StartStream};
 use super::session::{Held, Phase, Session, Update};
 use crate::auth::Owner;
 use crate::dispatch::{Bound, DispatchError};
 use crate::metrics::Metrics;
-use crate::nats::{Probe, SubmitError};
+use crate::nats::SubmitError;
 use crate::store::{Store, StreamEnd, StreamRecord};
 
 /// Failover, batching and retention settings.
@@ -129,12 +129,12 @@ pub struct Dispatch {
 
 /// A flush under way.
 #[derive(Debug)]
-struct InFlush {
+pub(super) struct InFlush {
     /// Updates that go to clients once it is done.
-    batch: Vec<(StreamId, Update)>,
+    pub(super) batch: Vec<(StreamId, Update)>,
     /// Streams whose record it takes to disk.
-    covered: Vec<StreamId>,
-    started: Instant,
+    pub(super) covered: Vec<StreamId>,
+    pub(super) started: Instant,
 }
 
 /// Every stream this coordinator holds, and what it is waiting for.
@@ -145,19 +145,19 @@ pub struct SessionTable {
     pub(super) store: Option<Store>,
     pub(super) metrics: Arc<Metrics>,
     /// Workers with a probe in flight.
-    probing: HashSet<WorkerId>,
+    pub(super) probing: HashSet<WorkerId>,
     /// When each worker last answered a probe.
-    answered: HashMap<WorkerId, Instant>,
+    pub(super) answered: HashMap<WorkerId, Instant>,
     /// Streams to dispatch again once started (recovered from the store).
     pub(super) recovered: Vec<StreamId>,
     /// Updates written to the store, waiting for the next flush (`sync` mode; in
     /// `async` mode, those of streams whose record is not yet on disk).
-    pending: Vec<(StreamId, Update)>,
+    pub(super) pending: Vec<(StreamId, Update)>,
     /// Streams whose record the next flush takes to disk (`async` mode).
-    undurable: Vec<StreamId>,
+    pub(super) undurable: Vec<StreamId>,
     /// The flush running; what arrives meanwhile waits for the next one (group commit).
-    flushing: Option<InFlush>,
-    batcher: Batcher,
+    pub(super) flushing: Option<InFlush>,
+    pub(super) batcher: Batcher,
     /// The time of the event being handled.
     pub(super) now: Instant,
     /// Effects of the event being handled.
@@ -212,7 +212,7 @@ impl SessionTable {
         self.sessions.is_empty()
     }
 
-    fn limits(&self) -> Limits {
+    pub(super) fn limits(&self) -> Limits {
         Limits {
             max_batch: self.settings.max_batch,
             max_wait: self.settings.max_wait,
@@ -299,7 +299,7 @@ impl SessionTable {
     }
 
     /// Sends the next batch of `model` in one submit.
-    fn send_batch(&mut self, model: &str) {
+    pub(super) fn send_batch(&mut self, model: &str) {
         let batch = self.batcher.take(model, self.limits());
         let mut requests = Vec::with_capacity(batch.len());
         let mut replies = HashMap::with_capacity(batch.len());
@@ -413,7 +413,7 @@ impl SessionTable {
         self.effects()
     }
 
-    fn settle(
+    pub(super) fn settle(
         &mut self,
         stream: StreamId,
         attempt: u32,
@@ -512,7 +512,7 @@ impl SessionTable {
     }
 
     /// Ends a stream: its record says how, its clients get the update, it leaves memory.
-    fn end(&mut self, stream: StreamId, end: StreamEnd) {
+    pub(super) fn end(&mut self, stream: StreamId, end: StreamEnd) {
         self.unbind(stream, false);
         let Some(mut s) = self.sessions.remove(&stream) else {
             return;
@@ -527,66 +527,9 @@ impl SessionTable {
         s.send(&update);
     }
 
-    fn fail(&mut self, stream: StreamId, kind: ErrorKind, message: String) {
+    pub(super) fn fail(&mut self, stream: StreamId, kind: ErrorKind, message: String) {
         warn!(%stream, kind = kind.as_str(), %message, "stream failed");
         self.end(stream, StreamEnd::Failed(WireError { kind, message }));
-    }
-
-    /// Moves a stream to another worker, from its last checkpointed token.
-    pub(super) fn resume(
-        &mut self,
-        stream: StreamId,
-        avoid: Option<WorkerId>,
-        reason: ResumeReason,
-    ) {
-        let max = self.settings.max_resumes;
-        let Some(s) = self.sessions.get_mut(&stream) else {
-            return;
-        };
-        let why = reason.as_str();
-        if reason.counts() {
-            if s.resumes >= max {
-                let message = format!("the stream was resumed {max} times; giving up ({why})");
-                return self.fail(stream, ErrorKind::Internal, message);
-            }
-            s.resumes += 1;
-        }
-        self.metrics.resumed(why);
-        self.unbind(stream, true);
-        let Some(s) = self.sessions.get_mut(&stream) else {
-            return;
-        };
-        s.record.attempt += 1;
-        info!(%stream, attempt = s.record.attempt, position = s.tokens.len(), why, "resuming stream");
-        let record = s.record.clone();
-        self.persist(stream, &record);
-        self.dispatch(stream, avoid, None);
-    }
-
-    /// Resumes every stream running on `worker`, elsewhere.
-    fn worker_lost(&mut self, worker: WorkerId, reason: ResumeReason) {
-        let streams: Vec<StreamId> = self
-            .sessions
-            .iter()
-            .filter(|(_, s)| s.phase == Phase::Running(worker))
-            .map(|(id, _)| *id)
-            .collect();
-        if !streams.is_empty() {
-            warn!(%worker, streams = streams.len(), why = reason.as_str(), "worker lost; resuming its streams");
-        }
-        for stream in streams {
-            self.resume(stream, Some(worker), reason);
-        }
-    }
-
-    /// The registry dropped `worker` (its heartbeats stopped): its streams move.
-    pub fn worker_left(&mut self, worker: WorkerId, now: Instant) -> Vec<Effect> {
-        self.at(now);
-        // Nothing is kept of a worker that left: each restart is a new worker id.
-        self.answered.remove(&worker);
-        self.out.push(Effect::ForgetSequences(worker));
-        self.worker_lost(worker, ResumeReason::LeftRegistry);
-        self.effects()
     }
 
     /// Worker messages: each event is checked against its session (right attempt, next
@@ -617,7 +560,7 @@ impl SessionTable {
 
     /// Checks the events of worker messages; returns the updates for clients, in order,
     /// and appends the tokens to the store.
-    fn accept(&mut self, batches: Vec<TokenBatch>) -> Vec<(StreamId, Update)> {
+    pub(super) fn accept(&mut self, batches: Vec<TokenBatch>) -> Vec<(StreamId, Update)> {
         let now = self.now;
         let mut updates: Vec<(StreamId, Update)> = Vec::new();
         let mut stored: Vec<(StreamId, TokenEvent)> = Vec::new();
@@ -760,18 +703,8 @@ impl SessionTable {
         updates
     }
 
-    /// Keeps back (in `pending`) the updates of streams whose record is not on disk
-    /// yet; returns the others, in order.
-    fn hold_undurable(&mut self, updates: Vec<(StreamId, Update)>) -> Vec<(StreamId, Update)> {
-        let (held, ready): (Vec<_>, Vec<_>) = updates
-            .into_iter()
-            .partition(|(stream, _)| self.sessions.get(stream).is_some_and(|s| !s.durable));
-        self.pending.extend(held);
-        ready
-    }
-
     /// Sends updates to clients; terminal updates end their streams.
-    fn forward(&mut self, updates: Vec<(StreamId, Update)>) {
+    pub(super) fn forward(&mut self, updates: Vec<(StreamId, Update)>) {
         let mut lonely: Vec<StreamId> = Vec::new();
         for (stream, update) in updates {
             match update {
@@ -794,145 +727,6 @@ impl SessionTable {
             debug!(%stream, "the client went away; stopping the stream");
             self.unbind(stream, true);
         }
-    }
-
-    /// Starts a flush when there is something to flush and none is running.
-    fn flush(&mut self) {
-        let Some(store) = self.store.clone() else {
-            return;
-        };
-        if self.flushing.is_some() || (self.pending.is_empty() && self.undurable.is_empty()) {
-            return;
-        }
-        self.flushing = Some(InFlush {
-            batch: std::mem::take(&mut self.pending),
-            covered: std::mem::take(&mut self.undurable),
-            started: self.now,
-        });
-        self.out.push(Effect::Flush(store));
-    }
-
-    /// The flush finished: what waited for it goes to clients, and the next one starts
-    /// if more arrived meanwhile.
-    pub fn flushed(&mut self, result: Result<(), String>, now: Instant) -> Vec<Effect> {
-        self.at(now);
-        let Some(done) = self.flushing.take() else {
-            return self.effects();
-        };
-        self.metrics
-            .checkpoint_flush
-            .observe(now.saturating_duration_since(done.started).as_secs_f64());
-        if let Err(e) = result {
-            warn!(error = %e, "checkpoint flush failed");
-        }
-        for stream in done.covered {
-            if let Some(s) = self.sessions.get_mut(&stream) {
-                s.durable = true;
-            }
-        }
-        self.forward(done.batch);
-        if self.settings.checkpoint == CheckpointMode::Async {
-            // What arrived during the flush for streams now on disk goes out now.
-            let held = std::mem::take(&mut self.pending);
-            let ready = self.hold_undurable(held);
-            self.forward(ready);
-        }
-        self.flush();
-        self.effects()
-    }
-
-    /// Forgets the streams no client came back to within the reconnect window, and the
-    /// oldest detached ones past their bounds: they leave memory and the store, as ended
-    /// streams do once the window has passed.
-    fn forget_abandoned(&mut self) {
-        let s = &self.settings;
-        let gone = abandoned(
-            &self.sessions,
-            self.now,
-            s.reconnect_window,
-            s.max_detached,
-            s.max_detached_per_key,
-        );
-        for stream in gone {
-            self.sessions.remove(&stream);
-            if let Some(store) = &self.store {
-                if let Err(e) = store.remove_stream(stream) {
-                    warn!(%stream, error = %e, "cannot remove an abandoned stream from the store");
-                }
-            }
-            info!(%stream, "no client came back (reconnect window, or detached streams past their bounds); stream dropped");
-        }
-        self.metrics.streams_held.set(self.sessions.len() as i64);
-    }
-
-    /// The periodic check: abandoned streams go, stalled streams' workers are probed,
-    /// and streams stalled past their window move.
-    pub fn tick(&mut self, now: Instant) -> Vec<Effect> {
-        self.at(now).forget_abandoned();
-        let mut probe: HashSet<WorkerId> = HashSet::new();
-        let mut stalled: Vec<(StreamId, WorkerId)> = Vec::new();
-        for (id, s) in &self.sessions {
-            let Phase::Running(worker) = s.phase else {
-                continue;
-            };
-            let quiet = now.saturating_duration_since(s.last_progress);
-            if quiet >= s.stall_window(self.settings.stall_timeout) {
-                stalled.push((*id, worker));
-            } else if quiet >= self.settings.stall_probe
-                && !self.probing.contains(&worker)
-                && self
-                    .answered
-                    .get(&worker)
-                    .is_none_or(|t| now.saturating_duration_since(*t) >= self.settings.stall_probe)
-            {
-                probe.insert(worker);
-            }
-        }
-        for (stream, worker) in stalled {
-            self.resume(stream, Some(worker), ResumeReason::Stalled);
-        }
-        for worker in probe {
-            self.probing.insert(worker);
-            let streams: Vec<(StreamId, u32)> = self
-                .sessions
-                .iter()
-                .filter(|(_, s)| s.phase == Phase::Running(worker))
-                .map(|(id, s)| (*id, s.attempt()))
-                .collect();
-            let timeout = self.settings.stall_probe.max(Duration::from_millis(500));
-            self.out.push(Effect::Probe {
-                worker,
-                streams,
-                timeout,
-            });
-        }
-        self.effects()
-    }
-
-    /// A probe's answer.
-    pub fn probed(&mut self, worker: WorkerId, result: Probe, now: Instant) -> Vec<Effect> {
-        self.at(now);
-        self.probing.remove(&worker);
-        match result {
-            Probe::Alive(missing) => {
-                self.answered.insert(worker, now);
-                for (stream, attempt) in missing {
-                    let still = self.sessions.get(&stream).is_some_and(|s| {
-                        s.phase == Phase::Running(worker) && s.attempt() == attempt
-                    });
-                    if still {
-                        self.resume(stream, None, ResumeReason::LostByWorker);
-                    }
-                }
-            }
-            Probe::Gone => {
-                self.answered.remove(&worker);
-                self.out.push(Effect::Forget(worker));
-                self.worker_lost(worker, ResumeReason::NoResponders);
-            }
-            Probe::Unknown => debug!(%worker, "probe unanswered"),
-        }
-        self.effects()
     }
 
     /// A client attaches (reconnects with `Last-Event-ID`): the tokens after its position,
