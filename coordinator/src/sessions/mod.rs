@@ -22,8 +22,8 @@
 //! - **Clients** subscribe with [`StartStream`] (new) or [`Attach`] (reconnect with
 //!   `Last-Event-ID`: the tokens after the given position are replayed from memory or the
 //!   store, then the live rest follows). A client may attach only to a stream its
-//!   [`StreamAccess`] allows (its own key's, or any for an admin key); any other stream
-//!   is unknown to it, exactly as one that never existed. When the last client of a
+//!   [`StreamAccess`](crate::auth::StreamAccess) allows (its own key's, or any for an
+//!   admin key); any other stream is unknown to it, exactly as one that never existed. When the last client of a
 //!   stream goes away, the worker is told to stop at once; a client that comes back
 //!   within the reconnect window resumes the stream from its checkpoint. After the
 //!   window the stream is dropped from memory and the store, so that streams nobody
