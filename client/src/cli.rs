@@ -13,8 +13,13 @@
 //! `--nats-nkey`, `--nats-nkey-file`, `--nats-creds`, `--nats-tls-ca`,
 //! `--nats-tls-cert`/`--nats-tls-key`, `--nats-tls-required`, `--nats-inbox-prefix`, or
 //! their environment variables (`BATON_NATS_USER`, `BATON_NATS_PASSWORD`, …).
+//!
+//! Given neither `--url` nor `--nats` (nor their environment variables), the client talks
+//! to the cluster `scripts/up` runs on this machine, through the endpoints it wrote
+//! ([`Endpoints`]); without one, to NATS at `nats://127.0.0.1:4222`.
 
 use std::io::Write;
+use std::path::PathBuf;
 
 use baton_common::config::NatsConfig;
 use baton_common::env;
@@ -32,7 +37,9 @@ pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
 #[derive(Debug, Parser)]
 #[command(name = "baton", version, about)]
 pub struct Cli {
-    /// NATS server URL (the public NATS API); used unless `--url` is given.
+    /// NATS server URL (the public NATS API); used unless `--url` is given. With
+    /// neither, the cluster `scripts/up` runs here (its HTTP URL), else
+    /// nats://127.0.0.1:4222.
     #[arg(long, global = true, env = env::NATS_URL)]
     pub nats: Option<String>,
     /// Coordinator HTTP base URL (`http://host:port`); when given, `chat`, `complete`
@@ -146,9 +153,66 @@ pub fn http_client(cli: &Cli, url: &str) -> Result<Client, ClientError> {
     })
 }
 
-/// The client `--url` / `--nats` ask for (NATS by default).
+/// The endpoints of the cluster `scripts/up` runs on this machine, as it wrote them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Endpoints {
+    /// The coordinator's HTTP base URL.
+    pub url: Option<String>,
+    /// Its NATS server.
+    pub nats: Option<String>,
+}
+
+impl Endpoints {
+    /// The file `scripts/up` writes: `BATON_ENDPOINTS`, else
+    /// `$XDG_STATE_HOME/baton/endpoints`, else `~/.local/state/baton/endpoints`.
+    pub fn path() -> Option<PathBuf> {
+        if let Some(p) = std::env::var_os(env::ENDPOINTS).filter(|p| !p.is_empty()) {
+            return Some(PathBuf::from(p));
+        }
+        let state = std::env::var_os("XDG_STATE_HOME")
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))?;
+        Some(state.join("baton").join("endpoints"))
+    }
+
+    /// The endpoints in `text` (`url=…` and `nats=…` lines; others are ignored).
+    pub fn parse(text: &str) -> Self {
+        let mut out = Self::default();
+        for line in text.lines() {
+            let Some((key, value)) = line.split_once('=') else {
+                continue;
+            };
+            let value = value.trim();
+            if value.is_empty() {
+                continue;
+            }
+            match key.trim() {
+                "url" => out.url = Some(value.into()),
+                "nats" => out.nats = Some(value.into()),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// Those of the running `scripts/up`, if it wrote any.
+    pub fn find() -> Self {
+        Self::path()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .map(|text| Self::parse(&text))
+            .unwrap_or_default()
+    }
+}
+
+/// The client `--url` / `--nats` ask for; with neither, the coordinator's HTTP URL that
+/// `scripts/up` wrote ([`Endpoints`]), else NATS at its default URL.
 pub async fn connect(cli: &Cli) -> Result<Client, ClientError> {
-    match (&cli.url, &cli.nats) {
+    let found = match (&cli.url, &cli.nats) {
+        (None, None) => Endpoints::find(),
+        _ => Endpoints::default(),
+    };
+    match (cli.url.as_ref().or(found.url.as_ref()), &cli.nats) {
         (Some(url), _) => http_client(cli, url),
         (None, _) => Ok(Client::connect_nats_with(&nats_config(cli))
             .await?
@@ -156,11 +220,18 @@ pub async fn connect(cli: &Cli) -> Result<Client, ClientError> {
     }
 }
 
-/// The NATS settings of the command line: `--nats`, `--prefix` and the credentials and
-/// TLS flags (or their environment variables).
+/// The NATS settings of the command line: `--nats` (else the NATS server `scripts/up`
+/// wrote, else the default URL), `--prefix` and the credentials and TLS flags (or their
+/// environment variables).
 pub fn nats_config(cli: &Cli) -> NatsConfig {
+    let url = match &cli.nats {
+        Some(url) => url.clone(),
+        None => Endpoints::find()
+            .nats
+            .unwrap_or_else(|| DEFAULT_NATS_URL.to_string()),
+    };
     let mut config = NatsConfig {
-        url: cli.nats.as_deref().unwrap_or(DEFAULT_NATS_URL).to_string(),
+        url,
         subject_prefix: cli.prefix.clone(),
         ..NatsConfig::default()
     };
@@ -206,4 +277,25 @@ async fn generate(client: &Client, r: &Request, g: &Generate) -> anyhow::Result<
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_are_read_from_key_value_lines() {
+        let e = Endpoints::parse("url=http://127.0.0.1:8000\nnats=nats://127.0.0.1:4222\n");
+        assert_eq!(e.url.as_deref(), Some("http://127.0.0.1:8000"));
+        assert_eq!(e.nats.as_deref(), Some("nats://127.0.0.1:4222"));
+        let e = Endpoints::parse("# a comment\nurl=\nother=1\n nats = nats://h:1 \n");
+        assert_eq!(
+            e,
+            Endpoints {
+                url: None,
+                nats: Some("nats://h:1".into())
+            }
+        );
+        assert_eq!(Endpoints::parse(""), Endpoints::default());
+    }
 }

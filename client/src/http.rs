@@ -162,6 +162,7 @@ impl HttpTransport {
         whole(&body)
     }
 
+    /// `/v1/status` (workers, load, KV); without an admin key (when keys are on),
     /// `/health` and `/v1/models`.
     pub async fn status(&self) -> Result<Value, ClientError> {
         let get = |path: &'static str| async move {
@@ -175,6 +176,12 @@ impl HttpTransport {
                 .await
                 .map_err(|e| ClientError::Protocol(e.to_string()))
         };
+        // The whole view (workers, load, KV) is an admin route; without an admin key, the
+        // health and the models.
+        let status = get("/v1/status").await?;
+        if status.get("error").is_none() {
+            return Ok(status);
+        }
         let health = get("/health").await?;
         let models = get("/v1/models").await?;
         if models.get("error").is_some() {

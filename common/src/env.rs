@@ -28,6 +28,11 @@ pub const NATS_TLS_REQUIRED: &str = "BATON_NATS_TLS_REQUIRED";
 pub const NATS_INBOX_PREFIX: &str = "BATON_NATS_INBOX_PREFIX";
 /// Coordinator HTTP base URL the `baton` client uses (`http://host:port`).
 pub const URL: &str = "BATON_URL";
+
+/// The file where `scripts/up` writes the endpoints of the cluster it runs (`url=…` and
+/// `nats=…` lines), read by the `baton` CLI when given neither `--url` nor `--nats`;
+/// default `$XDG_STATE_HOME/baton/endpoints` (`~/.local/state/baton/endpoints`).
+pub const ENDPOINTS: &str = "BATON_ENDPOINTS";
 /// Subject prefix (overrides `nats.subject_prefix`).
 pub const SUBJECT_PREFIX: &str = "BATON_SUBJECT_PREFIX";
 /// Coordinator HTTP listen address (overrides `coordinator.listen`).
