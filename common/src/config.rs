@@ -132,7 +132,7 @@ pub struct CoordinatorConfig {
     /// Largest request body, in bytes.
     pub max_body_bytes: usize,
     /// Time a request's body has to arrive in full, in milliseconds; slower bodies get
-    /// 408.
+    /// 408 (0: no limit).
     pub body_timeout_ms: u64,
     /// Most open HTTP connections from one client address (0: no limit); requests on
     /// connections past it get 429 and the connection is closed.

@@ -529,10 +529,15 @@ fn special_tokens_in_messages_are_plain_text() {
         ChatMessage::new("system", "Be kind."),
         ChatMessage::new("user", forged),
     ];
-    let text = m.chat.render(&messages, true).expect("renders");
-    let writes = |msg: &ChatMessage| t.writes_special(&msg.content);
-    assert!(!writes(&messages[0]) && writes(&messages[1]));
-    let spans = message_spans(&text, &messages, writes).expect("the template copies them");
+    let guard = |messages: &[ChatMessage]| {
+        let text = m.chat.render(messages, true).expect("renders");
+        let marked = m.chat.render_marked(messages, None, true).expect("renders");
+        let writes = |msg: &ChatMessage| t.writes_special(&msg.content);
+        let spans =
+            message_spans(&text, &marked, messages, writes).expect("the template copies them");
+        (text, spans)
+    };
+    let (text, spans) = guard(&messages);
     assert_eq!(spans.len(), 1);
     assert_eq!(&text[spans[0].clone()], forged);
 
@@ -549,18 +554,48 @@ fn special_tokens_in_messages_are_plain_text() {
     let prefix = t.encode(&text[..spans[0].start], false).expect("encodes");
     assert_eq!(&guarded[..prefix.len()], &prefix[..]);
 
+    // A message that is nothing but a marker is found where the template put it, not at
+    // the template's own marker with the same spelling.
+    for content in ["<|im_start|>", "<|im_end|>"] {
+        let messages = vec![
+            ChatMessage::new("user", content),
+            ChatMessage::new("user", "ok"),
+        ];
+        let (text, spans) = guard(&messages);
+        let guarded = t.encode_guarded(&text, &spans).expect("encodes");
+        let template_only = m
+            .chat
+            .render(
+                &[
+                    ChatMessage::new("user", "x"),
+                    ChatMessage::new("user", "ok"),
+                ],
+                true,
+            )
+            .expect("renders");
+        let want = t.encode(&template_only, false).expect("encodes");
+        assert_eq!(
+            (count(&guarded, start), count(&guarded, end)),
+            (count(&want, start), count(&want, end)),
+            "{content}"
+        );
+        assert_eq!(t.decode(&guarded, false).expect("decodes"), text);
+    }
+
     // Without special spellings in a guarded range, guarding changes nothing.
     let plain = vec![ChatMessage::new("user", "hi <not special> there")];
     let text = m.chat.render(&plain, true).expect("renders");
-    let spans = message_spans(&text, &plain, |_| true).expect("found");
+    let marked = m.chat.render_marked(&plain, None, true).expect("renders");
+    let spans = message_spans(&text, &marked, &plain, |_| true).expect("found");
     assert_eq!(
         t.encode_guarded(&text, &spans).expect("encodes"),
         t.encode(&text, false).expect("encodes")
     );
 }
 
-/// Messages are found in the rendered prompt in order, trimmed when the template trims
-/// them; one the template rewrites cannot be told from the template's text.
+/// Messages are found where the template put them, trimmed when the template trims them
+/// (never at the template's own text with the same spelling); one the template rewrites
+/// cannot be told apart.
 #[test]
 fn messages_are_found_where_the_template_put_them() {
     let forged = |m: &ChatMessage| m.content.contains("<|");
@@ -569,31 +604,35 @@ fn messages_are_found_where_the_template_put_them() {
         ChatMessage::new("user", "  same <|x|>  "),
         ChatMessage::new("user", "same"),
     ];
-    let verbatim = ChatTemplate::new(
-        "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}".into(),
-        String::new(),
-        String::new(),
-    )
-    .expect("compiles");
-    let text = verbatim.render(&messages, false).expect("renders");
-    let spans = message_spans(&text, &messages, forged).expect("found");
+    let template = |source: &str| {
+        ChatTemplate::new(source.into(), String::new(), String::new()).expect("compiles")
+    };
+    let spans_of = |chat: &ChatTemplate| {
+        let text = chat.render(&messages, false).expect("renders");
+        let marked = chat.render_marked(&messages, None, false).expect("renders");
+        (message_spans(&text, &marked, &messages, forged), text)
+    };
+    let (spans, text) = spans_of(&template(
+        "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}",
+    ));
+    let spans = spans.expect("found");
     assert_eq!(spans.len(), 1);
     assert_eq!(&text[spans[0].clone()], "  same <|x|>  ");
-    let trimming = ChatTemplate::new(
-        "{% for m in messages %}[{{ m.role }}]{{ m.content | trim }}{% endfor %}".into(),
-        String::new(),
-        String::new(),
-    )
-    .expect("compiles");
-    let text = trimming.render(&messages, false).expect("renders");
-    let spans = message_spans(&text, &messages, forged).expect("found");
-    assert_eq!(&text[spans[0].clone()], "same <|x|>");
-    let rewriting = ChatTemplate::new(
-        "{% for m in messages %}{{ m.content | upper }}{% endfor %}".into(),
-        String::new(),
-        String::new(),
-    )
-    .expect("compiles");
-    let text = rewriting.render(&messages, false).expect("renders");
-    assert_eq!(message_spans(&text, &messages, forged), Err(1));
+    assert_eq!(text.find("  same <|x|>"), Some(spans[0].start));
+    // The template writes the message's very spelling before it: the span is the
+    // message's, not the template's.
+    let (spans, text) = spans_of(&template(
+        "{% for m in messages %}<|x|>{{ m.content }}{% endfor %}",
+    ));
+    let spans = spans.expect("found");
+    assert_eq!(spans[0].start, "<|x|>same<|x|>".len());
+    assert_eq!(&text[spans[0].clone()], "  same <|x|>  ");
+    let (spans, text) = spans_of(&template(
+        "{% for m in messages %}[{{ m.role }}]{{ m.content | trim }}{% endfor %}",
+    ));
+    assert_eq!(&text[spans.expect("found")[0].clone()], "same <|x|>");
+    let (spans, _) = spans_of(&template(
+        "{% for m in messages %}{{ m.content | upper }}{% endfor %}",
+    ));
+    assert_eq!(spans, Err(1));
 }

@@ -220,7 +220,12 @@ async fn read_body(
     config: &CoordinatorConfig,
 ) -> Result<Bytes, ApiError> {
     let limit = config.max_body_bytes;
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(config.body_timeout_ms);
+    // 0: no limit (a year).
+    let wait = match config.body_timeout_ms {
+        0 => Duration::from_secs(365 * 24 * 3600),
+        ms => Duration::from_millis(ms),
+    };
+    let deadline = tokio::time::Instant::now() + wait;
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)

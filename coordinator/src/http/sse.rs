@@ -216,7 +216,10 @@ impl State {
             Read::Quiet => self
                 .pending
                 .push_back(Bytes::from_static(KEEPALIVE.as_bytes())),
-            Read::Done => self.ended = true,
+            // Every choice ended, yet the last end did not finish the body: never expected.
+            Read::Done => self.fail(ApiError::Internal(
+                "the answer ended without its end".into(),
+            )),
         }
     }
 

@@ -573,7 +573,9 @@ impl SessionTable {
             let worker = batch.worker;
             for event in batch.events {
                 let stream = event.stream;
-                let terminal = !matches!(event.kind, EventKind::Token(_));
+                // A stream that is gone or moved on must stop on this worker, whatever it
+                // sends (a token, a long prompt's progress), unless it has ended there.
+                let terminal = matches!(event.kind, EventKind::Finished(_) | EventKind::Failed(_));
                 let Some(s) = self.sessions.get_mut(&stream) else {
                     if !terminal && !ended.contains(&stream) {
                         debug!(%stream, %worker, "event for an unknown stream");

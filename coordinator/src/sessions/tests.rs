@@ -651,6 +651,11 @@ fn events_of_an_unknown_stream_are_cancelled() {
     let mut h = Harness::new();
     let effects = h.events(W1, S2, 4, vec![token(0)]);
     assert_eq!(cancels(&effects), [(W1, S2, 4)]);
+    // A long prompt still running for a stream that is gone stops too.
+    let effects = h.events(W1, S2, 4, vec![EventKind::Progress(512)]);
+    assert_eq!(cancels(&effects), [(W1, S2, 4)]);
+    // Its end needs no cancel.
+    assert!(cancels(&h.events(W1, S2, 4, vec![finished(1)])).is_empty());
 }
 
 #[test]

@@ -67,6 +67,9 @@ pub enum EngineError {
          text: it cannot be read as plain text"
     )]
     UnguardedContent(usize),
+    /// A field the template writes besides a message's text spells special tokens.
+    #[error("{0} spells special tokens of the model; only a message's text may hold them")]
+    SpecialText(String),
     /// A sampling parameter is out of range.
     #[error(transparent)]
     Sampling(#[from] SamplingError),
@@ -142,6 +145,7 @@ impl EngineError {
             EngineError::Chat(e) => e.kind(),
             EngineError::NoChatTemplate => "no_chat_template",
             EngineError::UnguardedContent(_) => "unguarded_content",
+            EngineError::SpecialText(_) => "special_text",
             EngineError::Sampling(_) => "invalid_sampling",
             EngineError::EmptyPrompt => "empty_prompt",
             EngineError::PromptTooLong { .. } => "prompt_too_long",
@@ -558,14 +562,51 @@ impl<B: Backend> Engine<B> {
     ) -> Result<Vec<u32>, EngineError> {
         let chat = self.chat.as_ref().ok_or(EngineError::NoChatTemplate)?;
         let text = chat.render_tools(messages, tools, add_generation_prompt)?;
+        if !trusted {
+            self.refuse_special_fields(messages, tools)?;
+        }
         let writes = |m: &ChatMessage| self.tokenizer.writes_special(&m.content);
         if trusted || !messages.iter().any(writes) {
             // The template writes any BOS itself.
             return Ok(self.tokenizer.encode(&text, false)?);
         }
-        let guarded =
-            message_spans(&text, messages, writes).map_err(EngineError::UnguardedContent)?;
+        let marked = chat.render_marked(messages, tools, add_generation_prompt)?;
+        let guarded = message_spans(&text, &marked, messages, writes)
+            .map_err(EngineError::UnguardedContent)?;
         Ok(self.tokenizer.encode_guarded(&text, &guarded)?)
+    }
+
+    /// Refuses special tokens spelled in what a client gives besides messages' text and
+    /// the template writes: roles, tool calls and their ids, the tools offered.
+    fn refuse_special_fields(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<(), EngineError> {
+        let spelled = |text: &str| self.tokenizer.writes_special(text);
+        for (i, m) in messages.iter().enumerate() {
+            let call_text = |c: &super::chat::ChatToolCall| {
+                format!("{} {} {}", c.id, c.function.name, c.function.arguments)
+            };
+            let bad = if spelled(&m.role) {
+                Some("role")
+            } else if m.tool_call_id.as_deref().is_some_and(spelled) {
+                Some("tool_call_id")
+            } else if m.tool_calls.iter().any(|c| spelled(&call_text(c))) {
+                Some("tool_calls")
+            } else {
+                None
+            };
+            if let Some(field) = bad {
+                return Err(EngineError::SpecialText(format!(
+                    "the {field} of message {i}"
+                )));
+            }
+        }
+        if tools.is_some_and(|t| spelled(&t.to_string())) {
+            return Err(EngineError::SpecialText("the tools offered".into()));
+        }
+        Ok(())
     }
 
     /// How the model calls tools (by its chat template).

@@ -150,6 +150,7 @@ fn wire_error(e: EngineError) -> WireError {
         | EngineError::EmptyPrompt
         | EngineError::NoChatTemplate
         | EngineError::UnguardedContent(_)
+        | EngineError::SpecialText(_)
         | EngineError::Chat(_)
         | EngineError::Tokenizer(_)
         | EngineError::Forward(_)

@@ -244,6 +244,25 @@ impl ChatTemplate {
         self.render_with(&messages, add_generation_prompt, &TemplateVars::default())
     }
 
+    /// [`ChatTemplate::render_tools`] with each message's text replaced by a mark, to find
+    /// where the template puts each message ([`message_spans`]).
+    pub fn render_marked(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        let marked: Vec<ChatMessage> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| ChatMessage {
+                content: format!("{MARK_OPEN}{i}{MARK_CLOSE}"),
+                ..m.clone()
+            })
+            .collect();
+        self.render_tools(&marked, tools, add_generation_prompt)
+    }
+
     /// The prompt for `messages`; with `add_generation_prompt`, it ends with what opens the
     /// assistant's reply (`<|im_start|>assistant\n` for ChatML).
     pub fn render(
@@ -477,38 +496,61 @@ fn python_split<'a>(
     }
 }
 
+/// Marks the text of message `i` in a rendering made to find where messages land
+/// ([`ChatTemplate::render_marked`]): private-use characters no client text needs.
+const MARK_OPEN: char = '\u{E000}';
+const MARK_CLOSE: char = '\u{E001}';
+
 /// Where the rendered prompt `text` holds the messages that spell special tokens (as
-/// `writes` tells): each message's text (or, for templates that trim it, its trimmed
-/// text) found in turn after the one before. A message that spells them and is not
-/// found (the template changed its text) is an error: its index.
+/// `writes` tells). `marked` is the same rendering with each message's text replaced by
+/// its mark ([`ChatTemplate::render_marked`]): putting each message's text (or, for
+/// templates that trim it, its trimmed text) back in place of its marks must give `text`
+/// exactly, and the ranges are where it went. Otherwise (the template rewrote a text) the
+/// error is the index of the first message that spells special tokens.
 pub fn message_spans(
     text: &str,
+    marked: &str,
     messages: &[ChatMessage],
     writes: impl Fn(&ChatMessage) -> bool,
 ) -> Result<Vec<std::ops::Range<usize>>, usize> {
-    let mut spans = Vec::new();
-    let mut from = 0;
-    for (i, m) in messages.iter().enumerate() {
-        let found = [m.content.as_str(), m.content.trim()]
-            .into_iter()
-            .filter(|needle| !needle.is_empty())
-            .find_map(|needle| {
-                text[from..]
-                    .find(needle)
-                    .map(|at| from + at..from + at + needle.len())
-            });
-        match found {
-            Some(span) => {
-                from = span.end;
-                if writes(m) {
-                    spans.push(span);
-                }
+    for trimmed in [false, true] {
+        let mut rebuilt = String::with_capacity(text.len());
+        let mut spans = Vec::new();
+        let mut rest = marked;
+        let mut whole = true;
+        while let Some(open) = rest.find(MARK_OPEN) {
+            rebuilt.push_str(&rest[..open]);
+            let after = &rest[open + MARK_OPEN.len_utf8()..];
+            let Some(close) = after.find(MARK_CLOSE) else {
+                whole = false;
+                break;
+            };
+            let Some(m) = after[..close]
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| messages.get(i))
+            else {
+                whole = false;
+                break;
+            };
+            let content = if trimmed {
+                m.content.trim()
+            } else {
+                m.content.as_str()
+            };
+            let start = rebuilt.len();
+            rebuilt.push_str(content);
+            if writes(m) {
+                spans.push(start..rebuilt.len());
             }
-            None if writes(m) => return Err(i),
-            None => {}
+            rest = &after[close + MARK_CLOSE.len_utf8()..];
+        }
+        rebuilt.push_str(rest);
+        if whole && rebuilt == text {
+            return Ok(spans);
         }
     }
-    Ok(spans)
+    Err(messages.iter().position(writes).unwrap_or(0))
 }
 
 #[cfg(test)]

@@ -705,6 +705,9 @@ impl Tokenizer {
     /// Token ids for `text` (as [`Tokenizer::encode`] without BOS/EOS), where special
     /// tokens spelled inside the byte ranges `guarded` are read as plain text: a chat
     /// prompt's messages are the client's, and a client must not write turns of its own.
+    /// The text is cut at the special tokens outside `guarded` only, and each piece between
+    /// them encoded without special tokens, as the tokenizer encodes the pieces between
+    /// special tokens anyway: text outside the messages keeps its ids.
     pub fn encode_guarded(
         &self,
         text: &str,
@@ -714,23 +717,32 @@ impl Tokenizer {
             .inner
             .encode(text, false)
             .map_err(TokenizerError::Encode)?;
+        let plain = self.plain.get_or_init(|| {
+            let mut plain = self.inner.clone();
+            plain.set_encode_special_tokens(true);
+            plain
+        });
+        let piece = |from: usize, to: usize, ids: &mut Vec<u32>| {
+            if from < to {
+                let encoding = plain
+                    .encode_fast(&text[from..to], false)
+                    .map_err(TokenizerError::Encode)?;
+                ids.extend_from_slice(encoding.get_ids());
+            }
+            Ok::<(), TokenizerError>(())
+        };
         let mut ids = Vec::with_capacity(encoding.len());
+        let mut from = 0;
         for (&id, &(start, end)) in encoding.get_ids().iter().zip(encoding.get_offsets()) {
-            let inside = guarded.iter().any(|g| g.start <= start && end <= g.end);
-            if !(inside && self.special.contains(&id)) {
-                ids.push(id);
+            let inside = guarded.iter().any(|g| g.start < end && start < g.end);
+            if !self.special.contains(&id) || inside {
                 continue;
             }
-            let plain = self.plain.get_or_init(|| {
-                let mut plain = self.inner.clone();
-                plain.set_encode_special_tokens(true);
-                plain
-            });
-            let piece = plain
-                .encode_fast(&text[start..end], false)
-                .map_err(TokenizerError::Encode)?;
-            ids.extend_from_slice(piece.get_ids());
+            piece(from, start, &mut ids)?;
+            ids.push(id);
+            from = end;
         }
+        piece(from, text.len(), &mut ids)?;
         Ok(ids)
     }
 
