@@ -44,9 +44,10 @@ struct Up(Child);
 
 impl Drop for Up {
     fn drop(&mut self) {
-        // SIGINT: the script stops what it started, workers first.
+        // SIGTERM (SIGINT may be ignored by a test run in the background, and then by
+        // the script): it stops what it started, workers first.
         let _ = Command::new("kill")
-            .args(["-INT", &self.0.id().to_string()])
+            .args(["-TERM", &self.0.id().to_string()])
             .status();
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
