@@ -5,15 +5,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use actix::Addr;
 use baton_common::ids::{StreamId, WorkerId};
 use baton_common::protocol::SeqRequest;
 use tracing::warn;
 
 use crate::actors::messages::{ForgetWorker, ReleaseWorker};
-use crate::actors::registry::Registry;
 use crate::dispatch::{Bound, DispatchError, Dispatcher};
-use crate::nats::{NatsHandle, Probe};
+use crate::nats::Probe;
 
 /// A future the sessions actor awaits on its own thread.
 pub type LinkFuture<T> = Pin<Box<dyn Future<Output = T>>>;
@@ -58,22 +56,16 @@ pub trait WorkerLink {
     fn forget_sequences(&self, worker: WorkerId);
 }
 
-/// The cluster's link: the dispatcher, the registry and NATS.
+/// The cluster's link: the dispatcher, with its registry and NATS connection.
 #[derive(Debug, Clone)]
 pub struct NatsLink {
     dispatcher: Dispatcher,
-    registry: Addr<Registry>,
-    nats: NatsHandle,
 }
 
 impl NatsLink {
     /// The link through `dispatcher` (its registry and NATS connection).
     pub fn new(dispatcher: Dispatcher) -> Self {
-        Self {
-            registry: dispatcher.registry.clone(),
-            nats: dispatcher.nats.clone(),
-            dispatcher,
-        }
+        Self { dispatcher }
     }
 }
 
@@ -102,7 +94,7 @@ impl WorkerLink for NatsLink {
     }
 
     fn cancel(&self, worker: WorkerId, streams: Vec<(StreamId, u32)>) {
-        let nats = self.nats.clone();
+        let nats = self.dispatcher.nats.clone();
         actix::spawn(async move {
             if let Err(e) = nats.cancel(worker, streams).await {
                 warn!(%worker, error = %e, "cannot publish a cancel");
@@ -116,20 +108,20 @@ impl WorkerLink for NatsLink {
         streams: Vec<(StreamId, u32)>,
         timeout: Duration,
     ) -> LinkFuture<Probe> {
-        let nats = self.nats.clone();
+        let nats = self.dispatcher.nats.clone();
         Box::pin(async move { nats.probe(worker, streams, timeout).await })
     }
 
     fn release(&self, worker: WorkerId) {
-        self.registry.do_send(ReleaseWorker { worker });
+        self.dispatcher.registry.do_send(ReleaseWorker { worker });
     }
 
     fn forget(&self, worker: WorkerId) {
-        self.registry.do_send(ForgetWorker { worker });
+        self.dispatcher.registry.do_send(ForgetWorker { worker });
     }
 
     fn forget_sequences(&self, worker: WorkerId) {
-        self.nats.forget_worker(worker);
+        self.dispatcher.nats.forget_worker(worker);
     }
 }
 
