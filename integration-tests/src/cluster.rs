@@ -60,6 +60,9 @@ pub struct ClusterOptions {
     /// The GGUF files real workers serve, worker `k` the `k % len`-th (empty: the
     /// default model).
     pub models: Vec<PathBuf>,
+    /// How many `nats-server`s, joined as one NATS cluster (1: a server alone). Every
+    /// process is given all of their URLs.
+    pub nats_servers: usize,
 }
 
 /// API keys a test cluster's coordinator takes from its environment (`BATON_API_KEYS`,
@@ -102,6 +105,7 @@ impl ClusterOptions {
             security: None,
             keys: ApiKeys::default(),
             models: Vec::new(),
+            nats_servers: 1,
         }
     }
 
@@ -114,6 +118,7 @@ impl ClusterOptions {
             security: None,
             keys: ApiKeys::default(),
             models: Vec::new(),
+            nats_servers: 1,
         }
     }
 
@@ -159,6 +164,12 @@ impl ClusterOptions {
         self
     }
 
+    /// Runs the cluster on `n` `nats-server`s joined as one NATS cluster.
+    pub fn nats_servers(mut self, n: usize) -> ClusterOptions {
+        self.nats_servers = n.max(1);
+        self
+    }
+
     /// Runs the cluster on a NATS server with `security`'s accounts, permissions and
     /// TLS: the coordinator and the workers connect with their roles' credentials.
     pub fn secured(mut self, security: Arc<NatsSecurity>) -> ClusterOptions {
@@ -177,8 +188,10 @@ pub struct Cluster {
     pub workers: Vec<Process>,
     /// The coordinator.
     pub coordinator: Process,
-    /// The NATS server.
+    /// The NATS server (the first of them, with [`ClusterOptions::nats_servers`]).
     pub nats: Nats,
+    /// The other servers of the NATS cluster.
+    pub nats_peers: Vec<Nats>,
     /// The coordinator's API.
     pub api: Api,
     /// The model name requests use.
@@ -204,10 +217,21 @@ impl Cluster {
         {
             return None;
         }
-        let nats = match &options.security {
-            Some(security) => security.start_nats()?,
-            None => Nats::start()?,
+        let (nats, nats_peers) = match (&options.security, options.nats_servers) {
+            (Some(security), 1) => (security.start_nats()?, Vec::new()),
+            (Some(_), n) => panic!("the harness runs a secured NATS as one server, not {n}"),
+            (None, 1) => (Nats::start()?, Vec::new()),
+            (None, n) => {
+                let mut servers = Nats::start_cluster(n)?;
+                let first = servers.remove(0);
+                (first, servers)
+            }
         };
+        let nats_url = std::iter::once(&nats)
+            .chain(&nats_peers)
+            .map(|n| n.url.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
         let dir = tempfile::tempdir().expect("creating a temporary directory");
         let mut last = String::new();
         // The coordinator's port is picked free but may be taken before it binds: retry.
@@ -215,7 +239,7 @@ impl Cluster {
             let port = free_port();
             let config = dir.path().join(format!("cluster-{attempt}.toml"));
             let store = dir.path().join("store");
-            std::fs::write(&config, config_text(&options, &nats.url, port, &store))
+            std::fs::write(&config, config_text(&options, &nats_url, port, &store))
                 .expect("writing cluster.toml");
             let mut cmd = with_credentials(
                 command("baton-coordinator", None, &config),
@@ -238,6 +262,7 @@ impl Cluster {
                 workers: Vec::new(),
                 coordinator,
                 nats,
+                nats_peers,
                 api,
                 model: options.model_name(),
                 config,
@@ -280,6 +305,28 @@ impl Cluster {
     /// Kills `nats-server`, waits `down`, and starts it again on the same port.
     pub fn restart_nats(&mut self, down: Duration) {
         self.nats.restart(down);
+    }
+
+    /// How many `nats-server`s the cluster runs on.
+    pub fn nats_count(&self) -> usize {
+        1 + self.nats_peers.len()
+    }
+
+    /// The `i`-th `nats-server` (0 is [`Cluster::nats`]).
+    pub fn nats_server(&mut self, i: usize) -> &mut Nats {
+        match i {
+            0 => &mut self.nats,
+            _ => &mut self.nats_peers[i - 1],
+        }
+    }
+
+    /// The `nats-server` that holds the connection named `name` (or starting with it)
+    /// now, found through each server's monitoring; `None` when none does (a process
+    /// between servers) or the servers have no monitoring (a server alone).
+    pub fn nats_server_of(&self, name: &str) -> Option<usize> {
+        std::iter::once(&self.nats)
+            .chain(&self.nats_peers)
+            .position(|n| n.connection_names().iter().any(|c| c.starts_with(name)))
     }
 
     /// The index of the worker running `stream` now, from the coordinator's log.
@@ -409,6 +456,7 @@ impl Cluster {
         for p in std::iter::once(&self.coordinator)
             .chain(&self.workers)
             .chain(std::iter::once(&self.nats.process))
+            .chain(self.nats_peers.iter().map(|n| &n.process))
         {
             out.push_str(&format!(
                 "----- {} (pid {}) -----\n{}\n",

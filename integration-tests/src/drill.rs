@@ -12,6 +12,9 @@
 //! - [`restart_coordinator`]: `kill -9` the coordinator and start it again on the same
 //!   store; the client reconnects with `Last-Event-ID`.
 //! - [`restart_nats`]: kill `nats-server` and start it again on the same port.
+//! - [`kill_nats_member`]: on a cluster of several `nats-server`s, kill the one that
+//!   carries the coordinator's connection, or the serving worker's, or neither; every
+//!   process fails over to the servers left, and the killed one rejoins afterwards.
 //!
 //! `scripts/drill` runs them on the default model (`baton-drill`); the integration tests
 //! run shortened versions.
@@ -819,6 +822,97 @@ pub fn restart_nats(
         cluster.restart_nats(Duration::from_millis(500));
         reader.rest(&mut seen, STREAM_TIMEOUT);
         judge(&mut verdict, &seen, &reference, broke_at, &label);
+    }
+    verdict
+}
+
+/// Which server of a NATS cluster run `i` kills: the coordinator's, the serving worker's,
+/// then one that carries neither (when there is one).
+fn nats_target(cluster: &Cluster, i: usize, worker: &str) -> Option<(usize, &'static str)> {
+    let coordinator = cluster.nats_server_of("baton-coordinator");
+    let serving = cluster.nats_server_of(&format!("baton-worker-{worker}"));
+    match i % 3 {
+        0 => coordinator.map(|s| (s, "the coordinator's")),
+        1 => serving.map(|s| (s, "the serving worker's")),
+        _ => (0..cluster.nats_count())
+            .find(|&s| Some(s) != coordinator && Some(s) != serving)
+            .map(|s| (s, "a bystander"))
+            .or(coordinator.map(|s| (s, "the coordinator's"))),
+    }
+}
+
+/// On a cluster of several `nats-server`s, kills (`SIGKILL`) one mid-stream — the one the
+/// coordinator is connected to, the serving worker's, or one carrying neither, in turn —
+/// and leaves it down until the stream has ended; then starts it again and checks it
+/// rejoined the cluster (routes to every other server) and a stream is served.
+pub fn kill_nats_member(
+    cluster: &mut Cluster,
+    sampling: Sampling,
+    runs: usize,
+    max_tokens: u32,
+) -> Verdict {
+    let servers = cluster.nats_count();
+    let mut verdict = Verdict::named(format!(
+        "kill 1 of {servers} nats-servers ({})",
+        sampling.name()
+    ));
+    let body = request(cluster, sampling, max_tokens, 3);
+    let reference = match reference(cluster, &body) {
+        Ok(r) => r,
+        Err(e) => {
+            verdict.runs = runs;
+            verdict.failures.push(e);
+            return verdict;
+        }
+    };
+    for i in 0..runs {
+        let reader = Reader::spawn(cluster.api.stream(PATH, &body));
+        let mut seen = Seen::default();
+        let mut label = format!("run {i}");
+        if !reader.until(&mut seen, break_after(i, max_tokens), STREAM_TIMEOUT) {
+            verdict.runs += 1;
+            verdict
+                .failures
+                .push(format!("{label}: the stream ended before the break"));
+            continue;
+        }
+        let stream = seen.stream_id().unwrap_or_default();
+        let worker = serving_worker(cluster, &stream)
+            .and_then(|w| cluster.worker_id(w))
+            .unwrap_or_default();
+        let Some((target, role)) = nats_target(cluster, i, &worker) else {
+            verdict.runs += 1;
+            verdict.failures.push(format!(
+                "{label}: no nats-server found carrying the coordinator or worker {worker}"
+            ));
+            continue;
+        };
+        label = format!(
+            "{label} ({role} server, {})",
+            cluster.nats_server(target).name()
+        );
+        let broke_at = Instant::now();
+        cluster.nats_server(target).kill();
+        reader.rest(&mut seen, STREAM_TIMEOUT);
+        judge(&mut verdict, &seen, &reference, broke_at, &label);
+        let server = cluster.nats_server(target);
+        server.start_again();
+        if !server.wait_routes(Duration::from_secs(20)) {
+            verdict.failures.push(format!(
+                "{label}: {} did not rejoin the cluster within 20 s (routes: {:?})",
+                server.name(),
+                server.routes()
+            ));
+            continue;
+        }
+    }
+    // The cluster whole again serves a stream from start to end.
+    match self::reference(cluster, &body) {
+        Ok(o) if o == reference => {}
+        Ok(o) => verdict.failures.push(format!(
+            "after the drill: differs from the first run:\n  got  {o:?}\n  want {reference:?}"
+        )),
+        Err(e) => verdict.failures.push(format!("after the drill: {e}")),
     }
     verdict
 }

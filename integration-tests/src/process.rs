@@ -234,7 +234,8 @@ impl Drop for Process {
     }
 }
 
-/// A private `nats-server` on a free port of 127.0.0.1, killed when dropped.
+/// A private `nats-server` on a free port of 127.0.0.1, killed when dropped; alone, or one
+/// member of a cluster of them joined by routes ([`Nats::start_cluster`]).
 pub struct Nats {
     /// `nats://127.0.0.1:<port>`.
     pub url: String,
@@ -242,15 +243,29 @@ pub struct Nats {
     pub process: Process,
     /// Its port.
     port: u16,
+    /// Its monitoring port (`/connz`, `/routez`), for members of a cluster.
+    monitor: Option<u16>,
+    /// How many other servers it routes to when the cluster is whole.
+    peers: usize,
+    /// Its name in logs (`nats`, `nats-1`, …).
+    name: String,
     /// Restarts so far (names their logs).
     restarts: usize,
     /// Holds the log (and nothing else): removed after the process is gone.
     _dir: TempDir,
-    /// Arguments beyond address and port (`-c <file>`), kept for restarts.
+    /// Arguments beyond address and port (`-c <file>`, the cluster's routes), kept for
+    /// restarts.
     args: Vec<OsString>,
     /// Environment of the server (the secrets its configuration reads), kept for
     /// restarts.
     env: Vec<(OsString, OsString)>,
+}
+
+/// The ports of one server of a cluster: clients, routes, monitoring.
+struct MemberPorts {
+    client: u16,
+    route: u16,
+    monitor: u16,
 }
 
 impl Nats {
@@ -263,45 +278,164 @@ impl Nats {
     /// the address and port are still chosen here (on the command line, they win over
     /// the file's). `None`, after a note, when `nats-server` is not installed.
     pub fn start_with(args: Vec<OsString>, env: Vec<(OsString, OsString)>) -> Option<Nats> {
-        let Some(exe) = nats_server_path() else {
-            eprintln!("note: skipped: nats-server is not installed (scripts/setup installs it)");
-            return None;
-        };
+        let exe = nats_server_or_note()?;
         let dir = tempfile::tempdir().expect("creating a temporary directory");
         let mut last_log = String::new();
         // The free port may be taken between our check and the server's bind: retry.
         for attempt in 0..5 {
             let port = free_port();
-            let mut cmd = Command::new(&exe);
-            cmd.args(&args).envs(env.iter().cloned());
-            cmd.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
-            let mut process = Process::spawn(&format!("nats-{attempt}"), cmd, dir.path());
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline && process.try_status().is_none() {
-                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    // Another test's server may have taken the port (and answered this
-                    // connection): ours then exits as it binds. Give it that moment.
-                    std::thread::sleep(Duration::from_millis(150));
-                    if process.try_status().is_some() {
-                        break;
-                    }
-                    return Some(Nats {
-                        url: format!("nats://127.0.0.1:{port}"),
-                        process,
-                        port,
-                        restarts: 0,
-                        _dir: dir,
-                        args,
-                        env,
-                    });
-                }
-                std::thread::sleep(Duration::from_millis(20));
+            let name = format!("nats-{attempt}");
+            let mut process = spawn_server(&exe, &args, &env, port, &name, dir.path());
+            if wait_serving(&mut process, port) {
+                return Some(Nats {
+                    url: format!("nats://127.0.0.1:{port}"),
+                    process,
+                    port,
+                    monitor: None,
+                    peers: 0,
+                    name: "nats".into(),
+                    restarts: 0,
+                    _dir: dir,
+                    args,
+                    env,
+                });
             }
             process.kill();
             last_log = process.log();
         }
         panic!("nats-server did not start after 5 attempts; its last log:\n{last_log}");
     }
+
+    /// Starts `n` servers that form one NATS cluster (`--cluster_name baton`, each
+    /// routing to every other), each with its own client, route and monitoring port;
+    /// returns once every route is up. `None`, after a note, when `nats-server` is not
+    /// installed.
+    pub fn start_cluster(n: usize) -> Option<Vec<Nats>> {
+        assert!(n >= 1, "a cluster has at least one server");
+        let exe = nats_server_or_note()?;
+        let mut last_log = String::new();
+        // Ports picked free may be taken before the servers bind them: retry the lot.
+        for _attempt in 0..5 {
+            let ports: Vec<MemberPorts> = (0..n)
+                .map(|_| MemberPorts {
+                    client: free_port(),
+                    route: free_port(),
+                    monitor: free_port(),
+                })
+                .collect();
+            let mut all: Vec<u16> = ports
+                .iter()
+                .flat_map(|p| [p.client, p.route, p.monitor])
+                .collect();
+            all.sort_unstable();
+            all.dedup();
+            if all.len() != 3 * n {
+                continue;
+            }
+            let routes = ports
+                .iter()
+                .map(|p| format!("nats://127.0.0.1:{}", p.route))
+                .collect::<Vec<_>>()
+                .join(",");
+            let mut servers: Vec<Nats> = Vec::new();
+            let mut failed = false;
+            for (i, p) in ports.iter().enumerate() {
+                let name = format!("nats-{i}");
+                let args: Vec<OsString> = [
+                    "-n".to_string(),
+                    name.clone(),
+                    "--cluster_name".into(),
+                    "baton".into(),
+                    "--cluster".into(),
+                    format!("nats://127.0.0.1:{}", p.route),
+                    "--routes".into(),
+                    routes.clone(),
+                    "-m".into(),
+                    p.monitor.to_string(),
+                ]
+                .into_iter()
+                .map(OsString::from)
+                .collect();
+                let dir = tempfile::tempdir().expect("creating a temporary directory");
+                let mut process = spawn_server(&exe, &args, &[], p.client, &name, dir.path());
+                if !wait_serving(&mut process, p.client) {
+                    process.kill();
+                    last_log = process.log();
+                    failed = true;
+                    break;
+                }
+                servers.push(Nats {
+                    url: format!("nats://127.0.0.1:{}", p.client),
+                    process,
+                    port: p.client,
+                    monitor: Some(p.monitor),
+                    peers: n - 1,
+                    name,
+                    restarts: 0,
+                    _dir: dir,
+                    args,
+                    env: Vec::new(),
+                });
+            }
+            if failed {
+                continue;
+            }
+            for server in &servers {
+                if !server.wait_routes(Duration::from_secs(20)) {
+                    panic!(
+                        "{} did not route to its {} peers within 20 s:\n{}",
+                        server.name,
+                        n - 1,
+                        server.process.log()
+                    );
+                }
+            }
+            return Some(servers);
+        }
+        panic!(
+            "a cluster of {n} nats-servers did not start after 5 attempts; last log:\n{last_log}"
+        );
+    }
+}
+
+/// The `nats-server` executable, or `None` after a note saying it is missing.
+fn nats_server_or_note() -> Option<PathBuf> {
+    let exe = nats_server_path();
+    if exe.is_none() {
+        eprintln!("note: skipped: nats-server is not installed (scripts/setup installs it)");
+    }
+    exe
+}
+
+/// Starts `nats-server` on `127.0.0.1:port` with `args` and `env`.
+fn spawn_server(
+    exe: &Path,
+    args: &[OsString],
+    env: &[(OsString, OsString)],
+    port: u16,
+    name: &str,
+    dir: &Path,
+) -> Process {
+    let mut cmd = Command::new(exe);
+    cmd.args(args).envs(env.iter().cloned());
+    cmd.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
+    Process::spawn(name, cmd, dir)
+}
+
+/// Waits until a server just started accepts connections on `port`; false when it
+/// exited first or did not listen within 10 s.
+fn wait_serving(process: &mut Process, port: u16) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline && process.try_status().is_none() {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            // Another test's server may have taken the port (and answered this
+            // connection): ours then exits as it binds. Give it that moment.
+            std::thread::sleep(Duration::from_millis(150));
+            return process.try_status().is_none();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
 }
 
 impl Nats {
@@ -315,19 +449,39 @@ impl Nats {
         }
     }
 
+    /// Its name in logs and verdicts (`nats`, `nats-1`, …).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// Kills the server (`SIGKILL`), waits `down`, and starts it again on the same port.
     pub fn restart(&mut self, down: Duration) {
-        self.process.kill();
+        self.kill();
         std::thread::sleep(down);
+        self.start_again();
+    }
+
+    /// Kills the server (`SIGKILL`).
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// Starts the server again on its ports (after [`Nats::kill`]); a member of a
+    /// cluster rejoins it through the same routes.
+    pub fn start_again(&mut self) {
         let exe = nats_server_path().expect("nats-server was there a moment ago");
         self.restarts += 1;
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let mut cmd = Command::new(&exe);
-            cmd.args(&self.args).envs(self.env.iter().cloned());
-            cmd.args(["-a", "127.0.0.1", "-p", &self.port.to_string()]);
-            let name = format!("nats-restart-{}", self.restarts);
-            self.process = Process::spawn(&name, cmd, self._dir.path());
+            let name = format!("{}-restart-{}", self.name, self.restarts);
+            self.process = spawn_server(
+                &exe,
+                &self.args,
+                &self.env,
+                self.port,
+                &name,
+                self._dir.path(),
+            );
             let up = Instant::now() + Duration::from_secs(5);
             while Instant::now() < up && self.process.try_status().is_none() {
                 if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
@@ -344,6 +498,67 @@ impl Nats {
                 self.process.log()
             );
             std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// One of the server's monitoring pages as JSON (`connz`, `routez`); `None` for a
+    /// server without monitoring, or one that does not answer.
+    fn monitor(&self, page: &str) -> Option<serde_json::Value> {
+        let port = self.monitor?;
+        reqwest::blocking::Client::new()
+            .get(format!("http://127.0.0.1:{port}/{page}"))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .ok()?
+            .json()
+            .ok()
+    }
+
+    /// The names of the clients connected to this server now (each Baton process names
+    /// its connection: `baton-coordinator-…`, `baton-worker-…`). Empty for a server
+    /// without monitoring.
+    pub fn connection_names(&self) -> Vec<String> {
+        self.monitor("connz")
+            .and_then(|v| {
+                v["connections"].as_array().map(|conns| {
+                    conns
+                        .iter()
+                        .filter_map(|c| c["name"].as_str().map(str::to_string))
+                        .collect()
+                })
+            })
+            .unwrap_or_default()
+    }
+
+    /// How many other servers this one has routes to now (a server may hold a pool of
+    /// routes to each); `None` without monitoring.
+    pub fn routes(&self) -> Option<usize> {
+        let page = self.monitor("routez")?;
+        let mut peers: Vec<&str> = page["routes"]
+            .as_array()?
+            .iter()
+            .filter_map(|r| r["remote_id"].as_str())
+            .collect();
+        peers.sort_unstable();
+        peers.dedup();
+        Some(peers.len())
+    }
+
+    /// Waits until this member routes to every other server of its cluster (at once
+    /// for a server alone); false after `timeout`.
+    pub fn wait_routes(&self, timeout: Duration) -> bool {
+        if self.peers == 0 {
+            return true;
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.routes().is_some_and(|r| r >= self.peers) {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Shortened failover drills (`scripts/drill` runs the full ones): a stream survives a
 //! worker killed mid-generation, a worker told to stop, a coordinator restart (the client
-//! reconnects with `Last-Event-ID`) and a NATS restart, with exactly the text of an
-//! uninterrupted run.
+//! reconnects with `Last-Event-ID`), a NATS restart and one server of a NATS cluster
+//! dying, with exactly the text of an uninterrupted run.
 
 use baton_integration_tests::drill::{self, Sampling, Verdict};
 use baton_integration_tests::{Cluster, ClusterOptions};
@@ -37,6 +37,24 @@ fn simulated_streams_survive_every_drill() {
         &drill::restart_nats(&mut cluster, Sampling::Greedy, 1, 40),
         &cluster,
     );
+}
+
+/// Three `nats-server`s joined by routes; the coordinator and the workers are given all
+/// three. One server dies mid-stream — the coordinator's, then the serving worker's,
+/// then one carrying neither — and every stream ends as an uninterrupted run; the
+/// server, started again, rejoins.
+#[test]
+fn streams_survive_one_of_three_nats_servers_dying() {
+    let options = ClusterOptions::simulated(2).step_ms(20).nats_servers(3);
+    let Some(mut cluster) = Cluster::start(options) else {
+        return;
+    };
+    for sampling in [Sampling::Greedy, Sampling::Seeded(5)] {
+        check(
+            &drill::kill_nats_member(&mut cluster, sampling, 3, 40),
+            &cluster,
+        );
+    }
 }
 
 /// A coordinator killed mid-stream, in both checkpoint modes. With `async` (the

@@ -5,8 +5,9 @@
 
 use std::fs::File;
 use std::net::TcpStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use baton_integration_tests::cluster::default_model_path;
@@ -65,8 +66,62 @@ fn taken(port: u16) -> bool {
     TcpStream::connect(("127.0.0.1", port)).is_ok()
 }
 
+/// The cargo target directory holding this build's binaries.
+fn target_dir() -> PathBuf {
+    bin_dir()
+        .parent()
+        .expect("the binaries sit in <target>/release")
+        .to_path_buf()
+}
+
+/// Starts `scripts/up ARGS` on this build's binaries (HTTP on `listen` when given) and
+/// waits until it wrote its endpoints; its log and endpoints file sit in the directory
+/// returned.
+fn start_up(args: &[&str], listen: Option<&str>) -> (Up, tempfile::TempDir) {
+    let state = tempfile::tempdir().expect("tempdir");
+    let endpoints = state.path().join("endpoints");
+    let root = workspace_root();
+    // The binaries of this build, as they are (a build inside a test would wait on
+    // cargo's lock).
+    let log = File::create(state.path().join("up.log")).expect("a log file");
+    let mut up = Command::new(root.join("scripts/up"));
+    up.args(args)
+        .current_dir(&root)
+        .env("BATON_BIN_DIR", bin_dir())
+        .env("BATON_ENDPOINTS", &endpoints)
+        .env("CARGO_TARGET_DIR", target_dir())
+        .env_remove("BATON_LISTEN")
+        .env_remove("BATON_CONFIG")
+        .env_remove("BATON_UP_MODELS")
+        // A file, not a pipe: the script must outlive a reader that is gone (it logs
+        // while it stops what it started).
+        .stdout(log.try_clone().expect("the log file again"))
+        .stderr(log);
+    if let Some(listen) = listen {
+        up.env("BATON_LISTEN", listen);
+    }
+    let mut up = Up(up.spawn().expect("scripts/up starts"));
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !endpoints.exists() {
+        let log = std::fs::read_to_string(state.path().join("up.log")).unwrap_or_default();
+        if let Ok(Some(status)) = up.0.try_wait() {
+            panic!("scripts/up exited ({status}) before it was ready:\n{log}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "scripts/up was not ready in 300 s:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    (up, state)
+}
+
+/// One `scripts/up` at a time: each takes the configured ports when they are free.
+static UP_ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
 #[test]
 fn the_readme_commands_work_after_scripts_up() {
+    let _one = UP_ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     if !default_model_path().exists() {
         eprintln!("skipping: the default model is absent (scripts/setup fetches it)");
         return;
@@ -75,38 +130,9 @@ fn the_readme_commands_work_after_scripts_up() {
         eprintln!("skipping: port 8000 or 4222 is taken on this machine");
         return;
     }
-    let state = tempfile::tempdir().expect("tempdir");
+    let (up, state) = start_up(&[], None);
     let endpoints = state.path().join("endpoints");
-    let target = bin_dir()
-        .parent()
-        .expect("the binaries sit in <target>/release")
-        .to_path_buf();
-    let root = workspace_root();
-    // The binaries of this build, as they are (a build inside a test would wait on
-    // cargo's lock).
-    let log = File::create(state.path().join("up.log")).expect("a log file");
-    let mut up = Command::new(root.join("scripts/up"));
-    up.current_dir(&root)
-        .env("BATON_BIN_DIR", bin_dir())
-        .env("BATON_ENDPOINTS", &endpoints)
-        .env("CARGO_TARGET_DIR", &target)
-        .env_remove("BATON_LISTEN")
-        .env_remove("BATON_CONFIG")
-        .env_remove("BATON_UP_MODELS")
-        // A file, not a pipe: the script must outlive a reader that is gone (it logs
-        // while it stops what it started).
-        .stdout(log.try_clone().expect("the log file again"))
-        .stderr(log);
-    let up = Up(up.spawn().expect("scripts/up starts"));
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while !endpoints.exists() {
-        let log = std::fs::read_to_string(state.path().join("up.log")).unwrap_or_default();
-        assert!(
-            Instant::now() < deadline,
-            "scripts/up was not ready in 300 s:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let target = target_dir();
     let written = std::fs::read_to_string(&endpoints).expect("endpoints");
     assert!(
         written.contains("url=http://127.0.0.1:8000")
@@ -204,4 +230,54 @@ fn the_readme_commands_work_after_scripts_up() {
         !Path::new(&endpoints).exists(),
         "the endpoints outlived scripts/up"
     );
+}
+
+/// `scripts/up --nats-cluster 3`: three nats-servers (the script checks each routes to
+/// both others before anything connects), every process given all three URLs, and the
+/// CLI reaching the cluster through them.
+#[test]
+fn scripts_up_runs_nats_as_a_cluster_of_three() {
+    let _one = UP_ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if !default_model_path().exists() {
+        eprintln!("skipping: the default model is absent (scripts/setup fetches it)");
+        return;
+    }
+    let listen = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        l.local_addr().expect("its address").to_string()
+    };
+    let (up, state) = start_up(&["--nats-cluster", "3"], Some(&listen));
+    let written = std::fs::read_to_string(state.path().join("endpoints")).expect("endpoints");
+    let nats = written
+        .lines()
+        .find_map(|l| l.strip_prefix("nats="))
+        .unwrap_or_else(|| panic!("no NATS URL in the endpoints:\n{written}"));
+    assert_eq!(nats.split(',').count(), 3, "{written}");
+    let log = std::fs::read_to_string(state.path().join("up.log")).unwrap_or_default();
+    assert!(
+        log.contains("NATS cluster of 3 servers, each routing to every other"),
+        "{log}"
+    );
+    // The CLI over NATS alone, given the three URLs.
+    let file = state.path().join("endpoints.nats");
+    std::fs::write(&file, format!("nats={nats}\n")).expect("write");
+    let out = Command::new(bin_dir().join("baton"))
+        .arg("status")
+        .env("BATON_ENDPOINTS", &file)
+        .env_remove("BATON_URL")
+        .env_remove("BATON_NATS_URL")
+        .output()
+        .expect("baton runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(
+        status["workers"].as_array().map(Vec::len),
+        Some(2),
+        "{status}"
+    );
+    drop(up);
 }

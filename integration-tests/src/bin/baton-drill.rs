@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! baton-drill [--simulated] [--secure] [--kills N] [--runs N] [--max-tokens N]
+//!             [--nats-servers N]
 //! ```
 //!
 //! Starts a private `nats-server`, a coordinator and two workers (the default model, or
@@ -10,6 +11,8 @@
 //! stream did not end exactly as an uninterrupted run. With `--secure`, NATS enforces
 //! `docs/nats-accounts.conf` over mutual TLS, and every process connects with its
 //! role's credentials and a client certificate (so NATS restarts test re-authentication).
+//! Then a second cluster runs on `--nats-servers` (3) `nats-server`s joined by routes, and
+//! one of them is killed mid-stream, `--runs` times with each sampling (0 skips it).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -24,6 +27,7 @@ struct Args {
     kills: usize,
     runs: usize,
     max_tokens: u32,
+    nats_servers: usize,
 }
 
 fn parse() -> Result<Args, String> {
@@ -33,6 +37,7 @@ fn parse() -> Result<Args, String> {
         kills: 20,
         runs: 3,
         max_tokens: 48,
+        nats_servers: 3,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -47,10 +52,11 @@ fn parse() -> Result<Args, String> {
             "--kills" => args.kills = number("--kills")?,
             "--runs" => args.runs = number("--runs")?,
             "--max-tokens" => args.max_tokens = number("--max-tokens")? as u32,
+            "--nats-servers" => args.nats_servers = number("--nats-servers")?,
             "-h" | "--help" => {
                 return Err(
                     "usage: baton-drill [--simulated] [--secure] [--kills N] [--runs N] \
-                     [--max-tokens N]"
+                     [--max-tokens N] [--nats-servers N]"
                         .into(),
                 )
             }
@@ -68,11 +74,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut options = if args.simulated {
+    let base = if args.simulated {
         ClusterOptions::simulated(2).step_ms(20)
     } else {
         ClusterOptions::real(2)
     };
+    let mut options = base.clone();
     if args.secure {
         options = options.secured(Arc::new(NatsSecurity::new().with_tls(true)));
     }
@@ -123,11 +130,39 @@ fn main() -> ExitCode {
             verdicts.push(v);
         }
     }
+    let mut logs = cluster.logs();
+    drop(cluster);
+    // A NATS cluster loses a server: the first cluster's NATS is one server.
+    if args.nats_servers > 1 && args.runs > 0 {
+        if args.secure {
+            println!(
+                "(the NATS-cluster drill runs without --secure: the harness secures one server)"
+            );
+        }
+        let Some(mut cluster) = Cluster::start(base.nats_servers(args.nats_servers)) else {
+            eprintln!(
+                "baton-drill: cannot start a cluster on {} nats-servers",
+                args.nats_servers
+            );
+            return ExitCode::from(2);
+        };
+        for sampling in [Sampling::Greedy, Sampling::Seeded(7)] {
+            let v = drill::kill_nats_member(&mut cluster, sampling, args.runs, args.max_tokens);
+            println!("{}", v.line());
+            for f in &v.failures {
+                println!("    {f}");
+            }
+            if !v.ok() {
+                logs.push_str(&cluster.logs());
+            }
+            verdicts.push(v);
+        }
+    }
     if verdicts.iter().all(Verdict::ok) {
         println!("all drills passed");
         ExitCode::SUCCESS
     } else {
-        println!("some drills FAILED; logs:\n{}", cluster.logs());
+        println!("some drills FAILED; logs:\n{logs}");
         ExitCode::FAILURE
     }
 }
