@@ -478,13 +478,18 @@ async fn a_silent_stream_sends_keep_alive_comments() {
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.body);
-    let comments = r.body.matches(": keep-alive\n\n").count();
+    // Comment lines alone, no blank line after them (which would dispatch an event).
+    assert!(!r.body.contains(": keep-alive\n\n"), "{:?}", r.body);
+    let comments = r.body.matches(": keep-alive\n").count();
     // 600 ms of silence in 300 ms gaps: at least four comments at 50 ms.
     assert!(comments >= 4, "{comments} keep-alives in {:?}", r.body);
-    let events: Vec<_> = sse_events(&r.body)
-        .into_iter()
-        .filter(|(_, _, data)| !data.is_empty())
-        .collect();
+    // Every event has data: the comments made none of their own.
+    let events = sse_events(&r.body);
+    assert!(
+        events.iter().all(|(_, _, data)| !data.is_empty()),
+        "{}",
+        r.body
+    );
     assert_eq!(
         events.len(),
         4,

@@ -87,3 +87,28 @@ fn openai_client_gets_the_reference_greedy_text() {
         serde_json::json!({"status": 401, "code": "invalid_api_key"})
     );
 }
+
+/// A stream quieter than `sse_keepalive_ms` between its tokens gets keep-alive
+/// comments; the official client must read through them (it keeps the last event id,
+/// so a comment closed by a blank line would reach it as an event with no data).
+#[test]
+fn openai_client_reads_through_keep_alives() {
+    if !python_has("openai", "openai") {
+        return;
+    }
+    let mut options = ClusterOptions::simulated(1).step_ms(150);
+    options
+        .extra
+        .push(("coordinator", "sse_keepalive_ms = 40".into()));
+    let Some(cluster) = Cluster::start(options) else {
+        return;
+    };
+    let r = python_json(
+        "keepalive.py",
+        &[&cluster.api.base, &cluster.model, "6"],
+        &cluster,
+    );
+    assert_eq!(r["chunks"], 6, "{r}");
+    assert_eq!(r["finish"], "length", "{r}");
+    assert!(!r["text"].as_str().unwrap_or_default().is_empty(), "{r}");
+}

@@ -97,8 +97,11 @@ struct State {
     written_at: tokio::time::Instant,
 }
 
-/// A comment frame: clients ignore it, proxies see traffic.
-pub const KEEPALIVE: &str = ": keep-alive\n\n";
+/// A comment line: clients ignore it, proxies see traffic. No blank line after it: a
+/// blank line dispatches an event, and clients that keep the last event id (the
+/// official `openai` Python client among them) would read an event with that id and no
+/// data, and fail on its empty JSON.
+pub const KEEPALIVE: &str = ": keep-alive\n";
 
 impl SseStream {
     /// The body of the choices `reader` reads under the id `group`, their chunks shaped
