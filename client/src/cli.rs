@@ -5,6 +5,8 @@
 //! baton [--nats URL | --url URL] complete --model M "prompt"
 //! baton [--nats URL | --url URL] status
 //! baton [--nats URL | --url URL] drain WORKER
+//! baton [--nats URL | --url URL] load-model WORKER FILE [--sha256 HEX] [--name N] [--add]
+//! baton [--nats URL | --url URL] unload-model WORKER MODEL
 //! baton --url URL --api-key KEY chat …                      # or BATON_API_KEY=KEY
 //! baton --nats URL --url URL bench --model M                 # NATS vs HTTP per token
 //! ```
@@ -56,8 +58,8 @@ pub struct Cli {
     #[command(flatten)]
     pub auth: NatsArgs,
     /// API key sent to the coordinator over HTTP (`Authorization: Bearer <key>`); an
-    /// admin key for `drain`. Prefer the environment variable: a command line is
-    /// visible to every user of the machine.
+    /// admin key for `drain`, `load-model` and `unload-model`. Prefer the environment
+    /// variable: a command line is visible to every user of the machine.
     #[arg(long, global = true, env = env::API_KEY, hide_env_values = true, value_parser = parse_key)]
     pub api_key: Option<Secret>,
     /// What to do.
@@ -78,6 +80,30 @@ pub enum Command {
     Drain {
         /// The worker's id (from `baton status`).
         worker: String,
+    },
+    /// Load a GGUF file on a worker beside what it serves, then serve it: in place of
+    /// its models (their streams finish on them) or, with --add, beside them.
+    LoadModel {
+        /// The worker's id (from `baton status`).
+        worker: String,
+        /// The GGUF file, as the worker's host sees it.
+        path: String,
+        /// The file's SHA-256 (hex); without it the worker reads `FILE.sha256`.
+        #[arg(long)]
+        sha256: Option<String>,
+        /// The name to serve it as (default: the replaced model's).
+        #[arg(long)]
+        name: Option<String>,
+        /// Serve it beside the models the worker serves.
+        #[arg(long)]
+        add: bool,
+    },
+    /// Stop a worker serving a model; its streams finish on it.
+    UnloadModel {
+        /// The worker's id.
+        worker: String,
+        /// The model's name.
+        model: String,
     },
     /// Per-token overhead of NATS (JSON, rkyv) and HTTP SSE, in one run; needs both
     /// `--nats` and `--url`.
@@ -133,6 +159,24 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Drain { worker } => {
             let answer = client.drain(&worker).await?;
+            println!("{}", serde_json::to_string_pretty(&answer)?);
+            Ok(())
+        }
+        Command::LoadModel {
+            worker,
+            path,
+            sha256,
+            name,
+            add,
+        } => {
+            let answer = client
+                .load_model(&worker, &path, sha256.as_deref(), name.as_deref(), add)
+                .await?;
+            println!("{}", serde_json::to_string_pretty(&answer)?);
+            Ok(())
+        }
+        Command::UnloadModel { worker, model } => {
+            let answer = client.unload_model(&worker, &model).await?;
             println!("{}", serde_json::to_string_pretty(&answer)?);
             Ok(())
         }

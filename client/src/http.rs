@@ -55,9 +55,22 @@ impl HttpTransport {
     }
 
     async fn post(&self, path: &str, body: &Value) -> Result<reqwest::Response, ClientError> {
-        let response = self
-            .request(reqwest::Method::POST, path)
-            .json(body)
+        self.call(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    /// `method` on `path` (with a JSON body when given); an error status becomes the
+    /// error its body names.
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<reqwest::Response, ClientError> {
+        let mut request = self.request(method, path);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request
             .send()
             .await
             .map_err(|e| ClientError::Transport(e.to_string()))?;
@@ -194,6 +207,27 @@ impl HttpTransport {
         }))
     }
 
+    /// `POST /admin/workers/{worker}/models` (an admin route).
+    pub async fn load_model(&self, worker: &str, body: &Value) -> Result<Value, ClientError> {
+        let response = self
+            .post(&format!("/admin/workers/{worker}/models"), body)
+            .await?;
+        response
+            .json::<Value>()
+            .await
+            .map_err(|e| ClientError::Protocol(e.to_string()))
+    }
+
+    /// `DELETE /admin/workers/{worker}/models/{model}` (an admin route).
+    pub async fn unload_model(&self, worker: &str, model: &str) -> Result<Value, ClientError> {
+        let path = format!("/admin/workers/{worker}/models/{}", path_segment(model));
+        let response = self.call(reqwest::Method::DELETE, &path, None).await?;
+        response
+            .json::<Value>()
+            .await
+            .map_err(|e| ClientError::Protocol(e.to_string()))
+    }
+
     /// `POST /admin/workers/{worker}/drain` (needs an admin key when keys are on).
     pub async fn drain(&self, worker: &str) -> Result<Value, ClientError> {
         let response = self
@@ -204,6 +238,19 @@ impl HttpTransport {
             .await
             .map_err(|e| ClientError::Protocol(e.to_string()))
     }
+}
+
+/// `text` as one URL path segment: unreserved characters as they are, every other byte
+/// percent-encoded.
+fn path_segment(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// A whole OpenAI answer.

@@ -305,6 +305,41 @@ impl Client {
         }
     }
 
+    /// Loads the model file `path` on `worker` (its SHA-256 given, or read from
+    /// `<path>.sha256` there), served as `name` (default: the replaced model's name),
+    /// in place of the models it serves or, with `add`, beside them. An admin order.
+    pub async fn load_model(
+        &self,
+        worker: &str,
+        path: &str,
+        sha256: Option<&str>,
+        name: Option<&str>,
+        add: bool,
+    ) -> Result<Value, ClientError> {
+        let mut body = serde_json::json!({"path": path, "add": add});
+        if let Some(sha) = sha256 {
+            body["sha256"] = sha.into();
+        }
+        if let Some(name) = name {
+            body["name"] = name.into();
+        }
+        match &self.transport {
+            Transport::Http(t) => t.load_model(worker, &body).await,
+            Transport::Nats(t) => {
+                body["worker"] = worker.into();
+                t.load_model(&body).await
+            }
+        }
+    }
+
+    /// Stops `worker` serving `model`; its streams finish on it. An admin order.
+    pub async fn unload_model(&self, worker: &str, model: &str) -> Result<Value, ClientError> {
+        match &self.transport {
+            Transport::Http(t) => t.unload_model(worker, model).await,
+            Transport::Nats(t) => t.unload_model(worker, model).await,
+        }
+    }
+
     /// Drains `worker`: it takes no new work, finishes what it runs, and leaves. Over
     /// HTTP this is an admin route: with API keys configured it needs an admin key.
     pub async fn drain(&self, worker: &str) -> Result<Value, ClientError> {

@@ -184,6 +184,9 @@ impl NatsTransport {
                         .map_err(|e| ClientError::Protocol(e.to_string())),
                     Reply::Tokenized(t) => Ok(Decoded::Value(t.json())),
                     Reply::Detokenized(d) => Ok(Decoded::Value(d.json())),
+                    Reply::ModelsChanged(m) => serde_json::to_value(m)
+                        .map(Decoded::Value)
+                        .map_err(|e| ClientError::Protocol(e.to_string())),
                 }
             }
             Encoding::Json => {
@@ -265,6 +268,20 @@ impl NatsTransport {
     pub async fn status(&self) -> Result<Value, ClientError> {
         self.single(self.subjects.admin_status(), b"{}".to_vec())
             .await
+    }
+
+    /// Loads a model on the worker `body` names.
+    pub async fn load_model(&self, body: &Value) -> Result<Value, ClientError> {
+        let body = body.to_string().into_bytes();
+        self.single(self.subjects.admin_load_model(), body).await
+    }
+
+    /// Stops `worker` serving `model`.
+    pub async fn unload_model(&self, worker: &str, model: &str) -> Result<Value, ClientError> {
+        let body = json!({"worker": worker, "model": model})
+            .to_string()
+            .into_bytes();
+        self.single(self.subjects.admin_unload_model(), body).await
     }
 
     /// Drains `worker`.

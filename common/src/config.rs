@@ -303,6 +303,12 @@ pub struct WorkerConfig {
     pub max_step_tokens: u32,
     /// Heartbeat period, in milliseconds.
     pub heartbeat_interval_ms: u64,
+    /// Watch the model file: when it (or the `.sha256` beside it) changes and then
+    /// holds still for one poll, load it beside the running model and switch to it, as
+    /// an operator's load order would (its SHA-256 from the `.sha256` beside it).
+    pub watch_model: bool,
+    /// How often the watched model file is looked at, in milliseconds.
+    pub watch_interval_ms: u64,
     /// A draining worker lets its streams run this long, then hands those still running
     /// over to other workers (they resume from their checkpoints) and leaves, in
     /// milliseconds.
@@ -332,6 +338,8 @@ impl Default for WorkerConfig {
             max_step_tokens: 256,
             heartbeat_interval_ms: 500,
             drain_handover_ms: 30_000,
+            watch_model: false,
+            watch_interval_ms: 2_000,
             metrics_listen: "127.0.0.1:0".into(),
             compute_threads: 0,
             compute_priority: "idle".into(),

@@ -10,7 +10,7 @@ use rkyv::{rancor, util::AlignedVec, Archive, Deserialize, Serialize};
 use crate::ids::{CoordinatorId, StreamId, WorkerId};
 
 /// Version of this protocol; receivers drop messages of another major version.
-pub const PROTOCOL_VERSION: u16 = 7;
+pub const PROTOCOL_VERSION: u16 = 8;
 
 /// Largest message a receiver accepts (bytes), whatever NATS allows.
 pub const MAX_MESSAGE_BYTES: usize = 8 << 20;
@@ -64,6 +64,49 @@ pub enum Body {
     Tokenize(TokenizeRequest),
     /// A worker's answer to a [`Body::Tokenize`].
     TokenizeReply(TokenizeReply),
+    /// Load a model file beside what runs, then serve it (request/reply on a worker's
+    /// submit subject; an operator's order, forwarded by a coordinator).
+    LoadModel(LoadModel),
+    /// Stop serving a model: new requests no longer reach it, streams on it finish.
+    UnloadModel(UnloadModel),
+    /// A worker's answer to a [`Body::LoadModel`] or [`Body::UnloadModel`].
+    ModelReply(ModelReply),
+}
+
+/// An order to load a model file.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct LoadModel {
+    /// The GGUF file, as the worker's host sees it.
+    pub path: String,
+    /// Its SHA-256 (hex); `None`: the one in `<path>.sha256` beside it.
+    pub sha256: Option<String>,
+    /// The public name to serve it as; `None`: the name of the model it replaces (the
+    /// file's stem when it is added).
+    pub name: Option<String>,
+    /// Serve it beside the models served now instead of replacing them.
+    pub add: bool,
+}
+
+/// An order to stop serving a model.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct UnloadModel {
+    /// Its public name.
+    pub name: String,
+}
+
+/// What a worker did with a [`LoadModel`] or [`UnloadModel`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ModelReply {
+    /// The worker.
+    pub worker: WorkerId,
+    /// Why nothing changed; `None`: done.
+    pub error: Option<WireError>,
+    /// The model loaded (a load that succeeded).
+    pub loaded: Option<ModelInfo>,
+    /// The models served now.
+    pub serving: Vec<ModelInfo>,
+    /// Streams still running on models no longer served, which finish there.
+    pub retiring_streams: u32,
 }
 
 /// What to tokenize or detokenize.

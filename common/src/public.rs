@@ -95,6 +95,93 @@ pub struct Drained {
     pub queued: u32,
 }
 
+/// Body of a model load (`<p>.v1.admin.models.load`; over HTTP `POST
+/// /admin/workers/{id}/models`, where the URL names the worker).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadModelRequest {
+    /// The worker to load it on (over HTTP, the URL's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<WorkerId>,
+    /// The GGUF file, as the worker's host sees it.
+    pub path: String,
+    /// Its SHA-256 (hex); absent: the worker reads `<path>.sha256`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// The name to serve it as; absent: the replaced model's (the file's stem when
+    /// added).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Serve it beside the models served now instead of in their place.
+    #[serde(default)]
+    pub add: bool,
+}
+
+/// Body of a model unload (`<p>.v1.admin.models.unload`; over HTTP `DELETE
+/// /admin/workers/{id}/models/{model}`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnloadModelRequest {
+    /// The worker.
+    pub worker: WorkerId,
+    /// The model's public name.
+    pub model: String,
+}
+
+/// A model a worker serves, as an answer shows it.
+#[derive(
+    Archive,
+    Serialize,
+    Deserialize,
+    Debug,
+    Clone,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+pub struct ServedModel {
+    /// The name clients ask for.
+    pub id: String,
+    /// Its context length in tokens.
+    pub max_model_len: u32,
+    /// Its fingerprint (weights, tokenizer, arithmetic), hex.
+    pub fingerprint: String,
+}
+
+impl From<&crate::protocol::ModelInfo> for ServedModel {
+    fn from(m: &crate::protocol::ModelInfo) -> Self {
+        ServedModel {
+            id: m.name.clone(),
+            max_model_len: m.context_length,
+            fingerprint: format!("{:016x}", m.fingerprint),
+        }
+    }
+}
+
+/// Answer to a model load or unload that the worker carried out.
+#[derive(
+    Archive,
+    Serialize,
+    Deserialize,
+    Debug,
+    Clone,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+pub struct ModelsChanged {
+    /// The worker.
+    pub worker: WorkerId,
+    /// The model loaded (a load).
+    pub loaded: Option<ServedModel>,
+    /// The models it serves now.
+    pub serving: Vec<ServedModel>,
+    /// Streams still running on the models it no longer serves; they finish there.
+    pub retiring_streams: u32,
+}
+
 /// Answer to a status request: the cluster as the answering coordinator sees it.
 #[derive(
     Archive, Serialize, Deserialize, Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize,
@@ -216,6 +303,8 @@ pub enum Reply {
     Tokenized(Tokenized),
     /// Answer to a detokenize request.
     Detokenized(Detokenized),
+    /// Answer to a model load or unload.
+    ModelsChanged(ModelsChanged),
 }
 
 /// A tokenize request's answer.

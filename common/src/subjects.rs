@@ -116,6 +116,16 @@ impl Subjects {
     pub fn admin_drain(&self) -> String {
         format!("{}.v1.admin.drain", self.prefix)
     }
+
+    /// Admin: load a model file on one worker.
+    pub fn admin_load_model(&self) -> String {
+        format!("{}.v1.admin.models.load", self.prefix)
+    }
+
+    /// Admin: stop serving a model on one worker.
+    pub fn admin_unload_model(&self) -> String {
+        format!("{}.v1.admin.models.unload", self.prefix)
+    }
 }
 
 #[cfg(test)]
@@ -146,5 +156,7 @@ mod tests {
         );
         assert_eq!(s.admin_status(), "acme.v1.admin.status");
         assert_eq!(s.admin_drain(), "acme.v1.admin.drain");
+        assert_eq!(s.admin_load_model(), "acme.v1.admin.models.load");
+        assert_eq!(s.admin_unload_model(), "acme.v1.admin.models.unload");
     }
 }

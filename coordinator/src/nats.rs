@@ -16,8 +16,9 @@ use baton_common::config::NatsConfig;
 use baton_common::ids::{CoordinatorId, StreamId, WorkerId};
 use baton_common::nats::NatsConnectError;
 use baton_common::protocol::{
-    decode, Body, Cancel, DecodeError, DrainReply, DrainWorker, SeqRequest, Sequencer,
-    StreamAttempt, Submit, SubmitReply, TokenizeReply, TokenizeRequest, Wire,
+    decode, Body, Cancel, DecodeError, DrainReply, DrainWorker, LoadModel, ModelReply, SeqRequest,
+    Sequencer, StreamAttempt, Submit, SubmitReply, TokenizeReply, TokenizeRequest, UnloadModel,
+    Wire,
 };
 use baton_common::subjects::{Subjects, REQUEST_ID_HEADER};
 use baton_common::throttle::Throttle;
@@ -418,6 +419,43 @@ impl NatsHandle {
         }
     }
 
+    /// Orders `worker` to load a model file (request/reply on its submit subject),
+    /// waiting up to `timeout` for it to have loaded and self-tested it, or refused it.
+    pub async fn load_model(
+        &self,
+        worker: WorkerId,
+        order: LoadModel,
+        timeout: Duration,
+    ) -> Result<ModelReply, SubmitError> {
+        self.model_order(worker, Body::LoadModel(order), timeout)
+            .await
+    }
+
+    /// Orders `worker` to stop serving a model, waiting up to `timeout`.
+    pub async fn unload_model(
+        &self,
+        worker: WorkerId,
+        name: String,
+        timeout: Duration,
+    ) -> Result<ModelReply, SubmitError> {
+        self.model_order(worker, Body::UnloadModel(UnloadModel { name }), timeout)
+            .await
+    }
+
+    async fn model_order(
+        &self,
+        worker: WorkerId,
+        body: Body,
+        timeout: Duration,
+    ) -> Result<ModelReply, SubmitError> {
+        let subject = self.subjects.submit(worker);
+        let payload = self.sequencers.encode(&subject, body);
+        match self.ask(subject, payload, None, timeout).await? {
+            Body::ModelReply(reply) => Ok(reply),
+            _ => Err(SubmitError::Unexpected("not a model reply")),
+        }
+    }
+
     /// Asks `worker` to tokenize or detokenize (request/reply on its submit subject),
     /// waiting up to `timeout`.
     pub async fn tokenize(
@@ -488,6 +526,9 @@ fn unexpected(counters: &Counters, subject: &str, body: &Body) {
         Body::DrainReply(_) => "drain reply",
         Body::Tokenize(_) => "tokenize",
         Body::TokenizeReply(_) => "tokenize reply",
+        Body::LoadModel(_) => "load model",
+        Body::UnloadModel(_) => "unload model",
+        Body::ModelReply(_) => "model reply",
     };
     if let Some(held) = GARBAGE_WARNINGS.admit() {
         warn!(

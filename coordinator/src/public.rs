@@ -25,8 +25,9 @@ use baton_common::ids::{CoordinatorId, StreamId};
 use baton_common::protocol::{FinishReason, TokenLogprobs};
 use baton_common::public::{
     encode_reply, headers, Chunk, ClusterStatus, CoordinatorStatus, DrainRequest, Drained,
-    ErrorReply, Final, LoadStatus, ModelStatus, ReplayRequest, Reply, Whole, WorkerStatus,
-    CONTENT_TYPE_JSON, CONTENT_TYPE_RKYV, QUEUE_GROUP,
+    ErrorReply, Final, LoadModelRequest, LoadStatus, ModelStatus, ModelsChanged, ReplayRequest,
+    Reply, UnloadModelRequest, Whole, WorkerStatus, CONTENT_TYPE_JSON, CONTENT_TYPE_RKYV,
+    QUEUE_GROUP,
 };
 use baton_common::throttle::Throttle;
 use futures::StreamExt;
@@ -83,6 +84,8 @@ enum Route {
     OwnReplay,
     Status,
     Drain,
+    LoadModel,
+    UnloadModel,
     Tokenize(Direction),
 }
 
@@ -138,6 +141,8 @@ impl PublicApi {
             (subjects.replay(), Route::Replay),
             (subjects.admin_status(), Route::Status),
             (subjects.admin_drain(), Route::Drain),
+            (subjects.admin_load_model(), Route::LoadModel),
+            (subjects.admin_unload_model(), Route::UnloadModel),
             (subjects.tokenize(), Route::Tokenize(Direction::Tokenize)),
             (
                 subjects.detokenize(),
@@ -206,6 +211,8 @@ impl PublicApi {
                 Route::OwnReplay => self.replay(&msg, false, &mut out).await,
                 Route::Status => self.status(&mut out).await,
                 Route::Drain => self.drain(&msg.payload, &mut out).await,
+                Route::LoadModel => self.load_model(&msg.payload, &mut out).await,
+                Route::UnloadModel => self.unload_model(&msg.payload, &mut out).await,
                 Route::Tokenize(direction) => {
                     self.tokenize(direction, &msg.payload, &mut out).await
                 }
@@ -590,6 +597,54 @@ impl PublicApi {
         };
         out.send(Kind::Single, payload).await;
         Ok(())
+    }
+}
+
+impl PublicApi {
+    /// `<p>.v1.admin.models.load`: `{"worker", "path", "sha256"?, "name"?, "add"?}`.
+    async fn load_model(&self, body: &[u8], out: &mut Replier) -> Result<(), ApiError> {
+        let value: Value =
+            serde_json::from_slice(body).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+        for field in ["worker", "path"] {
+            if value.get(field).is_none_or(Value::is_null) {
+                return Err(ApiError::MissingField(field));
+            }
+        }
+        let request: LoadModelRequest =
+            serde_json::from_value(value).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+        let worker = request.worker.ok_or(ApiError::MissingField("worker"))?;
+        let changed = crate::api::models::load(&self.nats, worker, request).await?;
+        info!(%worker, loaded = ?changed.loaded.as_ref().map(|m| &m.id), "model loaded on an operator's request (NATS)");
+        self.send_models_changed(changed, out).await;
+        Ok(())
+    }
+
+    /// `<p>.v1.admin.models.unload`: `{"worker", "model"}`.
+    async fn unload_model(&self, body: &[u8], out: &mut Replier) -> Result<(), ApiError> {
+        let value: Value =
+            serde_json::from_slice(body).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+        for field in ["worker", "model"] {
+            if value.get(field).is_none_or(Value::is_null) {
+                return Err(ApiError::MissingField(field));
+            }
+        }
+        let request: UnloadModelRequest =
+            serde_json::from_value(value).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+        let timeout = Duration::from_millis(self.config.submit_timeout_ms);
+        let worker = request.worker;
+        let changed =
+            crate::api::models::unload(&self.nats, worker, request.model, timeout).await?;
+        info!(%worker, "model unloaded on an operator's request (NATS)");
+        self.send_models_changed(changed, out).await;
+        Ok(())
+    }
+
+    async fn send_models_changed(&self, changed: ModelsChanged, out: &mut Replier) {
+        let payload = match out.format {
+            Format::Json => to_json_bytes(&changed),
+            Format::Rkyv => encode_reply(&Reply::ModelsChanged(changed)),
+        };
+        out.send(Kind::Single, payload).await;
     }
 }
 

@@ -74,6 +74,12 @@ impl Api {
         Ok(into_reply(resp))
     }
 
+    /// `DELETE <path>`.
+    pub fn delete(&self, path: &str) -> reqwest::Result<Reply> {
+        let resp = self.request(reqwest::Method::DELETE, path).send()?;
+        Ok(into_reply(resp))
+    }
+
     /// `POST <path>` with a JSON body.
     pub fn post_json(&self, path: &str, body: &Value) -> reqwest::Result<Reply> {
         self.post_raw(path, body.to_string())

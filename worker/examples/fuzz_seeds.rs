@@ -11,10 +11,10 @@ use anyhow::{ensure, Context};
 use baton_common::ids::{CoordinatorId, StreamId, WorkerId};
 use baton_common::protocol::{
     encode, Accepted, Body, Cancel, ChatTurn, DrainReply, DrainWorker, Envelope, ErrorKind,
-    EventKind, FinishReason, Finished, GenParams, Heartbeat, LogitBias, ModelInfo, Probe,
-    ProbeReply, PromptSpec, Refused, Resume, SeqRequest, StreamAttempt, StreamEvent, Submit,
-    SubmitOutcome, SubmitReply, TokenBatch, TokenEvent, ToolCall, ToolChoice, Tools, Wire,
-    WireError, PROTOCOL_VERSION,
+    EventKind, FinishReason, Finished, GenParams, Heartbeat, LoadModel, LogitBias, ModelInfo,
+    Probe, ProbeReply, PromptSpec, Refused, Resume, SeqRequest, StreamAttempt, StreamEvent, Submit,
+    SubmitOutcome, SubmitReply, TokenBatch, TokenEvent, ToolCall, ToolChoice, Tools, UnloadModel,
+    Wire, WireError, PROTOCOL_VERSION,
 };
 use baton_common::public::{
     encode_reply, Chunk, ClusterStatus, CoordinatorStatus, Drained, ErrorReply, Final, LoadStatus,
@@ -268,6 +268,13 @@ fn wire_seeds(dir: &Path) -> anyhow::Result<()> {
             running: 1,
             queued: 0,
         }),
+        Body::LoadModel(LoadModel {
+            path: "models/new.gguf".into(),
+            sha256: Some("00".repeat(32)),
+            name: Some("new".into()),
+            add: false,
+        }),
+        Body::UnloadModel(UnloadModel { name: "old".into() }),
     ];
     for (i, body) in bodies.into_iter().enumerate() {
         let wire = Wire {

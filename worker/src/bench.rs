@@ -580,7 +580,7 @@ pub fn run_serve(args: &ServeBenchArgs) -> anyhow::Result<()> {
     let load = Arc::new(Load::default());
     let engine_thread = if args.simulated {
         let sim = SimEngine::new(name.clone(), Duration::from_millis(args.sim_step_ms));
-        std::thread::spawn(move || scheduler::run(sim, limits, cmd_rx, out_tx, load))
+        std::thread::spawn(move || scheduler::run(sim, no_loads(), limits, cmd_rx, out_tx, load))
     } else {
         let mut engine = Engine::<crate::backend::CpuBackend>::load(
             &args.model,
@@ -593,7 +593,7 @@ pub fn run_serve(args: &ServeBenchArgs) -> anyhow::Result<()> {
         );
         engine.set_step_tokens(args.max_step_tokens as usize);
         let real = RealEngine::new(engine, name.clone());
-        std::thread::spawn(move || scheduler::run(real, limits, cmd_rx, out_tx, load))
+        std::thread::spawn(move || scheduler::run(real, no_loads(), limits, cmd_rx, out_tx, load))
     };
 
     // Arrivals: request i is sent at its offset (open loop), by one sender thread.
@@ -685,4 +685,11 @@ pub fn run_serve(args: &ServeBenchArgs) -> anyhow::Result<()> {
         percentile(&ttft, 99.0)
     );
     Ok(())
+}
+
+/// The bench serves one model: it asks for no other.
+fn no_loads<E>() -> crate::serve::scheduler::Loader<E> {
+    std::sync::Arc::new(|_: &crate::serve::scheduler::LoadSpec| {
+        anyhow::bail!("the bench loads no other model")
+    })
 }

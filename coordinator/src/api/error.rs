@@ -273,14 +273,22 @@ impl ApiError {
         }
     }
 
-    /// The error of a drain order to `worker` that got no usable answer: nobody answering
-    /// is an unknown worker, whatever the front.
+    /// The error of an order to `worker` (a drain, a model load) that got no usable
+    /// answer: nobody answering is an unknown worker, whatever the front.
     pub fn from_drain(worker: WorkerId, e: SubmitError) -> Self {
         match e {
             SubmitError::NoResponders => {
                 ApiError::WorkerNotFound(format!("no worker {worker} answers"))
             }
             other => other.into(),
+        }
+    }
+
+    /// The refusal of a model load or unload: the worker's reason, blamed on `param`.
+    pub fn from_model_order(param: &'static str, e: baton_common::protocol::WireError) -> Self {
+        match e.kind {
+            ErrorKind::Internal => ApiError::WorkerFailed(e.message),
+            _ => ApiError::invalid(param, e.message),
         }
     }
 

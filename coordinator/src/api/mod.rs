@@ -11,6 +11,7 @@
 //! - [`openai`]: request and response bodies.
 //! - [`logprobs`]: the `logprobs` objects of both endpoints.
 //! - [`tokenize`]: `/tokenize` and `/detokenize`.
+//! - [`models`]: an operator's model loads and unloads on a worker.
 //! - [`error`]: [`error::ApiError`], OpenAI's error body and codes.
 
 pub mod answer;
@@ -18,6 +19,7 @@ pub mod choices;
 pub mod chunks;
 pub mod error;
 pub mod logprobs;
+pub mod models;
 pub mod open;
 pub mod openai;
 pub mod tokenize;

@@ -64,6 +64,14 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             "/admin/workers/{id}/drain",
             web::post().to(super::status::drain),
         ),
+        (
+            "/admin/workers/{id}/models",
+            web::post().to(super::status::load_model),
+        ),
+        (
+            "/admin/workers/{id}/models/{model}",
+            web::delete().to(super::status::unload_model),
+        ),
         ("/", web::get().to(super::status::page)),
     ];
     for (path, route) in routes {

@@ -99,6 +99,48 @@ pub async fn drain(
     })))
 }
 
+/// `POST /admin/workers/{id}/models`: the worker loads a model file beside what it
+/// serves and switches to it (or adds it, with `"add": true`); streams running finish on
+/// the model they began on. Body: `{"path", "sha256"?, "name"?, "add"?}`. Answers once
+/// the model serves, or with why not (the models served before still serve).
+pub async fn load_model(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    body: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    let worker = worker_id(&path)?;
+    let request: baton_common::public::LoadModelRequest =
+        serde_json::from_slice(&body).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+    if request.worker.is_some_and(|w| w != worker) {
+        return Err(ApiError::invalid(
+            "worker",
+            "the body names another worker than the URL",
+        ));
+    }
+    let changed = crate::api::models::load(&state.nats, worker, request).await?;
+    tracing::info!(%worker, loaded = ?changed.loaded.as_ref().map(|m| &m.id), "model loaded on an operator's request (HTTP)");
+    Ok(HttpResponse::Ok().json(changed))
+}
+
+/// `DELETE /admin/workers/{id}/models/{model}`: the worker stops serving `model`; its
+/// streams finish on it.
+pub async fn unload_model(
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (worker, model) = path.into_inner();
+    let worker = worker_id(&worker)?;
+    let timeout = std::time::Duration::from_millis(state.config.submit_timeout_ms);
+    let changed = crate::api::models::unload(&state.nats, worker, model, timeout).await?;
+    tracing::info!(%worker, "model unloaded on an operator's request (HTTP)");
+    Ok(HttpResponse::Ok().json(changed))
+}
+
+fn worker_id(text: &str) -> Result<WorkerId, ApiError> {
+    text.parse::<WorkerId>()
+        .map_err(|_| ApiError::WorkerNotFound(format!("{text:?} is not a worker id")))
+}
+
 /// `GET /metrics`: refreshes the cluster gauges, then encodes everything.
 pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let view = state.registry.send(ClusterStatus).await?;

@@ -89,17 +89,19 @@ fn main() -> ExitCode {
     };
     let mut verdicts: Vec<Verdict> = Vec::new();
     for sampling in [Sampling::Greedy, Sampling::Seeded(7)] {
-        let drills: [(&str, usize); 6] = [
+        let drills: [(&str, usize); 7] = [
             ("kill", args.kills),
             ("kill-json", args.kills),
             ("kill-tools", args.runs),
             ("sigterm", args.runs),
             ("coordinator", args.runs),
             ("nats", args.runs),
+            ("swap", args.runs),
         ];
         for (which, runs) in drills {
-            // The simulated worker makes numbered tokens; it runs no grammar.
-            if (which == "kill-json" || which == "kill-tools") && args.simulated {
+            // The simulated worker makes numbered tokens; it runs no grammar, and loads
+            // no model file.
+            if matches!(which, "kill-json" | "kill-tools" | "swap") && args.simulated {
                 continue;
             }
             let v = match which {
@@ -121,7 +123,15 @@ fn main() -> ExitCode {
                 "coordinator" => {
                     drill::restart_coordinator(&mut cluster, sampling, runs, args.max_tokens)
                 }
-                _ => drill::restart_nats(&mut cluster, sampling, runs, args.max_tokens),
+                "nats" => drill::restart_nats(&mut cluster, sampling, runs, args.max_tokens),
+                // Streams long enough to be running when the new model takes over.
+                _ => drill::swap_model(
+                    &mut cluster,
+                    sampling,
+                    runs,
+                    args.max_tokens.max(64),
+                    &baton_integration_tests::cluster::default_model_path(),
+                ),
             };
             println!("{}", v.line());
             for f in &v.failures {

@@ -50,6 +50,21 @@ pub struct PrefixStats {
     pub bytes: u64,
 }
 
+impl PrefixStats {
+    /// Both caches' counters together (a worker serving two models).
+    pub fn plus(self, o: PrefixStats) -> PrefixStats {
+        PrefixStats {
+            hits: self.hits + o.hits,
+            misses: self.misses + o.misses,
+            reused_tokens: self.reused_tokens + o.reused_tokens,
+            stored_blocks: self.stored_blocks + o.stored_blocks,
+            evicted_blocks: self.evicted_blocks + o.evicted_blocks,
+            blocks: self.blocks + o.blocks,
+            bytes: self.bytes + o.bytes,
+        }
+    }
+}
+
 /// One block's keys and values.
 struct Entry {
     /// Keys and values of the block's positions, every layer, in the cache's layout.

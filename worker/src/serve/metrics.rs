@@ -31,6 +31,15 @@ pub struct Dropped {
     pub reason: String,
 }
 
+/// A model load or unload and how it went.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelOp {
+    /// `load` or `unload`.
+    pub op: String,
+    /// `ok`, or the refusal's kind (`invalid_request`, `unknown_model`, …).
+    pub outcome: String,
+}
+
 /// Every metric of a worker.
 #[derive(Debug)]
 pub struct WorkerMetrics {
@@ -44,7 +53,10 @@ pub struct WorkerMetrics {
     pub probes: Counter,
     /// Messages dropped, by subject and reason.
     pub dropped: Family<Dropped, Counter>,
+    /// Model loads and unloads, by outcome.
+    pub model_ops: Family<ModelOp, Counter>,
     running: Gauge,
+    retiring: Gauge,
     queued: Gauge,
     kv_used: Gauge,
     kv_budget: Gauge,
@@ -67,7 +79,9 @@ impl WorkerMetrics {
             cancels: Counter::default(),
             probes: Counter::default(),
             dropped: Family::default(),
+            model_ops: Family::default(),
             running: Gauge::default(),
+            retiring: Gauge::default(),
             queued: Gauge::default(),
             kv_used: Gauge::default(),
             kv_budget: Gauge::default(),
@@ -92,6 +106,16 @@ impl WorkerMetrics {
             "dropped_messages",
             "Malformed or misplaced NATS messages dropped, by subject and reason",
             m.dropped.clone(),
+        );
+        r.register(
+            "model_changes",
+            "Model loads and unloads asked of this worker, by outcome",
+            m.model_ops.clone(),
+        );
+        r.register(
+            "retiring_sequences",
+            "Sequences finishing on a model no longer served (replaced or unloaded)",
+            m.retiring.clone(),
         );
         r.register(
             "running_sequences",
@@ -143,6 +167,16 @@ impl WorkerMetrics {
             .inc();
     }
 
+    /// Counts one model load or unload.
+    pub fn model_op(&self, op: &str, outcome: &str) {
+        self.model_ops
+            .get_or_create(&ModelOp {
+                op: op.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
     /// Counts one message dropped from `subject` for `reason`.
     pub fn dropped(&self, subject: &str, reason: &str) {
         self.dropped
@@ -160,6 +194,7 @@ impl WorkerMetrics {
         };
         self.running.set(read(&self.load.running));
         self.queued.set(read(&self.load.queued));
+        self.retiring.set(read(&self.load.retiring_streams));
         self.kv_used.set(read(&self.load.kv_bytes));
         for (metric, source) in [
             (&self.tokens, &self.load.tokens),

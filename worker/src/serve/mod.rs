@@ -8,6 +8,7 @@
 
 pub mod actor;
 pub mod metrics;
+pub mod models;
 pub mod real;
 pub mod scheduler;
 pub mod sim;
@@ -36,8 +37,10 @@ use crate::{
     compute::{self, ComputePriority},
     engine::{llama::WeightDtype, Engine},
 };
-use actor::{CancelMsg, Drain, ProbeMsg, SubmitMsg, TokenizeMsg, Worker};
-use scheduler::{Limits, Load, Outbox, SeqEngine};
+use actor::{
+    CancelMsg, Drain, LoadModelMsg, ProbeMsg, SubmitMsg, TokenizeMsg, UnloadModelMsg, Worker,
+};
+use scheduler::{Limits, Load, LoadSpec, Loader, Outbox, SeqEngine};
 
 /// Arguments of `serve`; each overrides `cluster.toml`.
 #[derive(Debug, Args)]
@@ -92,6 +95,9 @@ pub struct ServeArgs {
     /// `worker.compute_priority`).
     #[arg(long)]
     pub compute_priority: Option<ComputePriority>,
+    /// Reload the model file when it changes (overrides `worker.watch_model`).
+    #[arg(long)]
+    pub watch_model: bool,
     /// Run the simulated engine (no model; a test tool).
     #[arg(long)]
     pub simulated: bool,
@@ -104,25 +110,26 @@ pub struct ServeArgs {
 /// go out before it leaves anyway.
 const DRAIN_GRACE: Duration = Duration::from_secs(10);
 
-/// Starts the engine thread; returns the model it serves once it is loaded.
-fn spawn_engine<E, F>(
-    make: F,
+/// Starts the engine thread with the model `first` names (built by `loader`, as later
+/// loads are); returns the model it serves once it is loaded.
+fn spawn_engine<E>(
+    loader: Loader<E>,
+    first: LoadSpec,
     limits: Limits,
     commands: mpsc::Receiver<scheduler::Command>,
     out: tokio::sync::mpsc::UnboundedSender<Outbox>,
     load: Arc<Load>,
 ) -> anyhow::Result<ModelInfo>
 where
-    E: SeqEngine,
-    F: FnOnce() -> anyhow::Result<E> + Send + 'static,
+    E: SeqEngine + Send + 'static,
 {
     let (ready_tx, ready_rx) = mpsc::channel();
     std::thread::Builder::new()
         .name("engine".into())
-        .spawn(move || match make() {
+        .spawn(move || match loader(&first) {
             Ok(engine) => {
                 let _ = ready_tx.send(Ok(engine.model_info()));
-                scheduler::run(engine, limits, commands, out, load);
+                scheduler::run(engine, loader, limits, commands, out, load);
             }
             Err(e) => {
                 let _ = ready_tx.send(Err(e));
@@ -160,6 +167,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(ms) = args.drain_handover_ms {
         cfg.drain_handover_ms = ms;
     }
+    cfg.watch_model |= args.watch_model;
     let handover_after = Duration::from_millis(cfg.drain_handover_ms);
     let prefix_bytes =
         usize::try_from(cfg.prefix_cache_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
@@ -204,21 +212,20 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let load = Arc::new(Load::default());
     let (cmd_tx, cmd_rx) = mpsc::channel();
     let (out_tx, mut out_rx) = tokio::sync::mpsc::unbounded_channel::<Outbox>();
-    let model_path = PathBuf::from(&cfg.model);
+    let first = LoadSpec {
+        path: PathBuf::from(&cfg.model),
+        name,
+    };
+    let weights = crate::backend::serving_weights(backend, weights);
     let info = if args.simulated {
         let pace = Duration::from_millis(args.sim_step_ms);
-        spawn_engine(
-            move || Ok(sim::SimEngine::new(name, pace)),
-            limits,
-            cmd_rx,
-            out_tx,
-            load.clone(),
-        )?
+        let loader: Loader<sim::SimEngine> =
+            Arc::new(move |spec: &LoadSpec| Ok(sim::SimEngine::new(spec.name.clone(), pace)));
+        spawn_engine(loader, first, limits, cmd_rx, out_tx, load.clone())?
     } else {
-        let weights = crate::backend::serving_weights(backend, weights);
-        crate::with_backend!(backend, B => spawn_engine(
-            move || {
-                let mut engine = Engine::<B>::load(&model_path, weights, &Default::default())?;
+        crate::with_backend!(backend, B => {
+            let loader: Loader<real::RealEngine<B>> = Arc::new(move |spec: &LoadSpec| {
+                let mut engine = Engine::<B>::load(&spec.path, weights, &Default::default())?;
                 engine.set_kv_dtype(kv_dtype);
                 engine.set_prefix_cache(prefix_bytes);
                 engine.set_step_tokens(step_tokens);
@@ -227,16 +234,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     engine = if engine.model().host_path() { "host" } else { "device" },
                     %weights,
                     kv = %kv_dtype,
+                    model = %spec.name,
                     "engine loaded"
                 );
-                Ok(real::RealEngine::new(engine, name))
-            },
-            limits,
-            cmd_rx,
-            out_tx,
-            load.clone(),
-        )?)
+                Ok(real::RealEngine::new(engine, spec.name.clone()))
+            });
+            spawn_engine(loader, first, limits, cmd_rx, out_tx, load.clone())?
+        })
     };
+    tracing::info!(model = %info.name, context_length = info.context_length, "serving");
 
     let system = actix_rt::System::new();
     system.block_on(async move {
@@ -262,8 +268,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             sequencer: sequencer.clone(),
             commands: cmd_tx,
             load,
-            model: info,
             limits,
+            weights,
+            simulated: args.simulated,
+            watch: cfg.watch_model.then(|| {
+                actor::ModelWatch::new(
+                    PathBuf::from(&cfg.model),
+                    info.name.clone(),
+                    Duration::from_millis(cfg.watch_interval_ms.max(100)),
+                )
+            }),
             heartbeat_interval: Duration::from_millis(cfg.heartbeat_interval_ms.max(50)),
             draining: false,
         }
@@ -315,6 +329,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                         }
                     });
                 }
+                true
+            }
+            // An operator's model load or unload, forwarded by a coordinator.
+            Body::LoadModel(order) => {
+                addr.do_send(LoadModelMsg { order, reply });
+                true
+            }
+            Body::UnloadModel(order) => {
+                addr.do_send(UnloadModelMsg { order, reply });
                 true
             }
             _ => false,

@@ -7,6 +7,7 @@
 
 use std::{
     collections::{HashMap, VecDeque},
+    path::PathBuf,
     sync::{
         atomic::{AtomicU64, Ordering},
         mpsc, Arc,
@@ -98,6 +99,26 @@ pub enum Command {
     /// Drop every sequence held, each with a [`ErrorKind::Draining`] failure: the
     /// coordinator resumes them on other workers. Implies [`Command::Drain`].
     HandOver,
+    /// Load a model on a thread of its own (first `check`, which refuses a file before
+    /// any memory is spent), self-test it, then serve it between two steps: beside the
+    /// models served (`add`), or in their place, their streams finishing on them.
+    Load {
+        /// The file and the name.
+        spec: LoadSpec,
+        /// Checks to pass before loading.
+        check: Box<dyn FnOnce() -> anyhow::Result<()> + Send + Sync>,
+        /// Serve it beside the others.
+        add: bool,
+        /// What changed, once it serves (or why not).
+        reply: tokio::sync::oneshot::Sender<ModelResult>,
+    },
+    /// Stop serving a model: it takes no new stream; those on it finish.
+    Unload {
+        /// Its public name.
+        name: String,
+        /// What changed.
+        reply: tokio::sync::oneshot::Sender<ModelResult>,
+    },
 }
 
 /// Load figures the heartbeat reports, updated by the engine thread.
@@ -123,6 +144,10 @@ pub struct Load {
     pub prefix_bytes: AtomicU64,
     /// Every (stream, attempt) held, running or queued.
     pub held: std::sync::Mutex<std::collections::HashSet<(StreamId, u32)>>,
+    /// Streams running on models no longer served (replaced or unloaded).
+    pub retiring_streams: AtomicU64,
+    /// The models served, for the heartbeat.
+    pub models: std::sync::Mutex<Vec<ModelInfo>>,
 }
 
 impl Load {
@@ -141,6 +166,21 @@ impl Load {
             .store(p.reused_tokens, Ordering::Relaxed);
         self.prefix_blocks.store(p.blocks, Ordering::Relaxed);
         self.prefix_bytes.store(p.bytes, Ordering::Relaxed);
+    }
+
+    /// The models served now.
+    pub fn models(&self) -> Vec<ModelInfo> {
+        self.models
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_models(&self, change: ModelChange) {
+        *self
+            .models
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = change.serving;
     }
 
     fn set_held<'a>(&self, slots: impl Iterator<Item = (StreamId, u32)> + 'a) {
@@ -227,26 +267,177 @@ fn start_slot<E: SeqEngine>(
 /// Events bound for one coordinator.
 pub type Outbox = Vec<(CoordinatorId, Vec<StreamEvent>)>;
 
-/// Runs until the command channel closes (or, when draining, until the work is done).
-pub fn run<E: SeqEngine>(
+/// A model file to load, and the name to serve it as.
+#[derive(Debug, Clone)]
+pub struct LoadSpec {
+    /// The GGUF file.
+    pub path: PathBuf,
+    /// The public name.
+    pub name: String,
+}
+
+/// Builds an engine for a model file. It runs on a thread of its own, so that the
+/// models served go on stepping while another loads.
+pub type Loader<E> = Arc<dyn Fn(&LoadSpec) -> anyhow::Result<E> + Send + Sync>;
+
+/// What a load or unload changed.
+#[derive(Debug, Clone)]
+pub struct ModelChange {
+    /// The model loaded.
+    pub loaded: Option<ModelInfo>,
+    /// The models served now.
+    pub serving: Vec<ModelInfo>,
+    /// Streams still running on models no longer served.
+    pub retiring_streams: u32,
+}
+
+/// The answer to [`Command::Load`] or [`Command::Unload`].
+pub type ModelResult = Result<ModelChange, WireError>;
+
+/// One model the engine thread serves, with the sequences running on it.
+struct Lane<E: SeqEngine> {
     engine: E,
+    info: ModelInfo,
+    running: Vec<Slot<E::Seq>>,
+    queue: VecDeque<Slot<E::Seq>>,
+    /// Replaced or unloaded: takes no new stream, and is dropped (its memory freed) once
+    /// its last one has ended.
+    retiring: bool,
+}
+
+impl<E: SeqEngine> Lane<E> {
+    fn new(engine: E) -> Self {
+        Self {
+            info: engine.model_info(),
+            engine,
+            running: Vec::new(),
+            queue: VecDeque::new(),
+            retiring: false,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.running.is_empty() && self.queue.is_empty()
+    }
+
+    fn slots(&self) -> impl Iterator<Item = &Slot<E::Seq>> {
+        self.running.iter().chain(self.queue.iter())
+    }
+
+    fn kv_bytes(&self) -> u64 {
+        self.running
+            .iter()
+            .map(|s| self.engine.kv_bytes(&s.seq))
+            .sum()
+    }
+}
+
+/// A model loaded and self-tested on its own thread, on its way in.
+struct Arrival<E> {
+    engine: anyhow::Result<E>,
+    add: bool,
+    reply: tokio::sync::oneshot::Sender<ModelResult>,
+}
+
+/// Generates a few greedy tokens on a model just loaded, before it serves anyone: a
+/// model that cannot run fails here, not on a client's request.
+pub fn self_test<E: SeqEngine>(engine: &E) -> Result<(), String> {
+    let info = engine.model_info();
+    let req = SeqRequest {
+        stream: StreamId(0),
+        model: info.name,
+        prompt: baton_common::protocol::PromptSpec::Text("Hello".into()),
+        params: baton_common::protocol::GenParams::greedy(4),
+        attempt: 0,
+        resume: None,
+        max_prompt_tokens: 0,
+    };
+    let mut started = engine
+        .start(&req)
+        .map_err(|e| format!("self-test: {}", e.message))?;
+    // A long prompt would run in chunks; "Hello" takes one step, then a token a step.
+    for _ in 0..16 {
+        let events = engine
+            .step(&mut [&mut started.seq])
+            .map_err(|e| format!("self-test: {}", e.message))?;
+        for kind in events.into_iter().flatten() {
+            match kind {
+                EventKind::Finished(_) => return Ok(()),
+                EventKind::Failed(e) => return Err(format!("self-test: {}", e.message)),
+                _ => {}
+            }
+        }
+    }
+    Err("self-test: 4 tokens did not end within 16 steps".into())
+}
+
+/// The lanes' names as a list for people.
+fn names<E: SeqEngine>(lanes: &[Lane<E>]) -> String {
+    let live: Vec<String> = lanes
+        .iter()
+        .filter(|l| !l.retiring)
+        .map(|l| format!("{:?}", l.info.name))
+        .collect();
+    live.join(", ")
+}
+
+fn model_change<E: SeqEngine>(lanes: &[Lane<E>], loaded: Option<ModelInfo>) -> ModelChange {
+    ModelChange {
+        loaded,
+        serving: lanes
+            .iter()
+            .filter(|l| !l.retiring)
+            .map(|l| l.info.clone())
+            .collect(),
+        retiring_streams: lanes
+            .iter()
+            .filter(|l| l.retiring)
+            .map(|l| l.slots().count() as u32)
+            .sum(),
+    }
+}
+
+fn invalid(message: String) -> WireError {
+    WireError {
+        kind: ErrorKind::InvalidRequest,
+        message,
+    }
+}
+
+/// Runs until the command channel closes (or, when draining, until the work is done).
+/// `loader` builds the engines of later [`Command::Load`]s.
+pub fn run<E: SeqEngine + Send + 'static>(
+    engine: E,
+    loader: Loader<E>,
     limits: Limits,
     commands: mpsc::Receiver<Command>,
     out: tokio::sync::mpsc::UnboundedSender<Outbox>,
     load: Arc<Load>,
 ) {
-    let mut queue: VecDeque<Slot<E::Seq>> = VecDeque::new();
-    let mut running: Vec<Slot<E::Seq>> = Vec::new();
+    let mut lanes: Vec<Lane<E>> = vec![Lane::new(engine)];
+    let (arrivals_tx, arrivals) = mpsc::channel::<Arrival<E>>();
+    let mut loading = 0usize;
     let mut draining = false;
+    load.set_models(model_change(&lanes, None));
     loop {
-        // Block only when idle; otherwise take what has arrived and go on decoding.
-        let first = if running.is_empty() && queue.is_empty() {
-            if draining {
+        // Block only when idle; otherwise take what has arrived and go on decoding. A
+        // model loading beside is waited for in short naps.
+        let idle = lanes.iter().all(Lane::is_empty);
+        let first = if idle {
+            if draining && loading == 0 {
                 return;
             }
-            match commands.recv() {
-                Ok(c) => Some(c),
-                Err(_) => return,
+            if loading > 0 {
+                match commands.recv_timeout(std::time::Duration::from_millis(10)) {
+                    Ok(c) => Some(c),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+            } else {
+                match commands.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => return,
+                }
             }
         } else {
             None
@@ -275,23 +466,24 @@ pub fn run<E: SeqEngine>(
                             if draining {
                                 return refuse(ErrorKind::Draining, "worker is draining".into());
                             }
-                            if queue.len() >= limits.max_queued {
+                            if lanes.iter().map(|l| l.queue.len()).sum::<usize>()
+                                >= limits.max_queued
+                            {
                                 return refuse(
                                     ErrorKind::Overloaded,
                                     "worker queue is full".into(),
                                 );
                             }
                             // A newer attempt of a stream supersedes any older one here.
-                            running.retain(|x| x.stream != req.stream);
-                            queue.retain(|x| x.stream != req.stream);
-                            match start_slot(&engine, coordinator, req) {
-                                Ok((slot, prompt_tokens)) => {
-                                    queue.push_back(slot);
-                                    SubmitOutcome::Accepted(Accepted {
-                                        stream: req.stream,
-                                        prompt_tokens,
-                                    })
-                                }
+                            for lane in &mut lanes {
+                                lane.running.retain(|x| x.stream != req.stream);
+                                lane.queue.retain(|x| x.stream != req.stream);
+                            }
+                            match start_on_lanes(&mut lanes, coordinator, req) {
+                                Ok(prompt_tokens) => SubmitOutcome::Accepted(Accepted {
+                                    stream: req.stream,
+                                    prompt_tokens,
+                                }),
                                 Err(e) => SubmitOutcome::Refused(Refused {
                                     stream: req.stream,
                                     error: e,
@@ -305,53 +497,163 @@ pub fn run<E: SeqEngine>(
                 Command::Cancel(streams) => {
                     for (s, attempt) in streams {
                         let hit = |x: &Slot<E::Seq>| x.stream == s && x.attempt <= attempt;
-                        if let Some(i) = running.iter().position(hit) {
-                            let slot = running.swap_remove(i);
-                            cancelled.push((slot.coordinator, slot.stream, slot.attempt));
-                        }
-                        if let Some(i) = queue.iter().position(hit) {
-                            if let Some(slot) = queue.remove(i) {
+                        for lane in &mut lanes {
+                            if let Some(i) = lane.running.iter().position(hit) {
+                                let slot = lane.running.swap_remove(i);
                                 cancelled.push((slot.coordinator, slot.stream, slot.attempt));
+                            }
+                            if let Some(i) = lane.queue.iter().position(hit) {
+                                if let Some(slot) = lane.queue.remove(i) {
+                                    cancelled.push((slot.coordinator, slot.stream, slot.attempt));
+                                }
                             }
                         }
                     }
                 }
                 Command::Tokenize { request, reply } => {
-                    let _ = reply.send(engine.tokenize(&request));
+                    // The served model of that name; else the first, whose answer says
+                    // what it serves.
+                    let lane = lanes
+                        .iter()
+                        .find(|l| !l.retiring && l.info.name == request.model)
+                        .or_else(|| lanes.iter().find(|l| !l.retiring))
+                        .unwrap_or(&lanes[0]);
+                    let _ = reply.send(lane.engine.tokenize(&request));
                 }
                 Command::Drain => draining = true,
                 Command::HandOver => {
                     draining = true;
-                    handed_over.extend(
-                        running
-                            .drain(..)
-                            .chain(queue.drain(..))
-                            .map(|slot| (slot.coordinator, slot.stream, slot.attempt)),
-                    );
+                    for lane in &mut lanes {
+                        handed_over.extend(
+                            lane.running
+                                .drain(..)
+                                .chain(lane.queue.drain(..))
+                                .map(|slot| (slot.coordinator, slot.stream, slot.attempt)),
+                        );
+                    }
                     if !handed_over.is_empty() {
                         tracing::info!(streams = handed_over.len(), "handing streams over");
                     }
                 }
+                Command::Load {
+                    spec,
+                    check,
+                    add,
+                    reply,
+                } => {
+                    if draining {
+                        let _ = reply.send(Err(WireError {
+                            kind: ErrorKind::Draining,
+                            message: "the worker is draining".into(),
+                        }));
+                        continue;
+                    }
+                    if add
+                        && lanes
+                            .iter()
+                            .any(|l| !l.retiring && l.info.name == spec.name)
+                    {
+                        let _ = reply.send(Err(invalid(format!(
+                            "this worker already serves {:?}: load it without `add` to \
+                             replace it",
+                            spec.name
+                        ))));
+                        continue;
+                    }
+                    loading += 1;
+                    let loader = loader.clone();
+                    let arrivals = arrivals_tx.clone();
+                    let spawned = std::thread::Builder::new()
+                        .name("model-load".into())
+                        .spawn(move || {
+                            let engine = check().and_then(|()| {
+                                tracing::info!(path = %spec.path.display(), name = %spec.name, "loading a model beside");
+                                let engine = loader(&spec)?;
+                                self_test(&engine).map_err(anyhow::Error::msg)?;
+                                Ok(engine)
+                            });
+                            let _ = arrivals.send(Arrival { engine, add, reply });
+                        });
+                    if let Err(e) = spawned {
+                        loading -= 1;
+                        tracing::error!(error = %e, "cannot spawn a thread to load a model");
+                    }
+                }
+                Command::Unload { name, reply } => {
+                    let live = lanes.iter().filter(|l| !l.retiring).count();
+                    let answer = match lanes
+                        .iter_mut()
+                        .find(|l| !l.retiring && l.info.name == name)
+                    {
+                        None => Err(WireError {
+                            kind: ErrorKind::UnknownModel,
+                            message: format!("this worker serves {}, not {name:?}", names(&lanes)),
+                        }),
+                        Some(_) if live == 1 => Err(invalid(format!(
+                            "{name:?} is the only model this worker serves: drain the \
+                             worker to stop it"
+                        ))),
+                        Some(lane) => {
+                            lane.retiring = true;
+                            tracing::info!(model = %name, streams = lane.slots().count(), "model unloaded: its streams finish on it");
+                            Ok(model_change(&lanes, None))
+                        }
+                    };
+                    load.set_models(model_change(&lanes, None));
+                    let _ = reply.send(answer);
+                }
             }
         }
-        // Admit waiting sequences while there is room.
-        let mut kv: u64 = running.iter().map(|s| engine.kv_bytes(&s.seq)).sum();
-        while running.len() < limits.max_running && (kv < limits.kv_budget || running.is_empty()) {
-            match queue.pop_front() {
-                Some(slot) => {
-                    kv += engine.kv_bytes(&slot.seq);
-                    running.push(slot);
+        // Models loaded beside since the last step join between two steps.
+        while let Ok(arrival) = arrivals.try_recv() {
+            loading -= 1;
+            let answer = match arrival.engine {
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "model not loaded; the models served stay");
+                    Err(invalid(format!("{e:#}")))
                 }
-                None => break,
+                Ok(_) if draining => Err(WireError {
+                    kind: ErrorKind::Draining,
+                    message: "the worker is draining".into(),
+                }),
+                Ok(engine) => {
+                    let lane = Lane::new(engine);
+                    let info = lane.info.clone();
+                    for old in lanes.iter_mut().filter(|l| !l.retiring) {
+                        if !arrival.add || old.info.name == info.name {
+                            old.retiring = true;
+                            tracing::info!(old = %old.info.name, streams = old.slots().count(), "model replaced: its streams finish on it");
+                        }
+                    }
+                    tracing::info!(model = %info.name, fingerprint = format!("{:016x}", info.fingerprint), "model loaded and serving");
+                    lanes.push(lane);
+                    Ok(model_change(&lanes, Some(info)))
+                }
+            };
+            load.set_models(model_change(&lanes, None));
+            let _ = arrival.reply.send(answer);
+        }
+        // Admit waiting sequences while there is room.
+        let mut kv: u64 = lanes.iter().map(Lane::kv_bytes).sum();
+        let mut running: usize = lanes.iter().map(|l| l.running.len()).sum();
+        for lane in &mut lanes {
+            while running < limits.max_running && (kv < limits.kv_budget || running == 0) {
+                match lane.queue.pop_front() {
+                    Some(slot) => {
+                        kv += lane.engine.kv_bytes(&slot.seq);
+                        lane.running.push(slot);
+                        running += 1;
+                    }
+                    None => break,
+                }
             }
         }
         // What is held must be known before a long step, not only after it: probes are
         // answered meanwhile.
         load.set_held(
-            running
+            lanes
                 .iter()
-                .chain(queue.iter())
-                .map(|s| (s.stream, s.attempt)),
+                .flat_map(|l| l.slots().map(|s| (s.stream, s.attempt))),
         );
         let mut outbox: HashMap<CoordinatorId, Vec<StreamEvent>> = HashMap::new();
         for (coordinator, stream, attempt) in cancelled {
@@ -376,85 +678,156 @@ pub fn run<E: SeqEngine>(
                 }),
             });
         }
-        if !running.is_empty() {
-            let mut seqs: Vec<&mut E::Seq> = running.iter_mut().map(|s| &mut s.seq).collect();
-            let began = std::time::Instant::now();
-            let stepped = engine.step(&mut seqs);
-            if let (Ok(events), true) = (&stepped, tracing::enabled!(tracing::Level::DEBUG)) {
-                // Sequences in the step, tokens it gave (fewer while prompts run in
-                // chunks) and its time: how a load's steps go, for whoever tunes it.
-                let tokens = events
-                    .iter()
-                    .flatten()
-                    .filter(|k| matches!(k, EventKind::Token(_)))
-                    .count();
-                tracing::debug!(
-                    sequences = seqs.len(),
-                    tokens,
-                    micros = began.elapsed().as_micros() as u64,
-                    "step"
-                );
-            }
-            match stepped {
-                Ok(events) => {
-                    let mut done = Vec::new();
-                    for (i, kinds) in events.into_iter().enumerate() {
-                        let slot = &mut running[i];
-                        for mut kind in kinds {
-                            match &mut kind {
-                                EventKind::Token(token) => {
-                                    token.hash = slot.chain.push(token.id);
-                                    load.tokens.fetch_add(1, Ordering::Relaxed);
-                                }
-                                EventKind::Finished(_) | EventKind::Failed(_) => done.push(i),
-                                EventKind::Prompt(_) | EventKind::Progress(_) => {}
-                            }
-                            outbox
-                                .entry(slot.coordinator)
-                                .or_default()
-                                .push(StreamEvent {
-                                    stream: slot.stream,
-                                    attempt: slot.attempt,
-                                    kind,
-                                });
-                        }
-                    }
-                    done.sort_unstable();
-                    done.dedup();
-                    for i in done.into_iter().rev() {
-                        running.swap_remove(i);
-                    }
-                }
-                Err(error) => {
-                    tracing::error!(%error.message, "engine step failed; failing the batch");
-                    for slot in running.drain(..) {
-                        outbox
-                            .entry(slot.coordinator)
-                            .or_default()
-                            .push(StreamEvent {
-                                stream: slot.stream,
-                                attempt: slot.attempt,
-                                kind: EventKind::Failed(error.clone()),
-                            });
-                    }
-                }
-            }
+        for lane in &mut lanes {
+            step_lane(lane, &load, &mut outbox);
+        }
+        // A replaced model whose last stream has ended goes, and its memory with it.
+        let before = lanes.len();
+        lanes.retain(|l| !(l.retiring && l.is_empty()));
+        if lanes.len() != before {
+            tracing::info!(serving = %names(&lanes), "a replaced model's last stream ended; its memory is freed");
+            load.set_models(model_change(&lanes, None));
         }
         load.set_held(
-            running
+            lanes
                 .iter()
-                .chain(queue.iter())
-                .map(|s| (s.stream, s.attempt)),
+                .flat_map(|l| l.slots().map(|s| (s.stream, s.attempt))),
         );
-        load.running.store(running.len() as u64, Ordering::Relaxed);
-        load.queued.store(queue.len() as u64, Ordering::Relaxed);
-        load.kv_bytes.store(
-            running.iter().map(|s| engine.kv_bytes(&s.seq)).sum(),
+        load.running.store(
+            lanes.iter().map(|l| l.running.len()).sum::<usize>() as u64,
             Ordering::Relaxed,
         );
-        load.set_prefix(engine.prefix_stats());
+        load.queued.store(
+            lanes.iter().map(|l| l.queue.len()).sum::<usize>() as u64,
+            Ordering::Relaxed,
+        );
+        load.kv_bytes
+            .store(lanes.iter().map(Lane::kv_bytes).sum(), Ordering::Relaxed);
+        load.retiring_streams.store(
+            lanes
+                .iter()
+                .filter(|l| l.retiring)
+                .map(|l| l.slots().count() as u64)
+                .sum(),
+            Ordering::Relaxed,
+        );
+        load.set_prefix(
+            lanes
+                .iter()
+                .map(|l| l.engine.prefix_stats())
+                .fold(PrefixStats::default(), PrefixStats::plus),
+        );
         if !outbox.is_empty() && out.send(outbox.into_iter().collect()).is_err() {
             return;
+        }
+    }
+}
+
+/// Starts `req` on the model it names: the one served under that name, or, for a
+/// resume whose chain that one cannot reproduce, a replaced model of the same name
+/// still finishing its streams (the stream began there).
+fn start_on_lanes<E: SeqEngine>(
+    lanes: &mut [Lane<E>],
+    coordinator: CoordinatorId,
+    req: &SeqRequest,
+) -> Result<u32, WireError> {
+    let Some(live) = lanes
+        .iter()
+        .position(|l| !l.retiring && l.info.name == req.model)
+    else {
+        return Err(WireError {
+            kind: ErrorKind::UnknownModel,
+            message: format!("this worker serves {}, not {:?}", names(lanes), req.model),
+        });
+    };
+    let first = start_slot(&lanes[live].engine, coordinator, req);
+    let (i, (slot, prompt_tokens)) = match first {
+        Err(e) if e.kind == ErrorKind::ChainMismatch => {
+            let older = lanes
+                .iter()
+                .enumerate()
+                .rev()
+                .filter(|(_, l)| l.retiring && l.info.name == req.model)
+                .find_map(|(i, l)| start_slot(&l.engine, coordinator, req).ok().map(|r| (i, r)));
+            older.ok_or(e)?
+        }
+        other => (live, other?),
+    };
+    lanes[i].queue.push_back(slot);
+    Ok(prompt_tokens)
+}
+
+/// One decode step of a lane's running sequences; their events go to `outbox`.
+fn step_lane<E: SeqEngine>(
+    lane: &mut Lane<E>,
+    load: &Load,
+    outbox: &mut HashMap<CoordinatorId, Vec<StreamEvent>>,
+) {
+    if lane.running.is_empty() {
+        return;
+    }
+    let running = &mut lane.running;
+    let mut seqs: Vec<&mut E::Seq> = running.iter_mut().map(|s| &mut s.seq).collect();
+    let began = std::time::Instant::now();
+    let stepped = lane.engine.step(&mut seqs);
+    if let (Ok(events), true) = (&stepped, tracing::enabled!(tracing::Level::DEBUG)) {
+        // Sequences in the step, tokens it gave (fewer while prompts run in chunks) and
+        // its time: how a load's steps go, for whoever tunes it.
+        let tokens = events
+            .iter()
+            .flatten()
+            .filter(|k| matches!(k, EventKind::Token(_)))
+            .count();
+        tracing::debug!(
+            model = %lane.info.name,
+            sequences = seqs.len(),
+            tokens,
+            micros = began.elapsed().as_micros() as u64,
+            "step"
+        );
+    }
+    match stepped {
+        Ok(events) => {
+            let mut done = Vec::new();
+            for (i, kinds) in events.into_iter().enumerate() {
+                let slot = &mut running[i];
+                for mut kind in kinds {
+                    match &mut kind {
+                        EventKind::Token(token) => {
+                            token.hash = slot.chain.push(token.id);
+                            load.tokens.fetch_add(1, Ordering::Relaxed);
+                        }
+                        EventKind::Finished(_) | EventKind::Failed(_) => done.push(i),
+                        EventKind::Prompt(_) | EventKind::Progress(_) => {}
+                    }
+                    outbox
+                        .entry(slot.coordinator)
+                        .or_default()
+                        .push(StreamEvent {
+                            stream: slot.stream,
+                            attempt: slot.attempt,
+                            kind,
+                        });
+                }
+            }
+            done.sort_unstable();
+            done.dedup();
+            for i in done.into_iter().rev() {
+                running.swap_remove(i);
+            }
+        }
+        Err(error) => {
+            tracing::error!(%error.message, "engine step failed; failing the batch");
+            for slot in running.drain(..) {
+                outbox
+                    .entry(slot.coordinator)
+                    .or_default()
+                    .push(StreamEvent {
+                        stream: slot.stream,
+                        attempt: slot.attempt,
+                        kind: EventKind::Failed(error.clone()),
+                    });
+            }
         }
     }
 }
@@ -481,6 +854,7 @@ mod tests {
     struct Harness {
         commands: mpsc::Sender<Command>,
         out: tokio::sync::mpsc::UnboundedReceiver<Outbox>,
+        load: Arc<Load>,
     }
 
     impl Harness {
@@ -493,8 +867,55 @@ mod tests {
                 max_queued: 4,
                 kv_budget: u64::MAX,
             };
-            std::thread::spawn(move || run(engine, limits, rx, tx, Arc::default()));
-            Self { commands, out }
+            // Later models: named as asked, with a fingerprint of their own (another
+            // model's chains).
+            let loader: Loader<SimEngine> = Arc::new(|spec: &LoadSpec| {
+                Ok(
+                    SimEngine::new(spec.name.clone(), Duration::from_millis(1)).with_fingerprint(
+                        xxhash_rust::xxh3::xxh3_64(spec.path.to_string_lossy().as_bytes()),
+                    ),
+                )
+            });
+            let load: Arc<Load> = Arc::default();
+            let shared = load.clone();
+            std::thread::spawn(move || run(engine, loader, limits, rx, tx, shared));
+            Self {
+                commands,
+                out,
+                load,
+            }
+        }
+
+        fn order(
+            &self,
+            make: impl FnOnce(tokio::sync::oneshot::Sender<ModelResult>) -> Command,
+        ) -> ModelResult {
+            let (reply, rx) = tokio::sync::oneshot::channel();
+            self.commands.send(make(reply)).expect("engine thread");
+            rx.blocking_recv().expect("reply")
+        }
+
+        fn load_model(&self, path: &str, name: &str, add: bool, ok: bool) -> ModelResult {
+            let shown = path.to_owned();
+            self.order(|reply| Command::Load {
+                spec: LoadSpec {
+                    path: path.into(),
+                    name: name.into(),
+                },
+                check: Box::new(move || {
+                    if ok {
+                        Ok(())
+                    } else {
+                        anyhow::bail!("{shown}: its SHA-256 is not the one expected")
+                    }
+                }),
+                add,
+                reply,
+            })
+        }
+
+        fn served(&self) -> Vec<String> {
+            self.load.models().into_iter().map(|m| m.name).collect()
         }
 
         fn submit(&self, req: SeqRequest) -> SubmitOutcome {
@@ -661,5 +1082,153 @@ mod tests {
                 other => panic!("stream {stream} ended with {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_swap_lets_running_streams_finish_on_the_old_model() {
+        let mut h = Harness::new();
+        let mut long = request(1, None, 0);
+        long.params.max_tokens = 200;
+        assert!(matches!(h.submit(long), SubmitOutcome::Accepted(_)));
+        let change = h
+            .load_model("new.gguf", "sim2", false, true)
+            .expect("loaded");
+        assert_eq!(
+            change.loaded.as_ref().map(|m| m.name.as_str()),
+            Some("sim2")
+        );
+        let names: Vec<&str> = change.serving.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names, ["sim2"]);
+        assert_eq!(h.served(), ["sim2"]);
+        // New requests: the new model only.
+        match h.submit(request(2, None, 0)) {
+            SubmitOutcome::Refused(r) => {
+                assert_eq!(r.error.kind, ErrorKind::UnknownModel);
+                assert!(r.error.message.contains("\"sim2\""), "{}", r.error.message);
+            }
+            other => panic!("the replaced model took a new stream: {other:?}"),
+        }
+        let mut on_new = request(3, None, 0);
+        on_new.model = "sim2".into();
+        assert!(matches!(h.submit(on_new), SubmitOutcome::Accepted(_)));
+        // The stream that began on the old model ends there, every token given.
+        let events = h.drain(1);
+        assert_eq!(tokens(&events).len(), 200);
+        assert!(matches!(
+            events.last().map(|e| &e.kind),
+            Some(EventKind::Finished(_))
+        ));
+    }
+
+    #[test]
+    fn a_resume_from_before_a_swap_goes_on_on_the_old_model() {
+        let mut h = Harness::new();
+        let mut long = request(1, None, 0);
+        long.params.max_tokens = 300;
+        assert!(matches!(h.submit(long.clone()), SubmitOutcome::Accepted(_)));
+        h.load_model("new.gguf", "sim", false, true)
+            .expect("loaded");
+        // A resume of that stream (as after a lost message) names the old model's
+        // chain: the new model (another fingerprint) cannot reproduce it, the old one,
+        // still finishing its streams, can.
+        let first = tokens(&h.drain(1));
+        let mut again = long.clone();
+        again.stream = StreamId(5);
+        assert!(matches!(
+            h.submit(again.clone()),
+            SubmitOutcome::Accepted(_)
+        ));
+        let fresh = tokens(&h.drain(5));
+        assert_ne!(
+            fresh[0].hash, first[0].hash,
+            "the new model's chain differs"
+        );
+        // The old model was dropped once its last stream ended: nothing can resume there now.
+        let resume = Resume {
+            tokens: first[..3].iter().map(|t| t.id).collect(),
+            hash: first[2].hash,
+        };
+        let mut resumed = long;
+        resumed.attempt = 1;
+        resumed.resume = Some(resume.clone());
+        match h.submit(resumed.clone()) {
+            SubmitOutcome::Refused(r) => assert_eq!(r.error.kind, ErrorKind::ChainMismatch),
+            other => panic!("expected a chain mismatch, got {other:?}"),
+        }
+        // While the old model still runs a stream, the same resume lands there.
+        let mut h = Harness::new();
+        let mut keep = request(9, None, 0);
+        keep.params.max_tokens = 100_000;
+        assert!(matches!(h.submit(keep), SubmitOutcome::Accepted(_)));
+        h.load_model("new.gguf", "sim", false, true)
+            .expect("loaded");
+        assert!(matches!(h.submit(resumed), SubmitOutcome::Accepted(_)));
+        let rest = tokens(&h.drain(1));
+        let want: Vec<(u32, u64)> = first[3..].iter().map(|t| (t.id, t.hash)).collect();
+        let got: Vec<(u32, u64)> = rest.iter().map(|t| (t.id, t.hash)).collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_failed_load_keeps_the_model_served() {
+        let mut h = Harness::new();
+        let err = h
+            .load_model("bad.gguf", "sim2", false, false)
+            .expect_err("refused");
+        assert_eq!(err.kind, ErrorKind::InvalidRequest);
+        assert!(
+            err.message.contains("bad.gguf") && err.message.contains("SHA-256"),
+            "{}",
+            err.message
+        );
+        assert_eq!(h.served(), ["sim"]);
+        assert!(matches!(
+            h.submit(request(1, None, 0)),
+            SubmitOutcome::Accepted(_)
+        ));
+        assert_eq!(tokens(&h.drain(1)).len(), 6);
+    }
+
+    #[test]
+    fn a_second_model_is_added_and_unloaded() {
+        let mut h = Harness::new();
+        let err = h
+            .order(|reply| Command::Unload {
+                name: "sim".into(),
+                reply,
+            })
+            .expect_err("the last model stays");
+        assert!(err.message.contains("only model"), "{}", err.message);
+        h.load_model("two.gguf", "two", true, true).expect("added");
+        let mut served = h.served();
+        served.sort();
+        assert_eq!(served, ["sim", "two"]);
+        let err = h
+            .load_model("two.gguf", "two", true, true)
+            .expect_err("already there");
+        assert!(err.message.contains("already serves"), "{}", err.message);
+        let mut on_two = request(2, None, 0);
+        on_two.model = "two".into();
+        assert!(matches!(h.submit(on_two), SubmitOutcome::Accepted(_)));
+        assert_eq!(tokens(&h.drain(2)).len(), 6);
+        let change = h
+            .order(|reply| Command::Unload {
+                name: "sim".into(),
+                reply,
+            })
+            .expect("unloaded");
+        let names: Vec<&str> = change.serving.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names, ["two"]);
+        let err = h
+            .order(|reply| Command::Unload {
+                name: "nothing".into(),
+                reply,
+            })
+            .expect_err("unknown");
+        assert_eq!(err.kind, ErrorKind::UnknownModel);
+        assert!(matches!(
+            h.submit(request(3, None, 0)),
+            SubmitOutcome::Refused(_)
+        ));
     }
 }

@@ -21,6 +21,7 @@ pub struct SimEngine {
     /// Time one step takes.
     pace: Duration,
     context_length: u32,
+    fingerprint: u64,
 }
 
 /// One simulated sequence.
@@ -38,6 +39,16 @@ impl SimEngine {
             name,
             pace,
             context_length: 8192,
+            fingerprint: xxhash_rust::xxh3::xxh3_64(b"simulated"),
+        }
+    }
+
+    /// The same, under another fingerprint: a model whose chains differ (a test of
+    /// what happens across a model swap).
+    pub fn with_fingerprint(self, fingerprint: u64) -> Self {
+        Self {
+            fingerprint,
+            ..self
         }
     }
 }
@@ -93,7 +104,7 @@ impl SeqEngine for SimEngine {
         ModelInfo {
             name: self.name.clone(),
             context_length: self.context_length,
-            fingerprint: xxhash_rust::xxh3::xxh3_64(b"simulated"),
+            fingerprint: self.fingerprint,
         }
     }
 
