@@ -1030,11 +1030,15 @@ pub fn swap_model(
             );
         }
     }
-    // Swaps that must be refused, the old model serving on.
-    let Some(worker) = cluster.worker_id(0) else {
+    // Swaps that must be refused, the old model serving on: on a live worker (the
+    // first ones of an earlier drill may have been killed).
+    let live = (0..cluster.workers.len())
+        .rev()
+        .find(|&i| cluster.workers[i].try_status().is_none());
+    let Some(worker) = live.and_then(|i| cluster.worker_id(i)) else {
         verdict
             .failures
-            .push("no worker id in worker 0's log".into());
+            .push("no live worker with an id in its log".into());
         return verdict;
     };
     let bytes = std::fs::read(model_file).expect("reading the model file");
