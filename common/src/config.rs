@@ -93,6 +93,10 @@ pub struct NatsConfig {
     /// First token of this process's reply subjects (`<inbox_prefix>.<random>`); a NATS
     /// user allowed to subscribe only to `<inbox_prefix>.>` cannot read others' replies.
     pub inbox_prefix: String,
+    /// How often the connection pings its server, in milliseconds; after three pings
+    /// without an answer the server counts as gone and the client moves to another URL.
+    /// A server cut off (not closed) is found in about three of these.
+    pub ping_interval_ms: u64,
 }
 
 /// NATS's own inbox prefix, the default of [`NatsConfig::inbox_prefix`].
@@ -114,6 +118,7 @@ impl Default for NatsConfig {
             tls_key: None,
             tls_required: false,
             inbox_prefix: DEFAULT_INBOX_PREFIX.into(),
+            ping_interval_ms: 2_000,
         }
     }
 }

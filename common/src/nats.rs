@@ -324,6 +324,9 @@ pub fn connect_options(config: &NatsConfig, name: &str) -> Result<ConnectOptions
     let mut options = ConnectOptions::new()
         .name(name)
         .custom_inbox_prefix(&config.inbox_prefix)
+        .ping_interval(std::time::Duration::from_millis(
+            config.ping_interval_ms.max(100),
+        ))
         .event_callback(|event| async move { log_event(event) });
     options = match credentials {
         NatsCredentials::None => options,

@@ -11,6 +11,7 @@ use tempfile::TempDir;
 
 use crate::{
     http::Api,
+    netns::{self, Host, Lab},
     process::{bin, free_port, Nats, Process},
     secure::{NatsSecurity, Role},
     workspace_root,
@@ -63,6 +64,9 @@ pub struct ClusterOptions {
     /// How many `nats-server`s, joined as one NATS cluster (1: a server alone). Every
     /// process is given all of their URLs.
     pub nats_servers: usize,
+    /// Every process in a network namespace of its own ([`crate::netns`]), so that a
+    /// drill can cut one off.
+    pub partitioned: bool,
 }
 
 /// API keys a test cluster's coordinator takes from its environment (`BATON_API_KEYS`,
@@ -106,6 +110,7 @@ impl ClusterOptions {
             keys: ApiKeys::default(),
             models: Vec::new(),
             nats_servers: 1,
+            partitioned: false,
         }
     }
 
@@ -119,6 +124,7 @@ impl ClusterOptions {
             keys: ApiKeys::default(),
             models: Vec::new(),
             nats_servers: 1,
+            partitioned: false,
         }
     }
 
@@ -170,6 +176,15 @@ impl ClusterOptions {
         self
     }
 
+    /// Runs every process (`nats-server`s, coordinator, workers) in a network namespace
+    /// of its own, joined by a bridge: [`Cluster::cut`] takes one off the network.
+    /// Processes ping their NATS server every 500 ms, servers their routes every second.
+    pub fn partitioned(mut self) -> ClusterOptions {
+        self.partitioned = true;
+        self.extra.push(("nats", "ping_interval_ms = 500".into()));
+        self
+    }
+
     /// Runs the cluster on a NATS server with `security`'s accounts, permissions and
     /// TLS: the coordinator and the workers connect with their roles' credentials.
     pub fn secured(mut self, security: Arc<NatsSecurity>) -> ClusterOptions {
@@ -203,6 +218,12 @@ pub struct Cluster {
     restarts: usize,
     /// Workers started so far, replacements included (names their logs).
     spawned: usize,
+    /// The coordinator's network namespace, in a partitioned cluster.
+    coordinator_host: Option<Host>,
+    /// Each worker slot's network namespace, in a partitioned cluster.
+    worker_hosts: Vec<Option<Host>>,
+    /// The namespaces, deleted once every process is gone.
+    lab: Option<Lab>,
     dir: TempDir,
 }
 
@@ -217,7 +238,24 @@ impl Cluster {
         {
             return None;
         }
+        let mut lab = if options.partitioned {
+            assert!(
+                options.security.is_none(),
+                "the harness secures NATS outside namespaces only"
+            );
+            Some(Lab::new()?)
+        } else {
+            None
+        };
         let (nats, nats_peers) = match (&options.security, options.nats_servers) {
+            _ if lab.is_some() => {
+                let hosts = (0..options.nats_servers)
+                    .map(|i| lab.as_mut().map(|l| l.host(&format!("nats-{i}"))))
+                    .collect();
+                let mut servers = Nats::start_cluster_in(hosts)?;
+                let first = servers.remove(0);
+                (first, servers)
+            }
             (Some(security), 1) => (security.start_nats()?, Vec::new()),
             (Some(_), n) => panic!("the harness runs a secured NATS as one server, not {n}"),
             (None, 1) => (Nats::start()?, Vec::new()),
@@ -233,23 +271,31 @@ impl Cluster {
             .collect::<Vec<_>>()
             .join(",");
         let dir = tempfile::tempdir().expect("creating a temporary directory");
+        let coordinator_host = lab.as_mut().map(|l| l.host("coordinator"));
+        let at = netns::address(coordinator_host.as_ref()).to_string();
         let mut last = String::new();
         // The coordinator's port is picked free but may be taken before it binds: retry.
         for attempt in 0..3 {
             let port = free_port();
             let config = dir.path().join(format!("cluster-{attempt}.toml"));
             let store = dir.path().join("store");
-            std::fs::write(&config, config_text(&options, &nats_url, port, &store))
+            let listen = format!("{at}:{port}");
+            std::fs::write(&config, config_text(&options, &nats_url, &listen, &store))
                 .expect("writing cluster.toml");
             let mut cmd = with_credentials(
-                command("baton-coordinator", None, &config),
+                command(
+                    coordinator_host.as_ref(),
+                    "baton-coordinator",
+                    None,
+                    &config,
+                ),
                 &options,
                 Role::Coordinator,
             );
             options.keys.apply(&mut cmd);
             let mut coordinator =
                 Process::spawn(&format!("coordinator-{attempt}"), cmd, dir.path());
-            let mut api = Api::new(&format!("http://127.0.0.1:{port}"));
+            let mut api = Api::new(&format!("http://{listen}"));
             if let Some(key) = options.keys.harness_key() {
                 api = api.with_key(key);
             }
@@ -269,6 +315,9 @@ impl Cluster {
                 options,
                 restarts: 0,
                 spawned: 0,
+                coordinator_host,
+                worker_hosts: Vec::new(),
+                lab,
                 dir,
             };
             for _ in 0..cluster.options.workers {
@@ -287,7 +336,12 @@ impl Cluster {
         self.restarts += 1;
         let name = format!("coordinator-restart-{}", self.restarts);
         let mut cmd = with_credentials(
-            command("baton-coordinator", None, &self.config),
+            command(
+                self.coordinator_host.as_ref(),
+                "baton-coordinator",
+                None,
+                &self.config,
+            ),
             &self.options,
             Role::Coordinator,
         );
@@ -344,9 +398,15 @@ impl Cluster {
 
     /// Starts one more worker (not waiting for it to join); returns its index.
     pub fn add_worker(&mut self) -> usize {
-        let worker = self.spawn_worker();
+        let slot = self.workers.len();
+        let host = self
+            .lab
+            .as_mut()
+            .map(|l| l.host(&format!("worker slot {slot}")));
+        self.worker_hosts.push(host);
+        let worker = self.spawn_worker(slot);
         self.workers.push(worker);
-        self.workers.len() - 1
+        slot
     }
 
     /// Starts a new worker process in slot `index` (not waiting for it to join), after
@@ -354,12 +414,17 @@ impl Cluster {
     /// old process's log is kept.
     pub fn restart_worker(&mut self, index: usize) {
         self.workers[index].kill();
-        self.workers[index] = self.spawn_worker();
+        self.workers[index] = self.spawn_worker(index);
     }
 
-    fn spawn_worker(&mut self) -> Process {
+    fn spawn_worker(&mut self, slot: usize) -> Process {
         let mut cmd = with_credentials(
-            command("baton-worker", Some("serve"), &self.config),
+            command(
+                self.worker_hosts[slot].as_ref(),
+                "baton-worker",
+                Some("serve"),
+                &self.config,
+            ),
             &self.options,
             Role::Worker,
         );
@@ -450,6 +515,32 @@ impl Cluster {
             .and_then(|l| field(l, "addr"))
     }
 
+    /// Cuts a process of a partitioned cluster off the network (see [`crate::netns`]).
+    pub fn cut(&self, host: &Host) {
+        self.lab
+            .as_ref()
+            .expect("a partitioned cluster (ClusterOptions::partitioned)")
+            .cut(host);
+    }
+
+    /// Puts it back.
+    pub fn heal(&self, host: &Host) {
+        self.lab
+            .as_ref()
+            .expect("a partitioned cluster (ClusterOptions::partitioned)")
+            .heal(host);
+    }
+
+    /// The coordinator's namespace, in a partitioned cluster.
+    pub fn coordinator_host(&self) -> Option<&Host> {
+        self.coordinator_host.as_ref()
+    }
+
+    /// Worker slot `index`'s namespace, in a partitioned cluster.
+    pub fn worker_host(&self, index: usize) -> Option<&Host> {
+        self.worker_hosts.get(index).and_then(Option::as_ref)
+    }
+
     /// The tails of every process's log, for panic messages.
     pub fn logs(&self) -> String {
         let mut out = String::new();
@@ -517,8 +608,13 @@ fn wait_listening(coordinator: &mut Process, api: &Api) -> bool {
 
 /// A binary's command (with its subcommand) and `--config`, plain logs at info level
 /// and none of the caller's `BATON_*` settings.
-fn command(binary: &str, subcommand: Option<&str>, config: &std::path::Path) -> Command {
-    let mut cmd = Command::new(bin(binary));
+fn command(
+    host: Option<&Host>,
+    binary: &str,
+    subcommand: Option<&str>,
+    config: &std::path::Path,
+) -> Command {
+    let mut cmd = netns::command(host, bin(binary));
     cmd.args(subcommand);
     cmd.arg("--config").arg(config);
     cmd.current_dir(workspace_root());
@@ -547,7 +643,7 @@ fn set_env(cmd: &mut Command) {
 fn config_text(
     options: &ClusterOptions,
     nats_url: &str,
-    port: u16,
+    listen: &str,
     store: &std::path::Path,
 ) -> String {
     let mut sections = vec![
@@ -555,7 +651,7 @@ fn config_text(
         (
             "coordinator",
             format!(
-                "listen = \"127.0.0.1:{port}\"\nstore_path = {:?}",
+                "listen = \"{listen}\"\nstore_path = {:?}",
                 store.display().to_string()
             ),
         ),

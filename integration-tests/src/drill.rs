@@ -1075,3 +1075,125 @@ pub fn swap_model(
     }
     verdict
 }
+
+/// How long a partition drill keeps the coordinator cut off: less than a client's
+/// patience, more than its NATS connection's (three missed pings).
+const COORDINATOR_CUT: Duration = Duration::from_secs(3);
+
+/// What run `i` of [`partition`] cuts off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    Worker,
+    CoordinatorsServer,
+    Coordinator,
+}
+
+/// Partitions, on a cluster made with [`crate::ClusterOptions::partitioned`]: each run
+/// cuts one process off the network mid-stream (its sockets open, its packets lost), in
+/// turn the serving worker (until the stream has ended: it resumes on another worker),
+/// the `nats-server` carrying the coordinator's connection (until the stream has ended:
+/// the coordinator moves to another server) and the coordinator itself (for
+/// [`COORDINATOR_CUT`]: the client's connection waits), then heals it. Each stream must
+/// end as an uninterrupted run, and what was cut off must rejoin: the worker counted
+/// live again, the server routing to every other, the coordinator answering; a last
+/// whole stream must match too.
+pub fn partition(
+    cluster: &mut Cluster,
+    sampling: Sampling,
+    runs: usize,
+    max_tokens: u32,
+) -> Verdict {
+    let mut verdict = Verdict::named(format!("cut one process off ({})", sampling.name()));
+    let body = request(cluster, sampling, max_tokens, 5);
+    let reference = match reference(cluster, &body) {
+        Ok(r) => r,
+        Err(e) => {
+            verdict.runs = runs;
+            verdict.failures.push(e);
+            return verdict;
+        }
+    };
+    let workers = cluster.workers.len();
+    for i in 0..runs {
+        let cut = [Cut::Worker, Cut::CoordinatorsServer, Cut::Coordinator][i % 3];
+        let reader = Reader::spawn(cluster.api.stream(PATH, &body));
+        let mut seen = Seen::default();
+        let mut label = format!("run {i}");
+        if !reader.until(&mut seen, break_after(i, max_tokens), STREAM_TIMEOUT) {
+            verdict.runs += 1;
+            verdict
+                .failures
+                .push(format!("{label}: the stream ended before the cut"));
+            continue;
+        }
+        let stream = seen.stream_id().unwrap_or_default();
+        let (host, server) = match cut {
+            Cut::Worker => (
+                serving_worker(cluster, &stream).and_then(|w| cluster.worker_host(w).cloned()),
+                None,
+            ),
+            Cut::CoordinatorsServer => {
+                let s = cluster.nats_server_of("baton-coordinator");
+                (s.and_then(|s| cluster.nats_server(s).host().cloned()), s)
+            }
+            Cut::Coordinator => (cluster.coordinator_host().cloned(), None),
+        };
+        let Some(host) = host else {
+            verdict.runs += 1;
+            verdict.failures.push(format!(
+                "{label}: no namespace found for the {cut:?} (a partitioned cluster?)"
+            ));
+            continue;
+        };
+        label = format!("{label} ({cut:?} cut off, {})", host.ns);
+        let broke_at = Instant::now();
+        cluster.cut(&host);
+        if cut == Cut::Coordinator {
+            std::thread::sleep(COORDINATOR_CUT);
+            cluster.heal(&host);
+            reader.rest(&mut seen, STREAM_TIMEOUT);
+        } else {
+            reader.rest(&mut seen, STREAM_TIMEOUT);
+            cluster.heal(&host);
+        }
+        judge(&mut verdict, &seen, &reference, broke_at, &label);
+        // The part cut off rejoins.
+        let rejoined = match cut {
+            Cut::Worker => wait_live(cluster, workers, Duration::from_secs(30)),
+            Cut::CoordinatorsServer => {
+                server.is_some_and(|s| cluster.nats_server(s).wait_routes(Duration::from_secs(30)))
+            }
+            Cut::Coordinator => wait_live(cluster, workers, Duration::from_secs(30)),
+        };
+        if !rejoined {
+            verdict
+                .failures
+                .push(format!("{label}: did not rejoin within 30 s of the heal"));
+        }
+    }
+    match self::reference(cluster, &body) {
+        Ok(o) if o == reference => {}
+        Ok(o) => verdict.failures.push(format!(
+            "after the drill: differs from the first run:\n  got  {o:?}\n  want {reference:?}"
+        )),
+        Err(e) => verdict.failures.push(format!("after the drill: {e}")),
+    }
+    verdict
+}
+
+/// Waits until the coordinator answers `/health` counting `n` live workers.
+fn wait_live(cluster: &Cluster, n: usize, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        let counted = cluster
+            .api
+            .get("/health")
+            .ok()
+            .and_then(|r| r.body["workers"].as_u64());
+        if counted == Some(n as u64) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}

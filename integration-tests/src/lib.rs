@@ -26,6 +26,7 @@
 pub mod cluster;
 pub mod drill;
 pub mod http;
+pub mod netns;
 pub mod process;
 pub mod secure;
 pub mod soak;

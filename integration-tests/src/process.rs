@@ -12,6 +12,8 @@ use std::{
 use baton_common::config::NatsConfig;
 use tempfile::TempDir;
 
+use crate::netns::{self, Host};
+
 /// Where the workspace's binaries (`baton-worker`, `baton-coordinator`) are.
 ///
 /// `BATON_BIN_DIR` wins when set. Otherwise they sit beside this test's own executable:
@@ -249,6 +251,8 @@ pub struct Nats {
     peers: usize,
     /// Its name in logs (`nats`, `nats-1`, …).
     name: String,
+    /// Its network namespace, in a partition drill.
+    host: Option<Host>,
     /// Restarts so far (names their logs).
     restarts: usize,
     /// Holds the log (and nothing else): removed after the process is gone.
@@ -285,8 +289,8 @@ impl Nats {
         for attempt in 0..5 {
             let port = free_port();
             let name = format!("nats-{attempt}");
-            let mut process = spawn_server(&exe, &args, &env, port, &name, dir.path());
-            if wait_serving(&mut process, port) {
+            let mut process = spawn_server(&exe, &args, &env, None, port, &name, dir.path());
+            if wait_serving(&mut process, None, port) {
                 return Some(Nats {
                     url: format!("nats://127.0.0.1:{port}"),
                     process,
@@ -294,6 +298,7 @@ impl Nats {
                     monitor: None,
                     peers: 0,
                     name: "nats".into(),
+                    host: None,
                     restarts: 0,
                     _dir: dir,
                     args,
@@ -311,6 +316,14 @@ impl Nats {
     /// returns once every route is up. `None`, after a note, when `nats-server` is not
     /// installed.
     pub fn start_cluster(n: usize) -> Option<Vec<Nats>> {
+        Nats::start_cluster_in(vec![None; n])
+    }
+
+    /// [`Nats::start_cluster`] with one server in each of `hosts` (network namespaces of
+    /// a partition drill; `None`: here, on 127.0.0.1). Servers in namespaces ping their
+    /// routes every second, so that a server cut off is found in seconds.
+    pub fn start_cluster_in(hosts: Vec<Option<Host>>) -> Option<Vec<Nats>> {
+        let n = hosts.len();
         assert!(n >= 1, "a cluster has at least one server");
         let exe = nats_server_or_note()?;
         let mut last_log = String::new();
@@ -334,20 +347,23 @@ impl Nats {
             }
             let routes = ports
                 .iter()
-                .map(|p| format!("nats://127.0.0.1:{}", p.route))
+                .zip(&hosts)
+                .map(|(p, h)| format!("nats://{}:{}", netns::address(h.as_ref()), p.route))
                 .collect::<Vec<_>>()
                 .join(",");
             let mut servers: Vec<Nats> = Vec::new();
             let mut failed = false;
-            for (i, p) in ports.iter().enumerate() {
+            for (i, (p, host)) in ports.iter().zip(&hosts).enumerate() {
                 let name = format!("nats-{i}");
-                let args: Vec<OsString> = [
+                let at = netns::address(host.as_ref());
+                let dir = tempfile::tempdir().expect("creating a temporary directory");
+                let mut args: Vec<OsString> = [
                     "-n".to_string(),
                     name.clone(),
                     "--cluster_name".into(),
                     "baton".into(),
                     "--cluster".into(),
-                    format!("nats://127.0.0.1:{}", p.route),
+                    format!("nats://{at}:{}", p.route),
                     "--routes".into(),
                     routes.clone(),
                     "-m".into(),
@@ -356,21 +372,29 @@ impl Nats {
                 .into_iter()
                 .map(OsString::from)
                 .collect();
-                let dir = tempfile::tempdir().expect("creating a temporary directory");
-                let mut process = spawn_server(&exe, &args, &[], p.client, &name, dir.path());
-                if !wait_serving(&mut process, p.client) {
+                if host.is_some() {
+                    let conf = dir.path().join("pings.conf");
+                    std::fs::write(&conf, "ping_interval: \"1s\"\nping_max: 3\n")
+                        .expect("writing a server configuration");
+                    args.push("-c".into());
+                    args.push(conf.into_os_string());
+                }
+                let mut process =
+                    spawn_server(&exe, &args, &[], host.as_ref(), p.client, &name, dir.path());
+                if !wait_serving(&mut process, host.as_ref(), p.client) {
                     process.kill();
                     last_log = process.log();
                     failed = true;
                     break;
                 }
                 servers.push(Nats {
-                    url: format!("nats://127.0.0.1:{}", p.client),
+                    url: format!("nats://{at}:{}", p.client),
                     process,
                     port: p.client,
                     monitor: Some(p.monitor),
                     peers: n - 1,
                     name,
+                    host: host.clone(),
                     restarts: 0,
                     _dir: dir,
                     args,
@@ -407,27 +431,28 @@ fn nats_server_or_note() -> Option<PathBuf> {
     exe
 }
 
-/// Starts `nats-server` on `127.0.0.1:port` with `args` and `env`.
+/// Starts `nats-server` on `port` of 127.0.0.1 (or of `host`) with `args` and `env`.
 fn spawn_server(
     exe: &Path,
     args: &[OsString],
     env: &[(OsString, OsString)],
+    host: Option<&Host>,
     port: u16,
     name: &str,
     dir: &Path,
 ) -> Process {
-    let mut cmd = Command::new(exe);
+    let mut cmd = netns::command(host, exe);
     cmd.args(args).envs(env.iter().cloned());
-    cmd.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
+    cmd.args(["-a", netns::address(host), "-p", &port.to_string()]);
     Process::spawn(name, cmd, dir)
 }
 
 /// Waits until a server just started accepts connections on `port`; false when it
 /// exited first or did not listen within 10 s.
-fn wait_serving(process: &mut Process, port: u16) -> bool {
+fn wait_serving(process: &mut Process, host: Option<&Host>, port: u16) -> bool {
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline && process.try_status().is_none() {
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        if TcpStream::connect((netns::address(host), port)).is_ok() {
             // Another test's server may have taken the port (and answered this
             // connection): ours then exits as it binds. Give it that moment.
             std::thread::sleep(Duration::from_millis(150));
@@ -454,6 +479,11 @@ impl Nats {
         &self.name
     }
 
+    /// Its network namespace, in a partition drill.
+    pub fn host(&self) -> Option<&Host> {
+        self.host.as_ref()
+    }
+
     /// Kills the server (`SIGKILL`), waits `down`, and starts it again on the same port.
     pub fn restart(&mut self, down: Duration) {
         self.kill();
@@ -478,13 +508,14 @@ impl Nats {
                 &exe,
                 &self.args,
                 &self.env,
+                self.host.as_ref(),
                 self.port,
                 &name,
                 self._dir.path(),
             );
             let up = Instant::now() + Duration::from_secs(5);
             while Instant::now() < up && self.process.try_status().is_none() {
-                if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                if TcpStream::connect((netns::address(self.host.as_ref()), self.port)).is_ok() {
                     return;
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -506,7 +537,10 @@ impl Nats {
     fn monitor(&self, page: &str) -> Option<serde_json::Value> {
         let port = self.monitor?;
         reqwest::blocking::Client::new()
-            .get(format!("http://127.0.0.1:{port}/{page}"))
+            .get(format!(
+                "http://{}:{port}/{page}",
+                netns::address(self.host.as_ref())
+            ))
             .timeout(Duration::from_secs(2))
             .send()
             .ok()?

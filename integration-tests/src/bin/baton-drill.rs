@@ -149,7 +149,7 @@ fn main() -> ExitCode {
                 "(the NATS-cluster drill runs without --secure: the harness secures one server)"
             );
         }
-        let Some(mut cluster) = Cluster::start(base.nats_servers(args.nats_servers)) else {
+        let Some(mut cluster) = Cluster::start(base.clone().nats_servers(args.nats_servers)) else {
             eprintln!(
                 "baton-drill: cannot start a cluster on {} nats-servers",
                 args.nats_servers
@@ -166,6 +166,25 @@ fn main() -> ExitCode {
                 logs.push_str(&cluster.logs());
             }
             verdicts.push(v);
+        }
+    }
+    // Partitions: every process in a network namespace of its own, on three servers.
+    if args.runs > 0 {
+        match Cluster::start(base.clone().nats_servers(3).partitioned()) {
+            None => println!("(the partition drill was skipped: see the note above)"),
+            Some(mut cluster) => {
+                for sampling in [Sampling::Greedy, Sampling::Seeded(7)] {
+                    let v = drill::partition(&mut cluster, sampling, args.runs, args.max_tokens);
+                    println!("{}", v.line());
+                    for f in &v.failures {
+                        println!("    {f}");
+                    }
+                    if !v.ok() {
+                        logs.push_str(&cluster.logs());
+                    }
+                    verdicts.push(v);
+                }
+            }
         }
     }
     if verdicts.iter().all(Verdict::ok) {
