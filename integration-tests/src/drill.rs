@@ -1078,7 +1078,7 @@ pub fn swap_model(
 
 /// How long a partition drill keeps the coordinator cut off: less than a client's
 /// patience, more than its NATS connection's (three missed pings).
-const COORDINATOR_CUT: Duration = Duration::from_secs(3);
+pub const COORDINATOR_CUT: Duration = Duration::from_secs(3);
 
 /// What run `i` of [`partition`] cuts off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
