@@ -515,6 +515,20 @@ impl Cluster {
             .and_then(|l| field(l, "addr"))
     }
 
+    /// Worker `index`'s Prometheus text, scraped now.
+    pub fn worker_metrics(&self, index: usize) -> String {
+        let addr = self
+            .worker_metrics_addr(index)
+            .expect("the worker logs its metrics address");
+        Api::new(&format!("http://{addr}"))
+            .get("/metrics")
+            .expect("GET the worker's /metrics")
+            .body
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
     /// Cuts a process of a partitioned cluster off the network (see [`crate::netns`]).
     pub fn cut(&self, host: &Host) {
         self.lab

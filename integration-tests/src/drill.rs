@@ -421,13 +421,8 @@ pub fn kill_worker_tool_call(
     ));
     let live = live_workers(cluster);
     let body = tool_call_request(cluster, sampling, max_tokens);
-    let reference = match reference(cluster, &body) {
-        Ok(r) => r,
-        Err(e) => {
-            verdict.runs = runs;
-            verdict.failures.push(e);
-            return verdict;
-        }
+    let Some(reference) = first_run(cluster, &body, &mut verdict, runs) else {
+        return verdict;
     };
     let checks = one_call(&reference).and_then(|_| {
         match (&reference.finish_reason, reference.completion_tokens) {
@@ -546,10 +541,61 @@ fn reference(cluster: &Cluster, body: &Value) -> Result<Outcome, String> {
     seen.outcome().map_err(|e| format!("reference run: {e}"))
 }
 
+/// The uninterrupted run of `body` the drill's streams must match; `None` (the drill's
+/// `runs` counted as failed, with why) when even it fails.
+fn first_run(
+    cluster: &Cluster,
+    body: &Value,
+    verdict: &mut Verdict,
+    runs: usize,
+) -> Option<Outcome> {
+    match reference(cluster, body) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            verdict.runs = runs;
+            verdict.failures.push(e);
+            None
+        }
+    }
+}
+
+/// One more whole run of `body` after a drill (`when`) must match its first.
+fn last_run(cluster: &Cluster, body: &Value, first: &Outcome, verdict: &mut Verdict, when: &str) {
+    match reference(cluster, body) {
+        Ok(o) if &o == first => {}
+        Ok(o) => verdict.failures.push(format!(
+            "{when}: differs from the first run:\n  got  {o:?}\n  want {first:?}"
+        )),
+        Err(e) => verdict.failures.push(format!("{when}: {e}")),
+    }
+}
+
 /// Where in the stream to break it, for run `i`: early, middle, late.
 fn break_after(i: usize, max_tokens: u32) -> usize {
     let span = (max_tokens as usize / 2).max(2);
     2 + (i * 7) % span
+}
+
+/// Starts `body`'s stream for run `i` and reads it up to its break; `None` (the run
+/// counted as failed) when it ended before.
+fn started(
+    cluster: &Cluster,
+    body: &Value,
+    i: usize,
+    max_tokens: u32,
+    verdict: &mut Verdict,
+    label: &str,
+) -> Option<(Reader, Seen)> {
+    let reader = Reader::spawn(cluster.api.stream(PATH, body));
+    let mut seen = Seen::default();
+    if reader.until(&mut seen, break_after(i, max_tokens), STREAM_TIMEOUT) {
+        return Some((reader, seen));
+    }
+    verdict.runs += 1;
+    verdict
+        .failures
+        .push(format!("{label}: the stream ended before the break"));
+    None
 }
 
 /// How one broken stream went.
@@ -641,16 +687,11 @@ fn worker_drill(
         }
     };
     for i in 0..runs {
-        let reader = Reader::spawn(cluster.api.stream(PATH, &body));
-        let mut seen = Seen::default();
         let label = format!("run {i}");
-        if !reader.until(&mut seen, break_after(i, max_tokens), STREAM_TIMEOUT) {
-            verdict.runs += 1;
-            verdict
-                .failures
-                .push(format!("{label}: the stream ended before the break"));
+        let Some((reader, mut seen)) = started(cluster, &body, i, max_tokens, &mut verdict, &label)
+        else {
             continue;
-        }
+        };
         let stream = seen.stream_id().unwrap_or_default();
         let Some(w) = serving_worker(cluster, &stream) else {
             verdict.runs += 1;
@@ -753,25 +794,15 @@ pub fn restart_coordinator(
 ) -> Verdict {
     let mut verdict = Verdict::named(format!("restart the coordinator ({})", sampling.name()));
     let body = request(cluster, sampling, max_tokens, 1);
-    let reference = match reference(cluster, &body) {
-        Ok(r) => r,
-        Err(e) => {
-            verdict.runs = runs;
-            verdict.failures.push(e);
-            return verdict;
-        }
+    let Some(reference) = first_run(cluster, &body, &mut verdict, runs) else {
+        return verdict;
     };
     for i in 0..runs {
         let label = format!("run {i}");
-        let reader = Reader::spawn(cluster.api.stream(PATH, &body));
-        let mut seen = Seen::default();
-        if !reader.until(&mut seen, break_after(i, max_tokens), STREAM_TIMEOUT) {
-            verdict.runs += 1;
-            verdict
-                .failures
-                .push(format!("{label}: the stream ended before the break"));
+        let Some((reader, mut seen)) = started(cluster, &body, i, max_tokens, &mut verdict, &label)
+        else {
             continue;
-        }
+        };
         let broke_at = Instant::now();
         cluster.restart_coordinator();
         // What the old connection still delivered before it broke.
@@ -800,25 +831,15 @@ pub fn restart_nats(
 ) -> Verdict {
     let mut verdict = Verdict::named(format!("restart nats-server ({})", sampling.name()));
     let body = request(cluster, sampling, max_tokens, 2);
-    let reference = match reference(cluster, &body) {
-        Ok(r) => r,
-        Err(e) => {
-            verdict.runs = runs;
-            verdict.failures.push(e);
-            return verdict;
-        }
+    let Some(reference) = first_run(cluster, &body, &mut verdict, runs) else {
+        return verdict;
     };
     for i in 0..runs {
         let label = format!("run {i}");
-        let reader = Reader::spawn(cluster.api.stream(PATH, &body));
-        let mut seen = Seen::default();
-        if !reader.until(&mut seen, break_after(i, max_tokens), STREAM_TIMEOUT) {
-            verdict.runs += 1;
-            verdict
-                .failures
-                .push(format!("{label}: the stream ended before the break"));
+        let Some((reader, mut seen)) = started(cluster, &body, i, max_tokens, &mut verdict, &label)
+        else {
             continue;
-        }
+        };
         let broke_at = Instant::now();
         cluster.restart_nats(Duration::from_millis(500));
         reader.rest(&mut seen, STREAM_TIMEOUT);
@@ -858,25 +879,15 @@ pub fn kill_nats_member(
         sampling.name()
     ));
     let body = request(cluster, sampling, max_tokens, 3);
-    let reference = match reference(cluster, &body) {
-        Ok(r) => r,
-        Err(e) => {
-            verdict.runs = runs;
-            verdict.failures.push(e);
-            return verdict;
-        }
+    let Some(reference) = first_run(cluster, &body, &mut verdict, runs) else {
+        return verdict;
     };
     for i in 0..runs {
-        let reader = Reader::spawn(cluster.api.stream(PATH, &body));
-        let mut seen = Seen::default();
         let mut label = format!("run {i}");
-        if !reader.until(&mut seen, break_after(i, max_tokens), STREAM_TIMEOUT) {
-            verdict.runs += 1;
-            verdict
-                .failures
-                .push(format!("{label}: the stream ended before the break"));
+        let Some((reader, mut seen)) = started(cluster, &body, i, max_tokens, &mut verdict, &label)
+        else {
             continue;
-        }
+        };
         let stream = seen.stream_id().unwrap_or_default();
         let worker = serving_worker(cluster, &stream)
             .and_then(|w| cluster.worker_id(w))
@@ -908,13 +919,7 @@ pub fn kill_nats_member(
         }
     }
     // The cluster whole again serves a stream from start to end.
-    match self::reference(cluster, &body) {
-        Ok(o) if o == reference => {}
-        Ok(o) => verdict.failures.push(format!(
-            "after the drill: differs from the first run:\n  got  {o:?}\n  want {reference:?}"
-        )),
-        Err(e) => verdict.failures.push(format!("after the drill: {e}")),
-    }
+    last_run(cluster, &body, &reference, &mut verdict, "after the drill");
     verdict
 }
 
@@ -1063,16 +1068,13 @@ pub fn swap_model(
             ));
         }
     }
-    match self::reference(cluster, &bodies[0]) {
-        Ok(o) if o == references[0] => {}
-        Ok(o) => verdict.failures.push(format!(
-            "after the refused swaps: differs from the first run:\n  got  {o:?}\n  want {:?}",
-            references[0]
-        )),
-        Err(e) => verdict
-            .failures
-            .push(format!("after the refused swaps: {e}")),
-    }
+    last_run(
+        cluster,
+        &bodies[0],
+        &references[0],
+        &mut verdict,
+        "after the refused swaps",
+    );
     verdict
 }
 
@@ -1105,27 +1107,17 @@ pub fn partition(
 ) -> Verdict {
     let mut verdict = Verdict::named(format!("cut one process off ({})", sampling.name()));
     let body = request(cluster, sampling, max_tokens, 5);
-    let reference = match reference(cluster, &body) {
-        Ok(r) => r,
-        Err(e) => {
-            verdict.runs = runs;
-            verdict.failures.push(e);
-            return verdict;
-        }
+    let Some(reference) = first_run(cluster, &body, &mut verdict, runs) else {
+        return verdict;
     };
     let workers = cluster.workers.len();
     for i in 0..runs {
         let cut = [Cut::Worker, Cut::CoordinatorsServer, Cut::Coordinator][i % 3];
-        let reader = Reader::spawn(cluster.api.stream(PATH, &body));
-        let mut seen = Seen::default();
         let mut label = format!("run {i}");
-        if !reader.until(&mut seen, break_after(i, max_tokens), STREAM_TIMEOUT) {
-            verdict.runs += 1;
-            verdict
-                .failures
-                .push(format!("{label}: the stream ended before the cut"));
+        let Some((reader, mut seen)) = started(cluster, &body, i, max_tokens, &mut verdict, &label)
+        else {
             continue;
-        }
+        };
         let stream = seen.stream_id().unwrap_or_default();
         let (host, server) = match cut {
             Cut::Worker => (
@@ -1171,13 +1163,7 @@ pub fn partition(
                 .push(format!("{label}: did not rejoin within 30 s of the heal"));
         }
     }
-    match self::reference(cluster, &body) {
-        Ok(o) if o == reference => {}
-        Ok(o) => verdict.failures.push(format!(
-            "after the drill: differs from the first run:\n  got  {o:?}\n  want {reference:?}"
-        )),
-        Err(e) => verdict.failures.push(format!("after the drill: {e}")),
-    }
+    last_run(cluster, &body, &reference, &mut verdict, "after the drill");
     verdict
 }
 

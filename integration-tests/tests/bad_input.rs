@@ -276,13 +276,7 @@ fn structured_output_that_cannot_be_used_is_400_and_never_dispatched() {
     }
     let reply = chat(&cluster, json!({}));
     assert_eq!(reply.status, 200, "{}", reply.body);
-    let addr = cluster
-        .worker_metrics_addr(0)
-        .expect("the worker logs its metrics address");
-    let metrics = baton_integration_tests::Api::new(&format!("http://{addr}"))
-        .get("/metrics")
-        .expect("GET /metrics");
-    let text = metrics.body.as_str().unwrap_or_default().to_string();
+    let text = cluster.worker_metrics(0);
     let accepted = r#"baton_worker_sequences_submitted_total{outcome="accepted"} 1"#;
     assert!(text.lines().any(|l| l == accepted), "{text}");
     cluster.assert_alive();

@@ -201,20 +201,18 @@ fn model_orders_name_what_is_wrong_and_models_follow_the_registry() {
     // Over NATS: a second model beside it, then unloaded; the last one stays.
     let fixture = workspace_root().join("worker/tests/fixtures/arch/qwen2.q8_0.gguf");
     let (tiny, tiny_sha) = with_sha("tiny.gguf", &std::fs::read(fixture).expect("fixture"));
-    let added = baton_nats(
-        &cluster,
-        &[
-            "load-model",
-            &worker,
-            &tiny,
-            "--sha256",
-            &tiny_sha,
-            "--name",
-            "tiny",
-            "--add",
-        ],
-    )
-    .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    let add_tiny = [
+        "load-model",
+        &worker,
+        &tiny,
+        "--sha256",
+        &tiny_sha,
+        "--name",
+        "tiny",
+        "--add",
+    ];
+    let added =
+        baton_nats(&cluster, &add_tiny).unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
     assert_eq!(
         added["serving"].as_array().map(Vec::len),
         Some(2),
@@ -229,20 +227,7 @@ fn model_orders_name_what_is_wrong_and_models_follow_the_registry() {
         )
         .expect("POST");
     assert_eq!(reply.status, 200, "{}", reply.body);
-    let again = baton_nats(
-        &cluster,
-        &[
-            "load-model",
-            &worker,
-            &tiny,
-            "--sha256",
-            &tiny_sha,
-            "--name",
-            "tiny",
-            "--add",
-        ],
-    )
-    .expect_err("already served");
+    let again = baton_nats(&cluster, &add_tiny).expect_err("already served");
     assert!(again.contains("already serves"), "{again}");
     let unloaded = baton_nats(&cluster, &["unload-model", &worker, "tiny"])
         .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
@@ -259,13 +244,7 @@ fn model_orders_name_what_is_wrong_and_models_follow_the_registry() {
     assert_eq!(greedy(&cluster, "renamed"), before);
 
     // The worker counted each order by outcome.
-    let addr = cluster
-        .worker_metrics_addr(0)
-        .expect("the worker logs its metrics address");
-    let metrics = baton_integration_tests::Api::new(&format!("http://{addr}"))
-        .get("/metrics")
-        .expect("GET /metrics");
-    let text = metrics.body.as_str().unwrap_or_default().to_string();
+    let text = cluster.worker_metrics(0);
     for line in [
         r#"baton_worker_model_changes_total{op="load",outcome="ok"} 2"#,
         r#"baton_worker_model_changes_total{op="load",outcome="invalid_request"} 9"#,
@@ -300,20 +279,11 @@ fn a_watched_model_file_is_reloaded_when_it_changes() {
         return;
     };
     let before = greedy(&cluster, &cluster.model);
-    let metrics = |cluster: &Cluster| {
-        let addr = cluster.worker_metrics_addr(0).expect("metrics address");
-        baton_integration_tests::Api::new(&format!("http://{addr}"))
-            .get("/metrics")
-            .expect("GET /metrics")
-            .body
-            .as_str()
-            .unwrap_or_default()
-            .to_string()
-    };
     // The value of one of the worker's model-change counters.
     let count = |cluster: &Cluster, outcome: &str| -> u64 {
         let key = format!(r#"baton_worker_model_changes_total{{op="load",outcome="{outcome}"}} "#);
-        metrics(cluster)
+        cluster
+            .worker_metrics(0)
             .lines()
             .find_map(|l| l.strip_prefix(key.as_str()).and_then(|v| v.parse().ok()))
             .unwrap_or(0)

@@ -66,6 +66,14 @@ fn parse() -> Result<Args, String> {
     Ok(args)
 }
 
+/// Prints a drill's verdict line, then what went wrong, a line each.
+fn report(v: &Verdict) {
+    println!("{}", v.line());
+    for f in &v.failures {
+        println!("    {f}");
+    }
+}
+
 fn main() -> ExitCode {
     let args = match parse() {
         Ok(a) => a,
@@ -133,10 +141,7 @@ fn main() -> ExitCode {
                     &baton_integration_tests::cluster::default_model_path(),
                 ),
             };
-            println!("{}", v.line());
-            for f in &v.failures {
-                println!("    {f}");
-            }
+            report(&v);
             verdicts.push(v);
         }
     }
@@ -158,10 +163,7 @@ fn main() -> ExitCode {
         };
         for sampling in [Sampling::Greedy, Sampling::Seeded(7)] {
             let v = drill::kill_nats_member(&mut cluster, sampling, args.runs, args.max_tokens);
-            println!("{}", v.line());
-            for f in &v.failures {
-                println!("    {f}");
-            }
+            report(&v);
             if !v.ok() {
                 logs.push_str(&cluster.logs());
             }
@@ -175,10 +177,7 @@ fn main() -> ExitCode {
             Some(mut cluster) => {
                 for sampling in [Sampling::Greedy, Sampling::Seeded(7)] {
                     let v = drill::partition(&mut cluster, sampling, args.runs, args.max_tokens);
-                    println!("{}", v.line());
-                    for f in &v.failures {
-                        println!("    {f}");
-                    }
+                    report(&v);
                     if !v.ok() {
                         logs.push_str(&cluster.logs());
                     }
