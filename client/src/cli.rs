@@ -82,7 +82,8 @@ pub enum Command {
         worker: String,
     },
     /// Load a GGUF file on a worker beside what it serves, then serve it: in place of
-    /// its models (their streams finish on them) or, with --add, beside them.
+    /// the model of its name, or the only one (its streams finish on it), or, with
+    /// --add, beside the others.
     LoadModel {
         /// The worker's id (from `baton status`).
         worker: String,

@@ -307,7 +307,8 @@ impl Client {
 
     /// Loads the model file `path` on `worker` (its SHA-256 given, or read from
     /// `<path>.sha256` there), served as `name` (default: the replaced model's name),
-    /// in place of the models it serves or, with `add`, beside them. An admin order.
+    /// in place of the served model of that name (or the only one) or, with `add`, beside
+    /// the others. An admin order.
     pub async fn load_model(
         &self,
         worker: &str,

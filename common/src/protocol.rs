@@ -83,7 +83,8 @@ pub struct LoadModel {
     /// The public name to serve it as; `None`: the name of the model it replaces (the
     /// file's stem when it is added).
     pub name: Option<String>,
-    /// Serve it beside the models served now instead of replacing them.
+    /// Serve it beside the models served now; without it, it takes the place of the
+    /// served model of its name, or of the only model served.
     pub add: bool,
 }
 

@@ -112,7 +112,8 @@ pub struct LoadModelRequest {
     /// added).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// Serve it beside the models served now instead of in their place.
+    /// Serve it beside the models served now; without it, it takes the place of the
+    /// served model of its name, or of the only model served.
     #[serde(default)]
     pub add: bool,
 }

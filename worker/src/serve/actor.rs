@@ -505,8 +505,8 @@ impl Handler<LoadModelMsg> for Worker {
                     reply: tx,
                 });
                 if sent.is_err() {
+                    // The answer below says so.
                     tracing::error!("engine thread is gone; model load dropped");
-                    return;
                 }
             }
         }
@@ -528,8 +528,8 @@ impl Handler<UnloadModelMsg> for Worker {
             })
             .is_err()
         {
+            // The answer below says so.
             tracing::error!("engine thread is gone; model unload dropped");
-            return;
         }
         self.answer_model_order("unload", rx, msg.reply, ctx.address());
     }

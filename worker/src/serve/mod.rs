@@ -128,6 +128,11 @@ where
         .name("engine".into())
         .spawn(move || match loader(&first) {
             Ok(engine) => {
+                // Served from the first heartbeat on.
+                *load
+                    .models
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = vec![engine.model_info()];
                 let _ = ready_tx.send(Ok(engine.model_info()));
                 scheduler::run(engine, loader, limits, commands, out, load);
             }

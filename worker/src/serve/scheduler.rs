@@ -334,9 +334,39 @@ impl<E: SeqEngine> Lane<E> {
 
 /// A model loaded and self-tested on its own thread, on its way in.
 struct Arrival<E> {
+    /// Which load ([`Pending`]).
+    id: u64,
     engine: anyhow::Result<E>,
+}
+
+/// A load under way: where its answer goes, and what it replaces.
+struct Pending {
+    name: String,
     add: bool,
     reply: tokio::sync::oneshot::Sender<ModelResult>,
+}
+
+fn draining_error() -> WireError {
+    WireError {
+        kind: ErrorKind::Draining,
+        message: "the worker is draining".into(),
+    }
+}
+
+/// The lanes a model loaded as `name` takes the place of: the served one of that
+/// name; on a worker serving one model, that one whatever its name; none when `add`.
+fn replaced<E: SeqEngine>(lanes: &[Lane<E>], name: &str, add: bool) -> Vec<usize> {
+    let live: Vec<usize> = (0..lanes.len()).filter(|&i| !lanes[i].retiring).collect();
+    let named: Vec<usize> = live
+        .iter()
+        .copied()
+        .filter(|&i| lanes[i].info.name == name)
+        .collect();
+    match (add, named.is_empty(), live.len()) {
+        (true, _, _) | (false, false, _) => named,
+        (false, true, 1) => live,
+        (false, true, _) => Vec::new(),
+    }
 }
 
 /// Generates a few greedy tokens on a model just loaded, before it serves anyone: a
@@ -416,7 +446,12 @@ pub fn run<E: SeqEngine + Send + 'static>(
 ) {
     let mut lanes: Vec<Lane<E>> = vec![Lane::new(engine)];
     let (arrivals_tx, arrivals) = mpsc::channel::<Arrival<E>>();
-    let mut loading = 0usize;
+    // Loads under way, by id; a drain answers them at once (their engines, when they
+    // come, are dropped).
+    let mut pending: HashMap<u64, Pending> = HashMap::new();
+    let mut next_load = 0u64;
+    // Where admission starts, turning so that no model's queue waits on another's.
+    let mut first_lane = 0usize;
     let mut draining = false;
     load.set_models(model_change(&lanes, None));
     loop {
@@ -424,10 +459,10 @@ pub fn run<E: SeqEngine + Send + 'static>(
         // model loading beside is waited for in short naps.
         let idle = lanes.iter().all(Lane::is_empty);
         let first = if idle {
-            if draining && loading == 0 {
+            if draining {
                 return;
             }
-            if loading > 0 {
+            if !pending.is_empty() {
                 match commands.recv_timeout(std::time::Duration::from_millis(10)) {
                     Ok(c) => Some(c),
                     Err(mpsc::RecvTimeoutError::Timeout) => None,
@@ -511,18 +546,33 @@ pub fn run<E: SeqEngine + Send + 'static>(
                     }
                 }
                 Command::Tokenize { request, reply } => {
-                    // The served model of that name; else the first, whose answer says
-                    // what it serves.
-                    let lane = lanes
+                    let answer = match lanes
                         .iter()
                         .find(|l| !l.retiring && l.info.name == request.model)
-                        .or_else(|| lanes.iter().find(|l| !l.retiring))
-                        .unwrap_or(&lanes[0]);
-                    let _ = reply.send(lane.engine.tokenize(&request));
+                    {
+                        Some(lane) => lane.engine.tokenize(&request),
+                        None => TokenizeReply::Failed(WireError {
+                            kind: ErrorKind::UnknownModel,
+                            message: format!(
+                                "this worker serves {}, not {:?}",
+                                names(&lanes),
+                                request.model
+                            ),
+                        }),
+                    };
+                    let _ = reply.send(answer);
                 }
-                Command::Drain => draining = true,
+                Command::Drain => {
+                    draining = true;
+                    for (_, p) in pending.drain() {
+                        let _ = p.reply.send(Err(draining_error()));
+                    }
+                }
                 Command::HandOver => {
                     draining = true;
+                    for (_, p) in pending.drain() {
+                        let _ = p.reply.send(Err(draining_error()));
+                    }
                     for lane in &mut lanes {
                         handed_over.extend(
                             lane.running
@@ -542,10 +592,7 @@ pub fn run<E: SeqEngine + Send + 'static>(
                     reply,
                 } => {
                     if draining {
-                        let _ = reply.send(Err(WireError {
-                            kind: ErrorKind::Draining,
-                            message: "the worker is draining".into(),
-                        }));
+                        let _ = reply.send(Err(draining_error()));
                         continue;
                     }
                     if add
@@ -560,23 +607,54 @@ pub fn run<E: SeqEngine + Send + 'static>(
                         ))));
                         continue;
                     }
-                    loading += 1;
+                    if !add && replaced(&lanes, &spec.name, false).is_empty() {
+                        let _ = reply.send(Err(invalid(format!(
+                            "this worker serves {} and none as {:?}: name the model to \
+                             replace, or load it with `add`",
+                            names(&lanes),
+                            spec.name
+                        ))));
+                        continue;
+                    }
+                    let id = next_load;
+                    next_load += 1;
                     let loader = loader.clone();
                     let arrivals = arrivals_tx.clone();
+                    let name = spec.name.clone();
                     let spawned = std::thread::Builder::new()
                         .name("model-load".into())
                         .spawn(move || {
-                            let engine = check().and_then(|()| {
+                            // A panic in a check, the load or the self-test is that
+                            // load's failure, not a lost answer.
+                            let run = || {
+                                check()?;
                                 tracing::info!(path = %spec.path.display(), name = %spec.name, "loading a model beside");
                                 let engine = loader(&spec)?;
                                 self_test(&engine).map_err(anyhow::Error::msg)?;
                                 Ok(engine)
-                            });
-                            let _ = arrivals.send(Arrival { engine, add, reply });
+                            };
+                            let engine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
+                                .unwrap_or_else(|panic| {
+                                    let why = panic
+                                        .downcast_ref::<String>()
+                                        .cloned()
+                                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                                        .unwrap_or_else(|| "a panic without a message".into());
+                                    Err(anyhow::anyhow!("loading {} failed: {why}", spec.path.display()))
+                                });
+                            let _ = arrivals.send(Arrival { id, engine });
                         });
-                    if let Err(e) = spawned {
-                        loading -= 1;
-                        tracing::error!(error = %e, "cannot spawn a thread to load a model");
+                    match spawned {
+                        Ok(_) => {
+                            pending.insert(id, Pending { name, add, reply });
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "cannot spawn a thread to load a model");
+                            let _ = reply.send(Err(WireError {
+                                kind: ErrorKind::Internal,
+                                message: format!("cannot spawn a thread to load the model: {e}"),
+                            }));
+                        }
                     }
                 }
                 Command::Unload { name, reply } => {
@@ -606,24 +684,29 @@ pub fn run<E: SeqEngine + Send + 'static>(
         }
         // Models loaded beside since the last step join between two steps.
         while let Ok(arrival) = arrivals.try_recv() {
-            loading -= 1;
+            // Already answered (a drain came first): the engine is dropped.
+            let Some(p) = pending.remove(&arrival.id) else {
+                continue;
+            };
             let answer = match arrival.engine {
                 Err(e) => {
                     tracing::warn!(error = %format!("{e:#}"), "model not loaded; the models served stay");
                     Err(invalid(format!("{e:#}")))
                 }
-                Ok(_) if draining => Err(WireError {
-                    kind: ErrorKind::Draining,
-                    message: "the worker is draining".into(),
-                }),
+                Ok(_) if !p.add && replaced(&lanes, &p.name, false).is_empty() => {
+                    Err(invalid(format!(
+                        "this worker serves {} and none as {:?} any more: nothing to replace",
+                        names(&lanes),
+                        p.name
+                    )))
+                }
                 Ok(engine) => {
                     let lane = Lane::new(engine);
                     let info = lane.info.clone();
-                    for old in lanes.iter_mut().filter(|l| !l.retiring) {
-                        if !arrival.add || old.info.name == info.name {
-                            old.retiring = true;
-                            tracing::info!(old = %old.info.name, streams = old.slots().count(), "model replaced: its streams finish on it");
-                        }
+                    for i in replaced(&lanes, &p.name, p.add) {
+                        let old = &mut lanes[i];
+                        old.retiring = true;
+                        tracing::info!(old = %old.info.name, streams = old.slots().count(), "model replaced: its streams finish on it");
                     }
                     tracing::info!(model = %info.name, fingerprint = format!("{:016x}", info.fingerprint), "model loaded and serving");
                     lanes.push(lane);
@@ -631,12 +714,17 @@ pub fn run<E: SeqEngine + Send + 'static>(
                 }
             };
             load.set_models(model_change(&lanes, None));
-            let _ = arrival.reply.send(answer);
+            let _ = p.reply.send(answer);
         }
         // Admit waiting sequences while there is room.
         let mut kv: u64 = lanes.iter().map(Lane::kv_bytes).sum();
         let mut running: usize = lanes.iter().map(|l| l.running.len()).sum();
-        for lane in &mut lanes {
+        first_lane = (first_lane + 1) % lanes.len().max(1);
+        let order: Vec<usize> = (0..lanes.len())
+            .map(|k| (first_lane + k) % lanes.len())
+            .collect();
+        for i in order {
+            let lane = &mut lanes[i];
             while running < limits.max_running && (kv < limits.kv_budget || running == 0) {
                 match lane.queue.pop_front() {
                     Some(slot) => {
@@ -731,14 +819,30 @@ fn start_on_lanes<E: SeqEngine>(
     coordinator: CoordinatorId,
     req: &SeqRequest,
 ) -> Result<u32, WireError> {
+    let unknown = || WireError {
+        kind: ErrorKind::UnknownModel,
+        message: format!("this worker serves {}, not {:?}", names(lanes), req.model),
+    };
     let Some(live) = lanes
         .iter()
         .position(|l| !l.retiring && l.info.name == req.model)
     else {
-        return Err(WireError {
-            kind: ErrorKind::UnknownModel,
-            message: format!("this worker serves {}, not {:?}", names(lanes), req.model),
-        });
+        // No model of that name is served any more; a resume of a stream that began
+        // on one still finishing its streams goes on there.
+        if req.resume.is_none() {
+            return Err(unknown());
+        }
+        let older = lanes
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|(_, l)| l.retiring && l.info.name == req.model)
+            .find_map(|(i, l)| start_slot(&l.engine, coordinator, req).ok().map(|r| (i, r)));
+        let Some((i, (slot, prompt_tokens))) = older else {
+            return Err(unknown());
+        };
+        lanes[i].queue.push_back(slot);
+        return Ok(prompt_tokens);
     };
     let first = start_slot(&lanes[live].engine, coordinator, req);
     let (i, (slot, prompt_tokens)) = match first {
@@ -1230,5 +1334,90 @@ mod tests {
             h.submit(request(3, None, 0)),
             SubmitOutcome::Refused(_)
         ));
+    }
+
+    #[test]
+    fn a_load_that_panics_is_refused_and_a_drain_answers_a_load_under_way() {
+        let h = Harness::new();
+        let err = h
+            .order(|reply| Command::Load {
+                spec: LoadSpec {
+                    path: "boom.gguf".into(),
+                    name: "sim".into(),
+                },
+                check: Box::new(|| panic!("the check broke")),
+                add: false,
+                reply,
+            })
+            .expect_err("a panic is a refusal");
+        assert!(err.message.contains("the check broke"), "{}", err.message);
+        assert_eq!(h.served(), ["sim"]);
+        // A slow load, then a drain: the load is answered at once, not when it ends.
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        h.commands
+            .send(Command::Load {
+                spec: LoadSpec {
+                    path: "slow.gguf".into(),
+                    name: "sim".into(),
+                },
+                check: Box::new(|| {
+                    std::thread::sleep(Duration::from_secs(5));
+                    Ok(())
+                }),
+                add: false,
+                reply,
+            })
+            .expect("engine thread");
+        std::thread::sleep(Duration::from_millis(50));
+        let began = std::time::Instant::now();
+        h.commands.send(Command::Drain).expect("engine thread");
+        let err = rx
+            .blocking_recv()
+            .expect("an answer")
+            .expect_err("draining");
+        assert_eq!(err.kind, ErrorKind::Draining);
+        assert!(
+            began.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            began.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_replacing_load_takes_the_place_of_its_name_only() {
+        let h = Harness::new();
+        h.load_model("two.gguf", "two", true, true).expect("added");
+        let change = h
+            .load_model("two-b.gguf", "two", false, true)
+            .expect("replaced");
+        let mut names: Vec<&str> = change.serving.iter().map(|m| m.name.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["sim", "two"], "the other model stays");
+        let err = h
+            .load_model("three.gguf", "three", false, true)
+            .expect_err("which one?");
+        assert!(
+            err.message.contains("name the model to replace"),
+            "{}",
+            err.message
+        );
+        // Tokenizing for a model not served says what is.
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        h.commands
+            .send(Command::Tokenize {
+                request: TokenizeRequest {
+                    model: "nothing".into(),
+                    input: baton_common::protocol::TokenizeInput::Ids(vec![1]),
+                },
+                reply,
+            })
+            .expect("engine thread");
+        match rx.blocking_recv().expect("an answer") {
+            TokenizeReply::Failed(e) => {
+                assert_eq!(e.kind, ErrorKind::UnknownModel);
+                assert!(e.message.contains("\"two\""), "{}", e.message);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
