@@ -603,15 +603,7 @@ impl PublicApi {
 impl PublicApi {
     /// `<p>.v1.admin.models.load`: `{"worker", "path", "sha256"?, "name"?, "add"?}`.
     async fn load_model(&self, body: &[u8], out: &mut Replier) -> Result<(), ApiError> {
-        let value: Value =
-            serde_json::from_slice(body).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
-        for field in ["worker", "path"] {
-            if value.get(field).is_none_or(Value::is_null) {
-                return Err(ApiError::MissingField(field));
-            }
-        }
-        let request: LoadModelRequest =
-            serde_json::from_value(value).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+        let request: LoadModelRequest = admin_body(body, &["worker", "path"])?;
         let worker = request.worker.ok_or(ApiError::MissingField("worker"))?;
         let changed = crate::api::models::load(&self.nats, worker, request).await?;
         info!(%worker, loaded = ?changed.loaded.as_ref().map(|m| &m.id), "model loaded on an operator's request (NATS)");
@@ -621,15 +613,7 @@ impl PublicApi {
 
     /// `<p>.v1.admin.models.unload`: `{"worker", "model"}`.
     async fn unload_model(&self, body: &[u8], out: &mut Replier) -> Result<(), ApiError> {
-        let value: Value =
-            serde_json::from_slice(body).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
-        for field in ["worker", "model"] {
-            if value.get(field).is_none_or(Value::is_null) {
-                return Err(ApiError::MissingField(field));
-            }
-        }
-        let request: UnloadModelRequest =
-            serde_json::from_value(value).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+        let request: UnloadModelRequest = admin_body(body, &["worker", "model"])?;
         let timeout = Duration::from_millis(self.config.submit_timeout_ms);
         let worker = request.worker;
         let changed =
@@ -646,6 +630,23 @@ impl PublicApi {
         };
         out.send(Kind::Single, payload).await;
     }
+}
+
+/// An admin request's JSON body, each of `required` present (else that field is
+/// named missing) before it is read as `T`.
+fn admin_body<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    required: &[&'static str],
+) -> Result<T, ApiError> {
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+    if let Some(field) = required
+        .iter()
+        .find(|f| value.get(**f).is_none_or(Value::is_null))
+    {
+        return Err(ApiError::MissingField(field));
+    }
+    serde_json::from_value(value).map_err(|e| ApiError::MalformedJson(e.to_string()))
 }
 
 /// An accepted stream and how to shape its answer.

@@ -719,12 +719,10 @@ pub fn run<E: SeqEngine + Send + 'static>(
         // Admit waiting sequences while there is room.
         let mut kv: u64 = lanes.iter().map(Lane::kv_bytes).sum();
         let mut running: usize = lanes.iter().map(|l| l.running.len()).sum();
-        first_lane = (first_lane + 1) % lanes.len().max(1);
-        let order: Vec<usize> = (0..lanes.len())
-            .map(|k| (first_lane + k) % lanes.len())
-            .collect();
-        for i in order {
-            let lane = &mut lanes[i];
+        let n = lanes.len();
+        first_lane = (first_lane + 1) % n.max(1);
+        for k in 0..n {
+            let lane = &mut lanes[(first_lane + k) % n];
             while running < limits.max_running && (kv < limits.kv_budget || running == 0) {
                 match lane.queue.pop_front() {
                     Some(slot) => {
@@ -823,39 +821,29 @@ fn start_on_lanes<E: SeqEngine>(
         kind: ErrorKind::UnknownModel,
         message: format!("this worker serves {}, not {:?}", names(lanes), req.model),
     };
-    let Some(live) = lanes
-        .iter()
-        .position(|l| !l.retiring && l.info.name == req.model)
-    else {
-        // No model of that name is served any more; a resume of a stream that began
-        // on one still finishing its streams goes on there.
-        if req.resume.is_none() {
-            return Err(unknown());
-        }
-        let older = lanes
+    // A replaced model of that name, still finishing its streams, started there.
+    let on_retiring = || {
+        lanes
             .iter()
             .enumerate()
             .rev()
             .filter(|(_, l)| l.retiring && l.info.name == req.model)
-            .find_map(|(i, l)| start_slot(&l.engine, coordinator, req).ok().map(|r| (i, r)));
-        let Some((i, (slot, prompt_tokens))) = older else {
-            return Err(unknown());
-        };
-        lanes[i].queue.push_back(slot);
-        return Ok(prompt_tokens);
+            .find_map(|(i, l)| start_slot(&l.engine, coordinator, req).ok().map(|r| (i, r)))
     };
-    let first = start_slot(&lanes[live].engine, coordinator, req);
-    let (i, (slot, prompt_tokens)) = match first {
-        Err(e) if e.kind == ErrorKind::ChainMismatch => {
-            let older = lanes
-                .iter()
-                .enumerate()
-                .rev()
-                .filter(|(_, l)| l.retiring && l.info.name == req.model)
-                .find_map(|(i, l)| start_slot(&l.engine, coordinator, req).ok().map(|r| (i, r)));
-            older.ok_or(e)?
-        }
-        other => (live, other?),
+    let live = lanes
+        .iter()
+        .position(|l| !l.retiring && l.info.name == req.model);
+    let (i, (slot, prompt_tokens)) = match live {
+        Some(i) => match start_slot(&lanes[i].engine, coordinator, req) {
+            Ok(started) => (i, started),
+            // A resume the served model cannot reproduce may be one that began on a
+            // replaced model.
+            Err(e) if e.kind == ErrorKind::ChainMismatch => on_retiring().ok_or(e)?,
+            Err(e) => return Err(e),
+        },
+        // No model of that name is served any more: only a resume may go on, there.
+        None if req.resume.is_some() => on_retiring().ok_or_else(unknown)?,
+        None => return Err(unknown()),
     };
     lanes[i].queue.push_back(slot);
     Ok(prompt_tokens)
