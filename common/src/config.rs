@@ -163,6 +163,15 @@ pub struct CoordinatorConfig {
     /// How long a finished stream stays in the store for reconnecting clients, in
     /// seconds.
     pub reconnect_window_s: u64,
+    /// Whether checkpoints also go to NATS JetStream, where they outlive this host and
+    /// another coordinator takes over this one's streams when it dies.
+    pub jetstream: JetStreamMode,
+    /// Copies JetStream keeps of each checkpoint (0: as many as the NATS cluster has
+    /// servers, at most 3). A write counts once a majority of them holds it.
+    pub jetstream_replicas: u32,
+    /// A coordinator whose lease in JetStream has not been renewed for this long is
+    /// dead to the others, which take its unfinished streams over, in milliseconds.
+    pub lease_ms: u64,
     /// A stream without a token for this long gets its worker probed, in milliseconds;
     /// a worker that is gone is then replaced at once.
     pub stall_probe_ms: u64,
@@ -207,6 +216,19 @@ pub struct CoordinatorConfig {
     /// (`https://app.example.com`) or `*` for any; empty (the default): no CORS headers,
     /// so browsers keep other origins' pages out. Preflight requests never need a key.
     pub cors_origins: Vec<String>,
+}
+
+/// Whether checkpoints also go to NATS JetStream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JetStreamMode {
+    /// When the NATS server has JetStream (the default); else the checkpoints stay in
+    /// the local store alone, and the log says so.
+    Auto,
+    /// Always: the coordinator does not start without JetStream.
+    On,
+    /// Never.
+    Off,
 }
 
 /// When tokens reach clients, relative to the checkpoint store.
@@ -256,6 +278,9 @@ impl Default for CoordinatorConfig {
             store_cache_mib: 4,
             checkpoint: CheckpointMode::Async,
             reconnect_window_s: 600,
+            jetstream: JetStreamMode::Auto,
+            jetstream_replicas: 0,
+            lease_ms: 3_000,
             stall_probe_ms: 200,
             stall_timeout_ms: 30_000,
             resume_deadline_ms: 30_000,

@@ -17,7 +17,7 @@
 //!
 //! `docs/protocol.md` describes every message.
 
-use crate::ids::{CoordinatorId, WorkerId};
+use crate::ids::{CoordinatorId, StreamId, WorkerId};
 
 /// NATS header naming the request a message belongs to (its stream id): coordinator and
 /// worker both log it, so one search follows a request through both.
@@ -49,6 +49,34 @@ impl Subjects {
     /// The prefix.
     pub fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    /// A stream's checkpoint in JetStream: its token batches, then its end.
+    pub fn checkpoint(&self, stream: StreamId) -> String {
+        format!("{}.v1.checkpoint.{stream}", self.prefix)
+    }
+
+    /// Every stream's checkpoint (the subjects of the JetStream stream that holds them).
+    pub fn all_checkpoints(&self) -> String {
+        format!("{}.v1.checkpoint.*", self.prefix)
+    }
+
+    /// The name of one of this cluster's JetStream streams or key-value buckets: the
+    /// prefix with every character JetStream does not allow in names as `_`, then
+    /// `_what`.
+    pub fn jetstream_name(&self, what: &str) -> String {
+        let prefix: String = self
+            .prefix
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        format!("{prefix}_{what}")
     }
 
     /// Where workers announce themselves.

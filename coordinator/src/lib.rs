@@ -34,6 +34,7 @@ pub mod http;
 pub mod metrics;
 pub mod nats;
 pub mod public;
+pub mod replica;
 pub mod sessions;
 pub mod store;
 
@@ -76,6 +77,9 @@ pub enum StartError {
         /// Why.
         source: store::StoreError,
     },
+    /// `coordinator.jetstream = "on"` and JetStream is missing or refused the set-up.
+    #[error("{0}")]
+    JetStream(String),
     /// The API keys are unusable (an empty key).
     #[error("invalid API keys: {0}")]
     Keys(#[from] auth::KeyError),
@@ -157,6 +161,10 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
     let nats = NatsHandle::connect(&cluster.nats, subjects, id)
         .await
         .map_err(StartError::Connect)?;
+    let store = match store {
+        Some(store) => Some(replicate(store, &nats, &cluster.coordinator, id).await?),
+        None => None,
+    };
     let config = Arc::new(cluster.coordinator);
     // The registry tells the sessions of lost workers and the sessions route through
     // the registry: the sessions' context (and address) exists before either starts.
@@ -196,6 +204,7 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
         store,
         metrics.clone(),
     );
+    let replica = table.replica().cloned();
     let mut sessions = Sessions::new(table, std::rc::Rc::new(NatsLink::new(dispatcher)));
     let recovered = sessions.recover();
     if recovered > 0 {
@@ -205,6 +214,13 @@ pub async fn start(cluster: ClusterConfig) -> Result<Running, StartError> {
         );
     }
     let sessions = sessions_ctx.run(sessions);
+    if let Some(replica) = replica {
+        actix::spawn(take_over(
+            replica,
+            sessions.clone(),
+            Duration::from_secs(config.reconnect_window_s),
+        ));
+    }
     nats.listen(registry.clone().recipient(), sessions.clone().recipient())
         .await?;
     // One tokens/s sample a second, for the status page.
@@ -310,4 +326,111 @@ pub enum RunError {
     /// The HTTP server failed.
     #[error("HTTP server failed: {0}")]
     Server(std::io::Error),
+}
+
+/// Sends `store`'s writes to JetStream too, as `settings.jetstream` asks and the NATS
+/// server allows.
+async fn replicate(
+    store: Store,
+    nats: &NatsHandle,
+    settings: &baton_common::config::CoordinatorConfig,
+    id: CoordinatorId,
+) -> Result<Store, StartError> {
+    use baton_common::config::JetStreamMode;
+    let info = nats.client().server_info();
+    let required = match settings.jetstream {
+        JetStreamMode::Off => return Ok(store),
+        JetStreamMode::On => true,
+        JetStreamMode::Auto => false,
+    };
+    if !info.jetstream {
+        if required {
+            return Err(StartError::JetStream(
+                "coordinator.jetstream = \"on\" but the NATS server runs without JetStream (start nats-server with -js)".into(),
+            ));
+        }
+        info!("the NATS server runs without JetStream: checkpoints stay in the local store alone");
+        return Ok(store);
+    }
+    // Every server of the cluster advertises the client URLs of all of them.
+    let servers = info.connect_urls.len().max(1);
+    let replicas = match settings.jetstream_replicas {
+        0 => servers.min(3),
+        n => n as usize,
+    };
+    let opened = replica::Replica::open(
+        nats.client().clone(),
+        nats.subjects().clone(),
+        id,
+        replica::ReplicaSettings {
+            replicas,
+            lease: Duration::from_millis(settings.lease_ms.max(100)),
+            max_age: Duration::from_secs(settings.reconnect_window_s.saturating_add(86_400)),
+        },
+    )
+    .await;
+    match opened {
+        Ok(replica) => {
+            // Streams taken over by others while this coordinator was down are theirs.
+            let mut dropped = 0;
+            for (stream, _) in store.unfinished().unwrap_or_default() {
+                if let Ok(Some(found)) = replica.lookup(stream).await {
+                    if found.owner != id && store.remove_local(stream).is_ok() {
+                        dropped += 1;
+                    }
+                }
+            }
+            if dropped > 0 {
+                info!(streams = dropped, "unfinished streams of the store were taken over by other coordinators meanwhile; left to them");
+            }
+            Ok(store.with_replica(replica))
+        }
+        Err(e) if required => Err(StartError::JetStream(e.to_string())),
+        Err(e) => {
+            warn!(error = %e, "checkpoints stay in the local store alone");
+            Ok(store)
+        }
+    }
+}
+
+/// Takes over the unfinished streams of dead coordinators, for as long as this one runs:
+/// looks whenever a lease ran out, and once a minute.
+async fn take_over(replica: replica::Replica, sessions: actix::Addr<Sessions>, window: Duration) {
+    let mut tick = tokio::time::interval(replica.lease() / 2);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = None::<std::time::Instant>;
+    loop {
+        tick.tick().await;
+        // Owners never seen alive count as dead only a lease after the first poll.
+        if !replica.settled() {
+            continue;
+        }
+        let due = last.is_none_or(|l| l.elapsed() >= Duration::from_secs(60));
+        if !replica.take_deaths() && !due {
+            continue;
+        }
+        last = Some(std::time::Instant::now());
+        let before = store_now().saturating_sub(window.as_secs());
+        let orphans = match replica.orphans(before).await {
+            Ok(o) => o,
+            Err(e) => {
+                warn!(error = %e, "cannot look for streams of dead coordinators");
+                continue;
+            }
+        };
+        for found in orphans {
+            match replica.claim(found).await {
+                Ok(Some(claimed)) => sessions.do_send(sessions::Adopt(claimed)),
+                Ok(None) => {}
+                Err(e) => warn!(error = %e, "cannot take over a stream"),
+            }
+        }
+    }
+}
+
+fn store_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }

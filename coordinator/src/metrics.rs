@@ -79,6 +79,8 @@ pub struct Metrics {
     pub resumes: Family<Reason, Counter>,
     /// Clients that reattached with `Last-Event-ID`.
     pub reattached: Counter,
+    /// Streams of dead coordinators this one took over (from JetStream).
+    pub taken_over: Counter,
     /// Checkpoint flushes (write + sync) and how long they took.
     pub checkpoint_flush: Histogram,
     /// Malformed or misplaced messages dropped.
@@ -130,6 +132,7 @@ impl Metrics {
             tokens: Counter::default(),
             resumes: Family::default(),
             reattached: Counter::default(),
+            taken_over: Counter::default(),
             checkpoint_flush: Histogram::new(latency_buckets()),
             wire_malformed: Counter::default(),
             wire_missed: Counter::default(),
@@ -195,6 +198,11 @@ impl Metrics {
             "stream_reattaches",
             "Clients that reattached to a stream with Last-Event-ID",
             m.reattached.clone(),
+        );
+        r.register(
+            "streams_taken_over",
+            "Streams of dead coordinators taken over from JetStream",
+            m.taken_over.clone(),
         );
         r.register(
             "checkpoint_flush_seconds",

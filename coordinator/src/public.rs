@@ -47,7 +47,7 @@ use crate::api::tokenize::{self, Direction};
 use crate::api::validate::{Endpoint, ValidRequest};
 use crate::auth::StreamAccess;
 use crate::nats::NatsHandle;
-use crate::sessions::{Attach, Sessions};
+use crate::sessions::{Attach, AttachError, Sessions};
 
 /// What the public API has taken.
 #[derive(Debug, Default)]
@@ -391,28 +391,38 @@ impl PublicApi {
         let request: ReplayRequest = serde_json::from_slice(&msg.payload)
             .map_err(|e| ApiError::MalformedJson(e.to_string()))?;
         let own = self.nats.coordinator();
+        let mut gone = None;
         if let Some(owner) = request.coordinator.filter(|c| shared && *c != own) {
             // Another coordinator holds the stream: it answers the same inbox, once it is
             // known to be there (else nobody would answer at all).
             let subject = self.nats.subjects().coordinator_replay(owner);
-            self.probe_coordinator(owner, &subject).await?;
-            let headers = msg.headers.clone().unwrap_or_default();
-            return self
-                .nats
-                .client()
-                .publish_with_reply_and_headers(
-                    subject,
-                    out.inbox.clone(),
-                    headers,
-                    msg.payload.clone(),
-                )
-                .await
-                .map_err(|e| ApiError::Internal(format!("cannot forward the replay: {e}")));
+            match self.probe_coordinator(owner, &subject).await {
+                Ok(()) => {
+                    let headers = msg.headers.clone().unwrap_or_default();
+                    return self
+                        .nats
+                        .client()
+                        .publish_with_reply_and_headers(
+                            subject,
+                            out.inbox.clone(),
+                            headers,
+                            msg.payload.clone(),
+                        )
+                        .await
+                        .map_err(|e| {
+                            ApiError::Internal(format!("cannot forward the replay: {e}"))
+                        });
+                }
+                // It is gone: with checkpoints in JetStream, the stream is read (or taken
+                // over) here.
+                Err(e @ ApiError::StreamNotFound(_)) => gone = Some(e),
+                Err(e) => return Err(e),
+            }
         }
         let stream = request.stream;
         let (tx, events) = unbounded_channel();
         let _guard = StreamGuard::new(stream, self.sessions.clone());
-        let attached = self
+        let attached = match self
             .sessions
             .send(Attach {
                 stream,
@@ -423,7 +433,11 @@ impl PublicApi {
                 // NATS clients pass NATS's own credentials, not API keys.
                 access: StreamAccess::Any,
             })
-            .await??;
+            .await?
+        {
+            Err(AttachError::Unknown(_)) if gone.is_some() => return Err(gone.expect("checked")),
+            attached => attached?,
+        };
         debug!(%stream, after = ?request.after, "NATS client replays a stream");
         out.stream = Some(stream);
         let record = attached.record;

@@ -13,6 +13,9 @@
 //! - `meta`: this coordinator's id, so that a restarted coordinator keeps its token
 //!   subject and its workers' messages still reach it.
 //!
+//! With JetStream (see [`crate::replica`]) every write also goes there, and a flush
+//! waits for both.
+//!
 //! Durability: [`Store::flush`] is sled's flush, which writes its buffers to the file
 //! and syncs the written range. In `async` checkpoint mode (the default) sled flushes
 //! by itself every 500 ms, and the sessions flush once a worker takes a stream, so that
@@ -38,6 +41,7 @@ use baton_common::protocol::{
 use rkyv::{rancor, util::AlignedVec, Archive, Deserialize, Serialize};
 
 use crate::auth::KeyId;
+use crate::replica::Replica;
 
 /// Which API a stream's request came through (decides its answer's shapes); kept in its
 /// record.
@@ -58,6 +62,9 @@ pub enum StoreError {
     /// A record does not decode (written by another version, or damaged).
     #[error("checkpoint store: damaged record: {0}")]
     Damaged(String),
+    /// JetStream did not acknowledge a write.
+    #[error("checkpoints in JetStream: {0}")]
+    Replica(String),
     /// The thread running a flush panicked or was cancelled.
     #[error("checkpoint store: the flush did not complete: {0}")]
     FlushLost(String),
@@ -118,6 +125,19 @@ pub struct StoredToken {
     pub tool_calls: Vec<ToolCall>,
 }
 
+impl From<StoredToken> for TokenEvent {
+    fn from(t: StoredToken) -> Self {
+        TokenEvent {
+            index: t.index,
+            id: t.id,
+            hash: t.hash,
+            text: t.text,
+            logprobs: t.logprobs,
+            tool_calls: t.tool_calls,
+        }
+    }
+}
+
 /// What one collection of the store did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Collected {
@@ -134,6 +154,8 @@ pub struct Store {
     streams: sled::Tree,
     tokens: sled::Tree,
     meta: sled::Tree,
+    /// Where every write also goes, when checkpoints are kept in JetStream too.
+    replica: Option<Replica>,
 }
 
 impl std::fmt::Debug for Store {
@@ -151,13 +173,13 @@ fn token_key(stream: StreamId, index: u32) -> [u8; 20] {
     key
 }
 
-fn encode_record(record: &StreamRecord) -> Vec<u8> {
+pub(crate) fn encode_record(record: &StreamRecord) -> Vec<u8> {
     rkyv::to_bytes::<rancor::Error>(record)
         .expect("serializing owned values into a growable buffer cannot fail")
         .into_vec()
 }
 
-fn decode_record(bytes: &[u8]) -> Result<StreamRecord, StoreError> {
+pub(crate) fn decode_record(bytes: &[u8]) -> Result<StreamRecord, StoreError> {
     let mut aligned = AlignedVec::<16>::with_capacity(bytes.len());
     aligned.extend_from_slice(bytes);
     rkyv::from_bytes::<StreamRecord, rancor::Error>(&aligned)
@@ -219,7 +241,7 @@ fn put_text(out: &mut Vec<u8>, text: &str) {
     out.extend_from_slice(text.as_bytes());
 }
 
-fn encode_token(t: &TokenEvent) -> Vec<u8> {
+pub(crate) fn encode_token(t: &TokenEvent) -> Vec<u8> {
     let mut value = Vec::with_capacity(16 + t.text.len());
     value.extend_from_slice(&t.id.to_le_bytes());
     value.extend_from_slice(&t.hash.to_le_bytes());
@@ -256,6 +278,11 @@ fn decode_token(key: &[u8], value: &[u8]) -> Result<StoredToken, StoreError> {
             .and_then(|k| k.try_into().ok())
             .ok_or_else(|| StoreError::Damaged("short token key".into()))?,
     );
+    decode_entry(index, value)
+}
+
+/// A token entry (as [`encode_token`] wrote it) at position `index`.
+pub(crate) fn decode_entry(index: u32, value: &[u8]) -> Result<StoredToken, StoreError> {
     let mut r = Reader { bytes: value };
     let id = r.u32()?;
     let hash = u64::from_le_bytes(r.array()?);
@@ -330,7 +357,36 @@ impl Store {
             tokens: db.open_tree("tokens")?,
             meta: db.open_tree("meta")?,
             db,
+            replica: None,
         })
+    }
+
+    /// The same store, with every write also sent to `replica`.
+    pub fn with_replica(mut self, replica: Replica) -> Self {
+        self.replica = Some(replica);
+        self
+    }
+
+    /// Where writes also go, if anywhere.
+    pub fn replica(&self) -> Option<&Replica> {
+        self.replica.as_ref()
+    }
+
+    /// Writes a stream taken over from another coordinator, here only (JetStream holds
+    /// it already).
+    pub fn adopt(
+        &self,
+        stream: StreamId,
+        record: &StreamRecord,
+        tokens: &[TokenEvent],
+    ) -> Result<(), StoreError> {
+        self.streams
+            .insert(stream.0.to_be_bytes(), encode_record(record))?;
+        for t in tokens {
+            self.tokens
+                .insert(token_key(stream, t.index), encode_token(t))?;
+        }
+        Ok(())
     }
 
     /// The id kept in the store, or `fresh` (then kept) when there is none yet.
@@ -351,6 +407,9 @@ impl Store {
     pub fn put_stream(&self, stream: StreamId, record: &StreamRecord) -> Result<(), StoreError> {
         self.streams
             .insert(stream.0.to_be_bytes(), encode_record(record))?;
+        if let Some(replica) = &self.replica {
+            replica.put_record(stream, record);
+        }
         Ok(())
     }
 
@@ -365,6 +424,15 @@ impl Store {
     /// Removes a stream and its tokens (the record first: tokens without a record are
     /// never read).
     pub fn remove_stream(&self, stream: StreamId) -> Result<(), StoreError> {
+        self.remove_local(stream)?;
+        if let Some(replica) = &self.replica {
+            replica.remove(stream);
+        }
+        Ok(())
+    }
+
+    /// Removes a stream and its tokens here only (another coordinator owns it now).
+    pub fn remove_local(&self, stream: StreamId) -> Result<(), StoreError> {
         self.streams.remove(stream.0.to_be_bytes())?;
         for key in self.tokens.scan_prefix(stream.0.to_be_bytes()).keys() {
             self.tokens.remove(key?)?;
@@ -384,9 +452,16 @@ impl Store {
         &self,
         tokens: impl IntoIterator<Item = (StreamId, &'a TokenEvent)>,
     ) -> Result<(), StoreError> {
+        let mut replicated = Vec::new();
         for (stream, t) in tokens {
-            self.tokens
-                .insert(token_key(stream, t.index), encode_token(t))?;
+            let entry = encode_token(t);
+            if self.replica.is_some() {
+                replicated.push((stream, t.index, entry.clone()));
+            }
+            self.tokens.insert(token_key(stream, t.index), entry)?;
+        }
+        if let Some(replica) = &self.replica {
+            replica.append(replicated);
         }
         Ok(())
     }
@@ -395,10 +470,20 @@ impl Store {
     /// runtime (sled's own `flush_async` wakes every thread of its pool to run it).
     pub async fn flush(&self) -> Result<(), StoreError> {
         let db = self.db.clone();
-        tokio::task::spawn_blocking(move || db.flush())
-            .await
-            .map_err(|e| StoreError::FlushLost(e.to_string()))??;
-        Ok(())
+        let local = async {
+            tokio::task::spawn_blocking(move || db.flush())
+                .await
+                .map_err(|e| StoreError::FlushLost(e.to_string()))??;
+            Ok::<(), StoreError>(())
+        };
+        match &self.replica {
+            None => local.await,
+            Some(replica) => {
+                let (local, replicated) = futures::join!(local, replica.flush());
+                local?;
+                replicated.map_err(StoreError::Replica)
+            }
+        }
     }
 
     /// A stream's tokens from position `from` on, in order.

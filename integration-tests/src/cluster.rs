@@ -67,6 +67,8 @@ pub struct ClusterOptions {
     /// Every process in a network namespace of its own ([`crate::netns`]), so that a
     /// drill can cut one off.
     pub partitioned: bool,
+    /// The `nats-server`s run JetStream, so coordinators keep checkpoints there too.
+    pub jetstream: bool,
 }
 
 /// API keys a test cluster's coordinator takes from its environment (`BATON_API_KEYS`,
@@ -111,6 +113,7 @@ impl ClusterOptions {
             models: Vec::new(),
             nats_servers: 1,
             partitioned: false,
+            jetstream: false,
         }
     }
 
@@ -125,6 +128,7 @@ impl ClusterOptions {
             models: Vec::new(),
             nats_servers: 1,
             partitioned: false,
+            jetstream: false,
         }
     }
 
@@ -176,6 +180,13 @@ impl ClusterOptions {
         self
     }
 
+    /// Runs the `nats-server`s with JetStream: coordinators keep their checkpoints there
+    /// too and take over each other's streams.
+    pub fn jetstream(mut self) -> ClusterOptions {
+        self.jetstream = true;
+        self
+    }
+
     /// Runs every process (`nats-server`s, coordinator, workers) in a network namespace
     /// of its own, joined by a bridge: [`Cluster::cut`] takes one off the network.
     /// Processes ping their NATS server every 500 ms, servers their routes every second.
@@ -192,6 +203,14 @@ impl ClusterOptions {
         self.security = Some(security);
         self
     }
+}
+
+/// A coordinator started beside a cluster's first ([`Cluster::start_coordinator`]).
+pub struct Coordinator {
+    /// Its process (killed on drop).
+    pub process: Process,
+    /// Its API.
+    pub api: Api,
 }
 
 /// A running cluster; everything stops when it is dropped.
@@ -216,6 +235,8 @@ pub struct Cluster {
     options: ClusterOptions,
     /// Coordinator restarts so far (names their logs).
     restarts: usize,
+    /// Coordinators started beside the first (names their logs and stores).
+    coordinators: usize,
     /// Workers started so far, replacements included (names their logs).
     spawned: usize,
     /// The coordinator's network namespace, in a partitioned cluster.
@@ -252,15 +273,16 @@ impl Cluster {
                 let hosts = (0..options.nats_servers)
                     .map(|i| lab.as_mut().map(|l| l.host(&format!("nats-{i}"))))
                     .collect();
-                let mut servers = Nats::start_cluster_in(hosts)?;
+                let mut servers = Nats::start_cluster_in(hosts, options.jetstream)?;
                 let first = servers.remove(0);
                 (first, servers)
             }
             (Some(security), 1) => (security.start_nats()?, Vec::new()),
             (Some(_), n) => panic!("the harness runs a secured NATS as one server, not {n}"),
+            (None, 1) if options.jetstream => (Nats::start_jetstream()?, Vec::new()),
             (None, 1) => (Nats::start()?, Vec::new()),
             (None, n) => {
-                let mut servers = Nats::start_cluster(n)?;
+                let mut servers = Nats::start_cluster(n, options.jetstream)?;
                 let first = servers.remove(0);
                 (first, servers)
             }
@@ -314,6 +336,7 @@ impl Cluster {
                 config,
                 options,
                 restarts: 0,
+                coordinators: 0,
                 spawned: 0,
                 coordinator_host,
                 worker_hosts: Vec::new(),
@@ -354,6 +377,67 @@ impl Cluster {
                 self.coordinator.log()
             );
         }
+    }
+
+    /// Kills the coordinator (`SIGKILL`), deletes its checkpoint store, and starts a
+    /// fresh one in its place (same configuration and port, so another id): what a
+    /// coordinator host lost with its disk looks like.
+    pub fn replace_coordinator(&mut self) {
+        self.coordinator.kill();
+        let store = self.dir.path().join("store");
+        std::fs::remove_dir_all(&store).expect("deleting the coordinator's store");
+        self.restart_coordinator();
+    }
+
+    /// Starts one more coordinator on this cluster's NATS (its own port and store), and
+    /// waits until it answers HTTP.
+    pub fn start_coordinator(&mut self) -> Coordinator {
+        self.coordinators += 1;
+        let n = self.coordinators;
+        let at = netns::address(self.coordinator_host.as_ref()).to_string();
+        for attempt in 0..3 {
+            let listen = format!("{at}:{}", free_port());
+            let config = self
+                .dir
+                .path()
+                .join(format!("cluster-coordinator-{n}-{attempt}.toml"));
+            let store = self.dir.path().join(format!("store-{n}"));
+            std::fs::write(
+                &config,
+                config_text(&self.options, &self.nats_url(), &listen, &store),
+            )
+            .expect("writing cluster.toml");
+            let mut cmd = with_credentials(
+                command(
+                    self.coordinator_host.as_ref(),
+                    "baton-coordinator",
+                    None,
+                    &config,
+                ),
+                &self.options,
+                Role::Coordinator,
+            );
+            self.options.keys.apply(&mut cmd);
+            let mut process =
+                Process::spawn(&format!("coordinator{n}-{attempt}"), cmd, self.dir.path());
+            let mut api = Api::new(&format!("http://{listen}"));
+            if let Some(key) = self.options.keys.harness_key() {
+                api = api.with_key(key);
+            }
+            if wait_listening(&mut process, &api) {
+                return Coordinator { process, api };
+            }
+        }
+        panic!("coordinator {n} did not start after 3 attempts");
+    }
+
+    /// Every NATS URL of the cluster, comma-separated.
+    pub fn nats_url(&self) -> String {
+        std::iter::once(&self.nats)
+            .chain(&self.nats_peers)
+            .map(|n| n.url.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// Kills `nats-server`, waits `down`, and starts it again on the same port.

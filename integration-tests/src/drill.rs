@@ -11,6 +11,9 @@
 //! - [`stop_worker`]: `SIGTERM` the worker serving the stream: it drains.
 //! - [`restart_coordinator`]: `kill -9` the coordinator and start it again on the same
 //!   store; the client reconnects with `Last-Event-ID`.
+//! - [`lose_coordinator`]: `kill -9` the coordinator of several streams and delete its
+//!   store; the clients reconnect to another coordinator, which has the checkpoints from
+//!   JetStream.
 //! - [`restart_nats`]: kill `nats-server` and start it again on the same port.
 //! - [`kill_nats_member`]: on a cluster of several `nats-server`s, kill the one that
 //!   carries the coordinator's connection, or the serving worker's, or neither; every
@@ -820,6 +823,111 @@ pub fn restart_coordinator(
         judge(&mut verdict, &seen, &reference, broke_at, &label);
     }
     verdict
+}
+
+/// Kills (`SIGKILL`) the coordinator that owns `streams` running streams and deletes its
+/// checkpoint store; each client reconnects with `Last-Event-ID` to `other`, a second
+/// coordinator, and must get the rest. The checkpoints live on in JetStream
+/// ([`ClusterOptions::jetstream`](crate::ClusterOptions::jetstream)), and a live
+/// coordinator takes the streams over once the dead one's lease runs out. A fresh
+/// coordinator (another id: its store is empty) takes the first one's place, so either
+/// may be the one that takes over: `other` then follows what it writes.
+pub fn lose_coordinator(
+    cluster: &mut Cluster,
+    other: &crate::http::Api,
+    sampling: Sampling,
+    runs: usize,
+    streams: usize,
+    max_tokens: u32,
+) -> Verdict {
+    let mut verdict = Verdict::named(format!(
+        "lose the coordinator of {streams} streams and its disk ({})",
+        sampling.name()
+    ));
+    let bodies: Vec<Value> = (0..streams)
+        .map(|k| request(cluster, sampling, max_tokens, 20 + k))
+        .collect();
+    let mut references = Vec::new();
+    for body in &bodies {
+        match first_run(cluster, body, &mut verdict, runs * streams) {
+            Some(r) => references.push(r),
+            None => return verdict,
+        }
+    }
+    for i in 0..runs {
+        // All at once, so that none is near its end when the coordinator dies.
+        let readers: Vec<Reader> = bodies
+            .iter()
+            .map(|body| Reader::spawn(cluster.api.stream(PATH, body)))
+            .collect();
+        let mut open = Vec::new();
+        for (k, reader) in readers.into_iter().enumerate() {
+            let label = format!("run {i}, stream {k}");
+            let mut seen = Seen::default();
+            if reader.until(&mut seen, break_after(i + k, max_tokens), STREAM_TIMEOUT) {
+                open.push((k, label, reader, seen));
+            } else {
+                verdict.runs += 1;
+                verdict
+                    .failures
+                    .push(format!("{label}: the stream ended before the break"));
+            }
+        }
+        let claims_before = taken_over(other);
+        let mut broke = 0;
+        let broke_at = Instant::now();
+        cluster.replace_coordinator();
+        let mut again = Vec::new();
+        for (k, label, reader, mut seen) in open {
+            // What the old connection still delivered before it broke.
+            reader.rest(&mut seen, Duration::from_secs(5));
+            if !seen.events.iter().any(|(_, e)| e.is_done()) {
+                broke += 1;
+            }
+            seen.events.retain(|(_, e)| !e.is_done());
+            let Some(last) = seen.last_id() else {
+                verdict.runs += 1;
+                verdict
+                    .failures
+                    .push(format!("{label}: no event id to reconnect with"));
+                continue;
+            };
+            match other.try_stream_from(PATH, &bodies[k], Some(&last)) {
+                Ok(sse) => again.push((k, label, Reader::spawn(sse), seen)),
+                Err(e) => {
+                    verdict.runs += 1;
+                    verdict.failures.push(format!("{label}: reconnecting: {e}"));
+                }
+            }
+        }
+        for (k, label, reader, mut seen) in again {
+            reader.rest(&mut seen, STREAM_TIMEOUT);
+            judge(&mut verdict, &seen, &references[k], broke_at, &label);
+        }
+        // Each stream that had not ended claimed exactly once, by one of the two live
+        // coordinators.
+        let claims = taken_over(other).saturating_sub(claims_before) + taken_over(&cluster.api);
+        if claims != broke {
+            verdict.failures.push(format!(
+                "run {i}: {broke} streams lost their coordinator but {claims} were taken over"
+            ));
+        }
+    }
+    verdict
+}
+
+/// Streams a coordinator took over from dead ones (its metric).
+fn taken_over(api: &crate::http::Api) -> u64 {
+    api.get("/metrics")
+        .ok()
+        .and_then(|r| {
+            r.body
+                .as_str()?
+                .lines()
+                .find_map(|l| l.strip_prefix("baton_streams_taken_over_total "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+        .map_or(0, |v| v as u64)
 }
 
 /// Kills `nats-server` mid-stream and starts it again on the same port.

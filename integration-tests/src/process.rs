@@ -282,8 +282,24 @@ impl Nats {
     /// the address and port are still chosen here (on the command line, they win over
     /// the file's). `None`, after a note, when `nats-server` is not installed.
     pub fn start_with(args: Vec<OsString>, env: Vec<(OsString, OsString)>) -> Option<Nats> {
+        Nats::start_single(args, env, false)
+    }
+
+    /// A server with JetStream (its store in the server's own temporary directory).
+    pub fn start_jetstream() -> Option<Nats> {
+        Nats::start_single(Vec::new(), Vec::new(), true)
+    }
+
+    fn start_single(
+        mut args: Vec<OsString>,
+        env: Vec<(OsString, OsString)>,
+        jetstream: bool,
+    ) -> Option<Nats> {
         let exe = nats_server_or_note()?;
         let dir = tempfile::tempdir().expect("creating a temporary directory");
+        if jetstream {
+            args.extend(jetstream_args(dir.path()));
+        }
         let mut last_log = String::new();
         // The free port may be taken between our check and the server's bind: retry.
         for attempt in 0..5 {
@@ -315,14 +331,14 @@ impl Nats {
     /// routing to every other), each with its own client, route and monitoring port;
     /// returns once every route is up. `None`, after a note, when `nats-server` is not
     /// installed.
-    pub fn start_cluster(n: usize) -> Option<Vec<Nats>> {
-        Nats::start_cluster_in(vec![None; n])
+    pub fn start_cluster(n: usize, jetstream: bool) -> Option<Vec<Nats>> {
+        Nats::start_cluster_in(vec![None; n], jetstream)
     }
 
     /// [`Nats::start_cluster`] with one server in each of `hosts` (network namespaces of
     /// a partition drill; `None`: here, on 127.0.0.1). Servers in namespaces ping their
     /// routes every second, so that a server cut off is found in seconds.
-    pub fn start_cluster_in(hosts: Vec<Option<Host>>) -> Option<Vec<Nats>> {
+    pub fn start_cluster_in(hosts: Vec<Option<Host>>, jetstream: bool) -> Option<Vec<Nats>> {
         let n = hosts.len();
         assert!(n >= 1, "a cluster has at least one server");
         let exe = nats_server_or_note()?;
@@ -372,6 +388,9 @@ impl Nats {
                 .into_iter()
                 .map(OsString::from)
                 .collect();
+                if jetstream {
+                    args.extend(jetstream_args(dir.path()));
+                }
                 if host.is_some() {
                     let conf = dir.path().join("pings.conf");
                     std::fs::write(&conf, "ping_interval: \"1s\"\nping_max: 3\n")
@@ -420,6 +439,15 @@ impl Nats {
             "a cluster of {n} nats-servers did not start after 5 attempts; last log:\n{last_log}"
         );
     }
+}
+
+/// JetStream on, its store in `dir`.
+fn jetstream_args(dir: &Path) -> [OsString; 3] {
+    [
+        "-js".into(),
+        "-sd".into(),
+        dir.join("jetstream").into_os_string(),
+    ]
 }
 
 /// The `nats-server` executable, or `None` after a note saying it is missing.

@@ -12,7 +12,9 @@ use tracing::{debug, info, warn};
 use super::messages::{Attach, AttachError, Attached};
 use super::session::{Held, Session, Update};
 use super::table::{unix_now, Effect, InFlush, SessionTable};
-use crate::store::{StoredToken, StreamEnd};
+use crate::replica::Claimed;
+use crate::store::{StoredToken, StreamEnd, StreamRecord};
+use baton_common::protocol::TokenEvent;
 
 impl SessionTable {
     /// Loads the store's unfinished streams; they are dispatched again (resumed from
@@ -28,8 +30,7 @@ impl SessionTable {
                 return 0;
             }
         };
-        let now = self.now;
-        for (stream, mut record) in open {
+        for (stream, record) in open {
             let tokens = match store.tokens(stream, 0) {
                 Ok(t) => t,
                 Err(e) => {
@@ -37,36 +38,66 @@ impl SessionTable {
                     continue;
                 }
             };
-            // Keep the longest run of positions 0, 1, 2, … (a damaged tail is regenerated).
-            let mut run: Vec<StoredToken> = Vec::with_capacity(tokens.len());
-            for t in tokens {
-                if t.index as usize != run.len() {
-                    break;
-                }
-                run.push(t);
-            }
-            let old = record.worker.take();
-            let attempt = record.attempt;
-            let held = run
-                .into_iter()
-                .map(|t| Held {
-                    id: t.id,
-                    hash: t.hash,
-                    text: t.text,
-                    logprobs: t.logprobs,
-                    tool_calls: t.tool_calls,
-                })
-                .collect();
-            let mut session = Session::new(record, held, now);
-            session.orphan = true;
-            if let Some(worker) = old {
-                // The old attempt may still run there; it must stop.
-                self.cancel(worker, stream, attempt);
-            }
-            self.sessions.insert(stream, session);
-            self.recovered.push(stream);
+            self.revive(stream, record, tokens);
         }
         self.recovered.len()
+    }
+
+    /// Takes over a stream of a dead coordinator (read from JetStream): kept in the
+    /// local store too, and dispatched again at once.
+    pub fn adopt(&mut self, claimed: Claimed, now: Instant) -> Vec<Effect> {
+        self.at(now);
+        let stream = claimed.stream;
+        if self.sessions.contains_key(&stream) {
+            return self.effects();
+        }
+        if let Some(store) = &self.store {
+            let tokens: Vec<TokenEvent> = claimed
+                .tokens
+                .iter()
+                .cloned()
+                .map(TokenEvent::from)
+                .collect();
+            if let Err(e) = store.adopt(stream, &claimed.record, &tokens) {
+                warn!(%stream, error = %e, "cannot keep a stream taken over in the local store");
+            }
+        }
+        self.metrics.taken_over.inc();
+        self.revive(stream, claimed.record, claimed.tokens);
+        self.restart(now)
+    }
+
+    /// Makes a session of a stream read back from a store, to be dispatched again by
+    /// [`SessionTable::restart`]; its old attempt is cancelled.
+    fn revive(&mut self, stream: StreamId, mut record: StreamRecord, tokens: Vec<StoredToken>) {
+        // Keep the longest run of positions 0, 1, 2, … (a damaged tail is regenerated).
+        let mut run: Vec<StoredToken> = Vec::with_capacity(tokens.len());
+        for t in tokens {
+            if t.index as usize != run.len() {
+                break;
+            }
+            run.push(t);
+        }
+        let old = record.worker.take();
+        let attempt = record.attempt;
+        let held = run
+            .into_iter()
+            .map(|t| Held {
+                id: t.id,
+                hash: t.hash,
+                text: t.text,
+                logprobs: t.logprobs,
+                tool_calls: t.tool_calls,
+            })
+            .collect();
+        let mut session = Session::new(record, held, self.now);
+        session.orphan = true;
+        if let Some(worker) = old {
+            // The old attempt may still run there; it must stop.
+            self.cancel(worker, stream, attempt);
+        }
+        self.sessions.insert(stream, session);
+        self.recovered.push(stream);
     }
 
     /// Dispatches the recovered streams again (the actor has started), each as a new

@@ -47,7 +47,9 @@ pub enum AttachError {
 }
 
 /// Attach a client to a stream (sessions): replay after `after`, then live updates.
-#[derive(Debug, Message)]
+/// A stream this coordinator does not hold is looked up in JetStream, when checkpoints
+/// go there: taken over if its coordinator is dead, else followed as it is written.
+#[derive(Debug, Clone, Message)]
 #[rtype(result = "Result<Attached, AttachError>")]
 pub struct Attach {
     /// The stream.
@@ -62,6 +64,11 @@ pub struct Attach {
     /// Which streams the client may read; any other is [`AttachError::Unknown`].
     pub access: StreamAccess,
 }
+
+/// Take over a stream of a dead coordinator (sessions), claimed in JetStream.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Adopt(pub crate::replica::Claimed);
 
 /// A client's channel closed (sessions): when no client is left, the worker stops.
 #[derive(Debug, Message)]

@@ -62,7 +62,7 @@ use actix::prelude::*;
 
 pub use failover::ResumeReason;
 pub use link::{NatsLink, WorkerLink};
-pub use messages::{Attach, AttachError, Attached, Detach, StartStream};
+pub use messages::{Adopt, Attach, AttachError, Attached, Detach, StartStream};
 pub use session::Update;
 pub use table::{Effect, SessionSettings, SessionTable};
 
@@ -191,12 +191,74 @@ impl Handler<StartStream> for Sessions {
 }
 
 impl Handler<Attach> for Sessions {
-    type Result = Result<Attached, AttachError>;
+    type Result = ResponseActFuture<Self, Result<Attached, AttachError>>;
 
     fn handle(&mut self, msg: Attach, ctx: &mut Context<Self>) -> Self::Result {
+        let again = msg.clone();
         let (attached, effects) = self.table.attach(msg, Instant::now());
         self.run(effects, ctx);
-        attached
+        let replica = match (&attached, self.table.replica()) {
+            (Err(AttachError::Unknown(_)), Some(replica)) => replica.clone(),
+            _ => return Box::pin(actix::fut::ready(attached)),
+        };
+        // Not here: JetStream may hold it (another coordinator's, or a dead one's).
+        Box::pin(remote_attach(replica, again.clone()).into_actor(self).map(
+            move |outcome, this, ctx| match outcome {
+                Remote::Done(result) => result,
+                Remote::Claimed(claimed) => {
+                    let effects = this.table.adopt(claimed, Instant::now());
+                    this.run(effects, ctx);
+                    let (attached, effects) = this.table.attach(again, Instant::now());
+                    this.run(effects, ctx);
+                    attached
+                }
+            },
+        ))
+    }
+}
+
+/// What JetStream made of an attach to a stream this coordinator does not hold.
+enum Remote {
+    /// Followed from JetStream, or not found.
+    Done(Result<Attached, AttachError>),
+    /// Its coordinator is dead and this one took it over: attach to it here.
+    Claimed(crate::replica::Claimed),
+}
+
+async fn remote_attach(replica: crate::replica::Replica, msg: Attach) -> Remote {
+    let stream = msg.stream;
+    let found = match replica.lookup(stream).await {
+        Ok(Some(found)) if msg.access.allows(found.record.owner.as_ref()) => found,
+        Ok(_) => return Remote::Done(Err(AttachError::Unknown(stream))),
+        Err(e) => return Remote::Done(Err(AttachError::Store(e.to_string()))),
+    };
+    if found.record.end.is_none() && !replica.alive(found.owner) {
+        match replica.claim(found.clone()).await {
+            Ok(Some(claimed)) => return Remote::Claimed(claimed),
+            // Another coordinator was first: it writes the rest, which is followed.
+            Ok(None) => {}
+            Err(e) => return Remote::Done(Err(AttachError::Store(e.to_string()))),
+        }
+    }
+    let prompt_tokens = match &found.record.end {
+        Some(crate::store::StreamEnd::Finished(f)) => f.prompt_tokens,
+        _ => 0,
+    };
+    let followed = replica
+        .follow(&found, msg.after, msg.after_hash, msg.subscriber)
+        .await;
+    Remote::Done(followed.map(|()| Attached {
+        record: found.record,
+        prompt_tokens,
+    }))
+}
+
+impl Handler<Adopt> for Sessions {
+    type Result = ();
+
+    fn handle(&mut self, msg: Adopt, ctx: &mut Context<Self>) {
+        let effects = self.table.adopt(msg.0, Instant::now());
+        self.run(effects, ctx);
     }
 }
 

@@ -205,7 +205,7 @@ impl Session {
 
 /// The failure a client gets when the regenerated token at `index` is not the one it
 /// holds.
-pub(super) fn diverged(index: u32) -> WireError {
+pub(crate) fn diverged(index: u32) -> WireError {
     WireError {
         kind: ErrorKind::ChainMismatch,
         message: format!(

@@ -192,6 +192,11 @@ impl SessionTable {
     }
 
     /// Starts handling an event at `now`.
+    /// Where checkpoints also go, when JetStream holds them.
+    pub fn replica(&self) -> Option<&crate::replica::Replica> {
+        self.store.as_ref().and_then(|s| s.replica())
+    }
+
     pub(super) fn at(&mut self, now: Instant) -> &mut Self {
         self.now = now;
         self
