@@ -328,6 +328,9 @@ pub enum RunError {
     Server(std::io::Error),
 }
 
+/// How long a coordinator waits for JetStream to take its buckets at start.
+const JETSTREAM_SETUP: Duration = Duration::from_secs(30);
+
 /// Sends `store`'s writes to JetStream too, as `settings.jetstream` asks and the NATS
 /// server allows.
 async fn replicate(
@@ -358,17 +361,30 @@ async fn replicate(
         0 => servers.min(3),
         n => n as usize,
     };
-    let opened = replica::Replica::open(
-        nats.client().clone(),
-        nats.subjects().clone(),
-        id,
-        replica::ReplicaSettings {
-            replicas,
-            lease: Duration::from_millis(settings.lease_ms.max(100)),
-            max_age: Duration::from_secs(settings.reconnect_window_s.saturating_add(86_400)),
-        },
-    )
-    .await;
+    let replica_settings = replica::ReplicaSettings {
+        replicas,
+        lease: Duration::from_millis(settings.lease_ms.max(100)),
+        max_age: Duration::from_secs(settings.reconnect_window_s.saturating_add(86_400)),
+    };
+    // A NATS cluster that has just started may not have placed JetStream's peers yet
+    // ("no suitable peers for placement"): try for a while before giving up.
+    let deadline = std::time::Instant::now() + JETSTREAM_SETUP;
+    let opened = loop {
+        let opened = replica::Replica::open(
+            nats.client().clone(),
+            nats.subjects().clone(),
+            id,
+            replica_settings,
+        )
+        .await;
+        match opened {
+            Err(e) if std::time::Instant::now() < deadline => {
+                warn!(error = %e, "JetStream is not ready for the checkpoints yet; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            opened => break opened,
+        }
+    };
     match opened {
         Ok(replica) => {
             // Streams taken over by others while this coordinator was down are theirs.

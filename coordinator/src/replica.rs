@@ -541,39 +541,53 @@ impl Replica {
     /// Unfinished streams whose owner is dead, and ended ones of dead owners past
     /// `collect_before` (Unix seconds), which are removed.
     pub async fn orphans(&self, collect_before: u64) -> Result<Vec<Found>, ReplicaError> {
-        let mut keys = self
-            .inner
-            .records
-            .keys()
+        let records = &self.inner.records;
+        let held = records
+            .status()
             .await
-            .map_err(|e| js_error("listing records", e))?;
-        let mut names = Vec::new();
-        while let Some(k) = keys.next().await {
-            names.push(k.map_err(|e| js_error("listing records", e))?);
-        }
+            .map_err(|e| js_error("reading the checkpoints bucket", e))?
+            .values();
         let mut out = Vec::new();
-        for name in names {
-            let Ok(stream) = name.parse::<StreamId>() else {
-                continue;
+        if held == 0 {
+            return Ok(out);
+        }
+        // Every key's last value in one pass, not one request per key.
+        let mut entries = records
+            .watch_with_history(">")
+            .await
+            .map_err(|e| js_error("reading the checkpoints bucket", e))?;
+        loop {
+            let next = tokio::time::timeout(Duration::from_secs(10), entries.next()).await;
+            let entry = match next {
+                Ok(Some(Ok(entry))) => entry,
+                Ok(Some(Err(e))) => return Err(js_error("reading the checkpoints bucket", e)),
+                // Emptied meanwhile, or the server went away.
+                Ok(None) | Err(_) => break,
             };
-            let found = match self.lookup(stream).await {
-                Ok(Some(found)) => found,
-                Ok(None) => continue,
-                Err(e) => {
-                    warn!(%stream, error = %e, "skipping a checkpoint in JetStream");
-                    continue;
+            let last = entry.delta == 0;
+            if let (kv::Operation::Put, Ok(stream)) =
+                (entry.operation, entry.key.parse::<StreamId>())
+            {
+                match decode_value(stream, &entry.value) {
+                    Ok((owner, record)) if !self.alive(owner) => match record.end {
+                        None => out.push(Found {
+                            stream,
+                            owner,
+                            record,
+                            revision: entry.revision,
+                        }),
+                        Some(_) if record.ended_at < collect_before => {
+                            debug!(%stream, "collecting an ended stream of a dead coordinator");
+                            self.remove(stream);
+                        }
+                        Some(_) => {}
+                    },
+                    Ok(_) => {}
+                    Err(e) => warn!(%stream, error = %e, "skipping a checkpoint in JetStream"),
                 }
-            };
-            if self.alive(found.owner) {
-                continue;
             }
-            match found.record.end {
-                None => out.push(found),
-                Some(_) if found.record.ended_at < collect_before => {
-                    debug!(%stream, "collecting an ended stream of a dead coordinator");
-                    self.remove(stream);
-                }
-                Some(_) => {}
+            if last {
+                break;
             }
         }
         Ok(out)
@@ -828,5 +842,150 @@ async fn write(
             let (_, tx) = waiters.pop_front().expect("a waiter");
             let _ = tx.send(failure.take().map_or(Ok(()), Err));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{encode_token, Endpoint, StreamEnd};
+    use baton_common::protocol::{
+        FinishReason, Finished, GenParams, PromptSpec, SeqRequest, TokenEvent,
+    };
+
+    fn record(end: Option<StreamEnd>) -> StreamRecord {
+        StreamRecord {
+            request: SeqRequest {
+                stream: StreamId(9),
+                model: "m".into(),
+                prompt: PromptSpec::Text("hi".into()),
+                params: GenParams::greedy(4),
+                attempt: 0,
+                resume: None,
+                max_prompt_tokens: 0,
+            },
+            endpoint: Endpoint::Chat,
+            include_usage: false,
+            created: 1,
+            attempt: 2,
+            worker: None,
+            end,
+            ended_at: 0,
+            owner: None,
+            prompt: None,
+            choice: 0,
+        }
+    }
+
+    fn token(index: u32, text: &str) -> TokenEvent {
+        TokenEvent {
+            index,
+            id: 100 + index,
+            hash: u64::from(index) * 31,
+            text: text.into(),
+            logprobs: None,
+            tool_calls: Vec::new(),
+        }
+    }
+
+    /// A token message as the writer builds it.
+    fn tokens_message(tokens: &[TokenEvent]) -> Vec<u8> {
+        let mut payload = vec![TOKENS];
+        for t in tokens {
+            let entry = encode_token(t);
+            payload.extend_from_slice(&t.index.to_le_bytes());
+            payload.extend_from_slice(&(entry.len() as u32).to_le_bytes());
+            payload.extend_from_slice(&entry);
+        }
+        payload
+    }
+
+    #[test]
+    fn values_and_messages_read_back() {
+        let stream = StreamId(9);
+        let owner = CoordinatorId(0xfeed);
+        let value = record_value(owner, &record(None));
+        let (back_owner, back) = decode_value(stream, &value).expect("decodes");
+        assert_eq!((back_owner, back), (owner, record(None)));
+
+        let tokens = [token(0, "a"), token(1, "é"), token(2, "")];
+        match decode_message(stream, &tokens_message(&tokens)).expect("decodes") {
+            Message::Tokens(back) => {
+                let back: Vec<TokenEvent> = back.into_iter().map(TokenEvent::from).collect();
+                assert_eq!(back, tokens);
+            }
+            Message::End(_) => panic!("tokens read as an end"),
+        }
+
+        let ended = record(Some(StreamEnd::Finished(Finished {
+            reason: FinishReason::Length,
+            prompt_tokens: 3,
+            completion_tokens: 4,
+            cached_tokens: 0,
+        })));
+        let mut end = vec![END];
+        end.extend_from_slice(&record_value(owner, &ended));
+        match decode_message(stream, &end).expect("decodes") {
+            Message::End(back) => assert_eq!(*back, ended),
+            Message::Tokens(_) => panic!("an end read as tokens"),
+        }
+    }
+
+    #[test]
+    fn damaged_values_and_messages_are_errors_never_panics() {
+        let stream = StreamId(9);
+        let value = record_value(CoordinatorId(1), &record(None));
+        for cut in 0..value.len() {
+            assert!(
+                decode_value(stream, &value[..cut]).is_err(),
+                "cut {cut} decodes"
+            );
+        }
+        let message = tokens_message(&[token(0, "ab"), token(1, "cd")]);
+        let boundary = 1 + 8 + encode_token(&token(0, "ab")).len();
+        for cut in 1..message.len() {
+            // A cut at a token's boundary is a shorter batch; any other cut is an error.
+            if let Ok(Message::Tokens(t)) = decode_message(stream, &message[..cut]) {
+                assert!(
+                    (cut == 1 && t.is_empty()) || (cut == boundary && t.len() == 1),
+                    "cut {cut} decodes"
+                );
+            }
+        }
+        assert!(decode_message(stream, &[]).is_err());
+        assert!(decode_message(stream, &[7, 1, 2, 3]).is_err());
+        assert!(decode_message(stream, &[END, 1, 2]).is_err());
+    }
+
+    #[test]
+    fn feeds_skip_what_the_client_has_and_check_its_hash() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut feed = Feed {
+            next: 2,
+            expect: Some((1, 31)),
+            tx,
+        };
+        let stored = |t: TokenEvent| decode_entry(t.index, &encode_token(&t)).expect("entry");
+        let batch = (0..4).map(|i| stored(token(i, "x"))).collect();
+        assert_eq!(feed.tokens(batch), Ok(()));
+        // Position 3 written twice (by a dead owner, then by the one that took over).
+        assert_eq!(
+            feed.tokens(vec![stored(token(3, "x")), stored(token(4, "y"))]),
+            Ok(())
+        );
+        let mut got = Vec::new();
+        while let Ok(Update::Token { index, .. }) = rx.try_recv() {
+            got.push(index);
+        }
+        assert_eq!(got, vec![2, 3, 4]);
+
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut feed = Feed {
+            next: 2,
+            expect: Some((1, 999)),
+            tx,
+        };
+        assert_eq!(feed.tokens(vec![stored(token(1, "x"))]), Err(1));
+        assert!(matches!(rx.try_recv(), Ok(Update::Failed(_))));
     }
 }

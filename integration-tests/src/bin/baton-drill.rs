@@ -11,8 +11,10 @@
 //! stream did not end exactly as an uninterrupted run. With `--secure`, NATS enforces
 //! `docs/nats-accounts.conf` over mutual TLS, and every process connects with its
 //! role's credentials and a client certificate (so NATS restarts test re-authentication).
-//! Then a second cluster runs on `--nats-servers` (3) `nats-server`s joined by routes, and
-//! one of them is killed mid-stream, `--runs` times with each sampling (0 skips it).
+//! Then a second cluster runs on `--nats-servers` (3) `nats-server`s joined by routes, with
+//! JetStream and `sync` checkpoints: one server is killed mid-stream, `--runs` times with
+//! each sampling (0 skips it), then the coordinator of four streams is killed with its
+//! store deleted and the clients reconnect to a second coordinator.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -154,7 +156,13 @@ fn main() -> ExitCode {
                 "(the NATS-cluster drill runs without --secure: the harness secures one server)"
             );
         }
-        let Some(mut cluster) = Cluster::start(base.clone().nats_servers(args.nats_servers)) else {
+        // With JetStream, in sync mode: the checkpoints outlive a coordinator's host.
+        let mut options = base.clone().nats_servers(args.nats_servers).jetstream();
+        options.extra.push((
+            "coordinator",
+            "checkpoint = \"sync\"\njetstream = \"on\"\nlease_ms = 1000".into(),
+        ));
+        let Some(mut cluster) = Cluster::start(options) else {
             eprintln!(
                 "baton-drill: cannot start a cluster on {} nats-servers",
                 args.nats_servers
@@ -166,6 +174,24 @@ fn main() -> ExitCode {
             report(&v);
             if !v.ok() {
                 logs.push_str(&cluster.logs());
+            }
+            verdicts.push(v);
+        }
+        // A coordinator of 4 streams dies with its disk; clients go to another one.
+        let other = cluster.start_coordinator();
+        for sampling in [Sampling::Greedy, Sampling::Seeded(7)] {
+            let v = drill::lose_coordinator(
+                &mut cluster,
+                &other.api,
+                sampling,
+                args.runs,
+                4,
+                args.max_tokens,
+            );
+            report(&v);
+            if !v.ok() {
+                logs.push_str(&cluster.logs());
+                logs.push_str(&other.process.log());
             }
             verdicts.push(v);
         }
