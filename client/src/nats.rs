@@ -137,8 +137,17 @@ impl NatsTransport {
 
     /// Reads one message: its meta-data and what it says, or the error it carries.
     async fn receive(&self, sub: &mut Subscriber) -> Result<(Meta, Decoded), ClientError> {
-        let msg = match tokio::time::timeout(self.idle, sub.next()).await {
-            Err(_) => return Err(ClientError::Timeout(self.idle)),
+        self.receive_within(sub, self.idle).await
+    }
+
+    /// [`NatsTransport::receive`], waiting at most `wait`.
+    async fn receive_within(
+        &self,
+        sub: &mut Subscriber,
+        wait: Duration,
+    ) -> Result<(Meta, Decoded), ClientError> {
+        let msg = match tokio::time::timeout(wait, sub.next()).await {
+            Err(_) => return Err(ClientError::Timeout(wait)),
             Ok(None) => return Err(ClientError::Transport("the NATS connection closed".into())),
             Ok(Some(msg)) => msg,
         };
@@ -257,8 +266,17 @@ impl NatsTransport {
     }
 
     async fn single(&self, subject: String, body: Vec<u8>) -> Result<Value, ClientError> {
+        self.single_within(subject, body, self.idle).await
+    }
+
+    async fn single_within(
+        &self,
+        subject: String,
+        body: Vec<u8>,
+        wait: Duration,
+    ) -> Result<Value, ClientError> {
         let mut sub = self.ask(subject, body).await?;
-        match self.receive(&mut sub).await?.1 {
+        match self.receive_within(&mut sub, wait).await?.1 {
             Decoded::Value(v) => Ok(v),
             other => Err(ClientError::Protocol(format!("unexpected reply {other:?}"))),
         }
@@ -273,7 +291,11 @@ impl NatsTransport {
     /// Loads a model on the worker `body` names.
     pub async fn load_model(&self, body: &Value) -> Result<Value, ClientError> {
         let body = body.to_string().into_bytes();
-        self.single(self.subjects.admin_load_model(), body).await
+        // The coordinator gives a load up to 10 minutes (hashing and loading a large
+        // file from a slow disk): its answer is waited for a little longer.
+        let wait = self.idle.max(Duration::from_secs(630));
+        self.single_within(self.subjects.admin_load_model(), body, wait)
+            .await
     }
 
     /// Stops `worker` serving `model`.

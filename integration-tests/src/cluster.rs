@@ -390,7 +390,7 @@ impl Cluster {
     }
 
     /// Starts one more coordinator on this cluster's NATS (its own port and store), and
-    /// waits until it answers HTTP.
+    /// waits until it counts every live worker.
     pub fn start_coordinator(&mut self) -> Coordinator {
         self.coordinators += 1;
         let n = self.coordinators;
@@ -425,6 +425,23 @@ impl Cluster {
                 api = api.with_key(key);
             }
             if wait_listening(&mut process, &api) {
+                let workers = self.workers.len() as u64;
+                let deadline = Instant::now() + START_TIMEOUT;
+                while api
+                    .get("/health")
+                    .ok()
+                    .filter(|r| r.status == 200)
+                    .and_then(|r| r.body["workers"].as_u64())
+                    .unwrap_or(0)
+                    < workers
+                {
+                    assert!(
+                        Instant::now() < deadline && process.try_status().is_none(),
+                        "coordinator {n} did not count the workers:\n{}",
+                        process.log()
+                    );
+                    std::thread::sleep(Duration::from_millis(100));
+                }
                 return Coordinator { process, api };
             }
         }

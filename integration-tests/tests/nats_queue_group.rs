@@ -2,51 +2,12 @@
 //! stops, the other serves every request.
 
 use std::collections::HashMap;
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use baton_common::public::headers;
 use baton_common::subjects::Subjects;
-use baton_integration_tests::process::{bin, free_port};
-use baton_integration_tests::{workspace_root, Api, Cluster, ClusterOptions, Process};
+use baton_integration_tests::{Cluster, ClusterOptions};
 use serde_json::{json, Value};
-
-/// A second coordinator with the cluster's configuration, its own port and store.
-fn second_coordinator(cluster: &Cluster, dir: &std::path::Path) -> Process {
-    let port = free_port();
-    let mut cmd = Command::new(bin("baton-coordinator"));
-    cmd.arg("--config")
-        .arg(&cluster.config)
-        .env("BATON_LISTEN", format!("127.0.0.1:{port}"))
-        .env("BATON_STORE", dir.join("store-2"))
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .current_dir(workspace_root());
-    let mut process = Process::spawn("coordinator-2", cmd, dir);
-    let api = Api::new(&format!("http://127.0.0.1:{port}"));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        assert!(
-            process.try_status().is_none(),
-            "the second coordinator exited:\n{}",
-            process.log()
-        );
-        let workers = api
-            .get("/health")
-            .ok()
-            .filter(|r| r.status == 200)
-            .and_then(|r| r.body["workers"].as_u64());
-        if workers.is_some_and(|n| n >= 1) {
-            return process;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the second coordinator did not see the worker:\n{}",
-            process.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// Sends `n` whole completions over NATS; counts answers per coordinator.
 async fn spread(client: &async_nats::Client, model: &str, n: usize) -> HashMap<String, usize> {
@@ -81,8 +42,7 @@ fn two_coordinators_share_requests_and_one_serves_alone() {
     let Some(mut cluster) = Cluster::start(ClusterOptions::simulated(1).step_ms(2)) else {
         return;
     };
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let mut second = second_coordinator(&cluster, dir.path());
+    let mut second = cluster.start_coordinator();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let model = cluster.model.clone();
     let client = runtime
@@ -95,7 +55,7 @@ fn two_coordinators_share_requests_and_one_serves_alone() {
     let shared = runtime.block_on(spread(&client, &model, 30));
     assert_eq!(shared.len(), 2, "both coordinators answer: {shared:?}");
 
-    second.kill();
+    second.process.kill();
     let alone = runtime.block_on(spread(&client, &model, 10));
     assert_eq!(alone.len(), 1, "one coordinator is left: {alone:?}");
     assert_eq!(alone.values().sum::<usize>(), 10);
