@@ -724,6 +724,8 @@ fn malformed(error: &ApiError) -> bool {
         | ApiError::UnknownRoute(_)
         | ApiError::StreamNotFound(_)
         | ApiError::WorkerNotFound(_)
+        | ApiError::ModelNotServed(_)
+        | ApiError::WorkerDraining(_)
         | ApiError::MissingApiKey
         | ApiError::InvalidApiKey
         | ApiError::AdminKeyRequired(_) => true,

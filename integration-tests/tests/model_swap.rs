@@ -240,7 +240,12 @@ fn model_orders_name_what_is_wrong_and_models_follow_the_registry() {
         .api
         .delete(&format!("/admin/workers/{worker}/models/nothing"))
         .expect("DELETE");
-    assert_error(&unknown, 400);
+    let error = assert_error(&unknown, 404);
+    assert_eq!(
+        (error["code"].as_str(), error["param"].as_str()),
+        (Some("model_not_found"), Some("model")),
+        "{error}"
+    );
     assert_eq!(greedy(&cluster, "renamed"), before);
 
     // The worker counted each order by outcome.

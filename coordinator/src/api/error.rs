@@ -85,6 +85,12 @@ pub enum ApiError {
     /// An admin request names a worker nobody answers for.
     #[error("{0}")]
     WorkerNotFound(String),
+    /// An admin order names a model the worker does not serve (the worker's words).
+    #[error("{0}")]
+    ModelNotServed(String),
+    /// An admin order reached a worker that is draining (the worker's words).
+    #[error("{0}")]
+    WorkerDraining(String),
     /// API keys are configured and the request carries none.
     #[error(
         "You didn't provide an API key. Send it in the Authorization header \
@@ -176,6 +182,8 @@ impl ApiError {
             | ApiError::StreamNotFound(_)
             | ApiError::StreamDiverged(_)
             | ApiError::WorkerNotFound(_)
+            | ApiError::ModelNotServed(_)
+            | ApiError::WorkerDraining(_)
             | ApiError::BodyTooLarge { .. }
             | ApiError::RequestTooLarge(_)
             | ApiError::BodyTimeout(_)
@@ -205,6 +213,8 @@ impl ApiError {
             ApiError::StreamNotFound(_) => "stream_not_found",
             ApiError::StreamDiverged(_) => "stream_diverged",
             ApiError::WorkerNotFound(_) => "worker_not_found",
+            ApiError::ModelNotServed(_) => "model_not_found",
+            ApiError::WorkerDraining(_) => "worker_draining",
             ApiError::BodyTooLarge { .. } => "request_too_large",
             ApiError::RequestTooLarge(_) => "request_too_large",
             ApiError::Overloaded(_) => "overloaded",
@@ -230,7 +240,7 @@ impl ApiError {
         match self {
             ApiError::MissingField(field) => Some(field),
             ApiError::InvalidRequest { param, .. } => *param,
-            ApiError::ModelNotFound(_) => Some("model"),
+            ApiError::ModelNotFound(_) | ApiError::ModelNotServed(_) => Some("model"),
             _ => None,
         }
     }
@@ -288,6 +298,8 @@ impl ApiError {
     pub fn from_model_order(param: &'static str, e: baton_common::protocol::WireError) -> Self {
         match e.kind {
             ErrorKind::Internal => ApiError::WorkerFailed(e.message),
+            ErrorKind::UnknownModel => ApiError::ModelNotServed(e.message),
+            ErrorKind::Draining => ApiError::WorkerDraining(e.message),
             _ => ApiError::invalid(param, e.message),
         }
     }

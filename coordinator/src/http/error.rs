@@ -28,6 +28,8 @@ impl ApiError {
             ApiError::StreamNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::StreamDiverged(_) => StatusCode::CONFLICT,
             ApiError::WorkerNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::ModelNotServed(_) => StatusCode::NOT_FOUND,
+            ApiError::WorkerDraining(_) => StatusCode::CONFLICT,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::RequestTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -181,6 +183,36 @@ mod tests {
     }
 
     #[test]
+    fn model_order_refusals_say_which_kind() {
+        let refusal = |kind| {
+            ApiError::from_model_order(
+                "model",
+                WireError {
+                    kind,
+                    message: "this worker serves a, not \"b\"".into(),
+                },
+            )
+        };
+        let unknown = refusal(ErrorKind::UnknownModel);
+        assert_eq!(
+            (status(unknown.clone()), unknown.code(), unknown.param()),
+            (404, "model_not_found", Some("model"))
+        );
+        assert!(unknown.to_string().contains("serves a"), "{unknown}");
+        let draining = refusal(ErrorKind::Draining);
+        assert_eq!(
+            (status(draining.clone()), draining.code()),
+            (409, "worker_draining")
+        );
+        let invalid = refusal(ErrorKind::InvalidRequest);
+        assert_eq!(
+            (status(invalid.clone()), invalid.param()),
+            (400, Some("model"))
+        );
+        assert_eq!(status(refusal(ErrorKind::Internal)), 502);
+    }
+
+    #[test]
     fn overload_says_when_to_retry() {
         let response = ApiError::Overloaded("full".into()).error_response();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -211,6 +243,8 @@ mod tests {
             ApiError::StreamNotFound("s".into()),
             ApiError::StreamDiverged("s".into()),
             ApiError::WorkerNotFound("w".into()),
+            ApiError::ModelNotServed("m".into()),
+            ApiError::WorkerDraining("w".into()),
             ApiError::BodyTooLarge { limit: 1 },
             ApiError::RequestTooLarge("x".into()),
             ApiError::Overloaded("x".into()),
