@@ -564,6 +564,106 @@ pub mod x86 {
     }
 }
 
+/// The scales of blocks as the AVX-512 integer kernels take them: four blocks' to a
+/// 128-bit vector, sixteen minimums to a 512-bit one.
+#[cfg(target_arch = "x86_64")]
+pub mod x86_wide {
+    use std::arch::x86_64::*;
+
+    use super::{FlatRows, SuperRows, UnitScales, SUPER_BLOCKS};
+
+    /// Lanes of block scales for the AVX-512 kernels. Super-block scales are formed
+    /// as the exact products `d · mul`, so both forms give the same lanes.
+    pub trait WideScales: UnitScales {
+        /// The scales of blocks `at..at + blocks` (`1..=4`) in lanes 0..4, zeros past.
+        ///
+        /// # Safety
+        /// Needs AVX-512 F/BW; the units read are held.
+        unsafe fn four(self, at: usize, blocks: usize) -> __m128;
+        /// The minimums of blocks `at..at + count` (`1..=16`) in lanes 0..16, zeros
+        /// past.
+        ///
+        /// # Safety
+        /// Needs AVX-512 F/BW; the minimums read are held.
+        unsafe fn sixteen_mins(self, at: usize, count: usize) -> __m512;
+    }
+
+    impl WideScales for FlatRows<'_> {
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+        unsafe fn four(self, at: usize, blocks: usize) -> __m128 {
+            // SAFETY: the caller guarantees the units read are held; masked lanes
+            // are not read.
+            unsafe {
+                if blocks == 4 {
+                    _mm_loadu_ps(self.scales.as_ptr().add(at))
+                } else {
+                    _mm512_castps512_ps128(_mm512_maskz_loadu_ps(
+                        (1u16 << blocks) - 1,
+                        self.scales.as_ptr().add(at),
+                    ))
+                }
+            }
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+        unsafe fn sixteen_mins(self, at: usize, count: usize) -> __m512 {
+            let mask = if count >= 16 {
+                u16::MAX
+            } else {
+                (1u16 << count) - 1
+            };
+            // SAFETY: the caller guarantees the minimums read are held; masked
+            // lanes are not read.
+            unsafe { _mm512_maskz_loadu_ps(mask, self.mins.as_ptr().add(at)) }
+        }
+    }
+
+    // Rows of super-blocks hold whole super-blocks (eight blocks), so four blocks
+    // from a multiple of four are always there, and minimums come eight or sixteen at
+    // a time from the start of a super-block.
+    impl WideScales for SuperRows<'_> {
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+        unsafe fn four(self, at: usize, _blocks: usize) -> __m128 {
+            // SAFETY: units `at..at + 4` are held (whole super-blocks).
+            unsafe {
+                let d = *self.d.get_unchecked(at >> self.shift);
+                let p = self.mul.as_ptr().add(at);
+                let m =
+                    _mm_cvtepi8_epi32(_mm_cvtsi32_si128(std::ptr::read_unaligned(p.cast::<i32>())));
+                _mm_mul_ps(_mm_cvtepi32_ps(m), _mm_set1_ps(d))
+            }
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+        unsafe fn sixteen_mins(self, at: usize, count: usize) -> __m512 {
+            debug_assert!(at.is_multiple_of(SUPER_BLOCKS) && count.is_multiple_of(SUPER_BLOCKS));
+            // SAFETY: blocks `at..at + count` are whole super-blocks held.
+            unsafe {
+                let p = self.mmul.as_ptr().add(at);
+                let s = at / SUPER_BLOCKS;
+                let (m, d) = if count >= 16 {
+                    (
+                        _mm_loadu_si128(p.cast()),
+                        _mm_castpd_ps(_mm_load_sd(self.dmin.as_ptr().add(s).cast())),
+                    )
+                } else {
+                    (
+                        _mm_loadl_epi64(p.cast()),
+                        _mm_load_ss(self.dmin.as_ptr().add(s)),
+                    )
+                };
+                let spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+                let d = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d));
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(m)), d)
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,11 +5,13 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{hsum, QuadRows};
+use crate::engine::cpu::scales::x86_wide::WideScales;
 
-/// `W` weight rows (`W · x.nb` blocks of `qs`, `scales`, `mins`) against `R`
-/// input rows on 512-bit vectors, a quad of four blocks at a time: each weight
-/// quad is widened once to four vectors of 32 i16 in the quad layout (one
-/// `vpermq` puts each block's bytes where its four lanes are), then every input
+/// `W` weight rows (`W · x.nb` blocks of `qs`, `scales` and their minimums, in
+/// either form: see [`WideScales`]) against `R` input rows on 512-bit vectors, a
+/// quad of four blocks at a time: each weight quad is widened once to four
+/// vectors of 32 i16 in the quad layout (one `vpermq` puts each block's bytes
+/// where its four lanes are), then every input
 /// row takes one `vpmaddwd`, three `vpdpwssd` and one scaled FMA per weight row,
 /// four blocks to the vector. A last partial quad is read through masks (zeros,
 /// scale 0). For nibbles the minimum terms follow the quads, sixteen blocks to a
@@ -18,16 +20,15 @@ use super::avx2::{hsum, QuadRows};
 /// same order, so the results are bitwise its results.
 ///
 /// # Safety
-/// Needs AVX-512 F/BW/VNNI, AVX2 and FMA; `qs`, `scales` (and `mins` for
-/// nibbles) hold `W · x.nb` blocks; `x` points at `R` rows laid out as
-/// [`super::IntRows`] describes.
+/// Needs AVX-512 F/BW/VNNI, AVX2 and FMA; `qs` and `scales` (with minimums for
+/// nibbles) hold `W · x.nb` blocks, whole super-blocks for super-block scales;
+/// `x` points at `R` rows laid out as [`super::IntRows`] describes.
 #[inline]
 #[allow(clippy::needless_range_loop)] // `k` also offsets the input pointers
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
-unsafe fn dot_int_quad<const NIBBLE: bool, const R: usize, const W: usize>(
+unsafe fn dot_int_quad<const NIBBLE: bool, const R: usize, const W: usize, S: WideScales>(
     qs: &[u8],
-    scales: &[f32],
-    mins: &[f32],
+    scales: S,
     x: QuadRows,
 ) -> [[f32; R]; W] {
     let nb = x.nb;
@@ -50,19 +51,20 @@ unsafe fn dot_int_quad<const NIBBLE: bool, const R: usize, const W: usize>(
             let mut d = [_mm512_setzero_ps(); W];
             for i in 0..W {
                 let at = i * nb + 4 * q;
-                _mm_prefetch::<_MM_HINT_T0>(scales.as_ptr().wrapping_add(at + 256).cast());
-                let sc = if blocks == 4 {
-                    _mm512_castps128_ps512(_mm_loadu_ps(scales.as_ptr().add(at)))
-                } else {
-                    _mm512_maskz_loadu_ps((1u16 << blocks) - 1, scales.as_ptr().add(at))
-                };
+                let [ahead_scale, ahead_min] = scales.ahead(at + 256);
+                if S::FLAT {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead_scale.cast());
+                }
+                let sc = _mm512_castps128_ps512(scales.four(at, blocks));
                 d[i] = _mm512_permutexvar_ps(spread, sc);
                 w[i] = if NIBBLE {
                     let p = qs.as_ptr().add(at * 16);
                     _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(4096).cast());
                     // The minimums as far ahead (256 blocks): they are read
                     // after the quads, too late for the hardware to fetch them.
-                    _mm_prefetch::<_MM_HINT_T0>(mins.as_ptr().wrapping_add(at + 256).cast());
+                    if S::FLAT {
+                        _mm_prefetch::<_MM_HINT_T0>(ahead_min.cast());
+                    }
                     let v = if blocks == 4 {
                         _mm512_loadu_si512(p.cast())
                     } else {
@@ -146,16 +148,17 @@ unsafe fn dot_int_quad<const NIBBLE: bool, const R: usize, const W: usize>(
             // 0..16 (zeros past the row's end): one FMA per sixteen blocks
             // instead of one per quad.
             for c in 0..nb.div_ceil(16) {
-                let mask = if nb - 16 * c >= 16 {
+                let count = (nb - 16 * c).min(16);
+                let mask = if count == 16 {
                     u16::MAX
                 } else {
-                    (1u16 << (nb - 16 * c)) - 1
+                    (1u16 << count) - 1
                 };
                 let sk: [__m512; R] = std::array::from_fn(|k| {
                     _mm512_maskz_loadu_ps(mask, x.sums.add(nb * k + 16 * c))
                 });
                 for i in 0..W {
-                    let mv = _mm512_maskz_loadu_ps(mask, mins.as_ptr().add(i * nb + 16 * c));
+                    let mv = scales.sixteen_mins(i * nb + 16 * c, count);
                     for k in 0..R {
                         acc[i][k] = _mm512_fmadd_ps(mv, sk[k], acc[i][k]);
                     }
@@ -214,16 +217,15 @@ unsafe fn dot_int_quad<const NIBBLE: bool, const R: usize, const W: usize>(
 /// [`super::dot_int_rows`] checks them.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
-pub unsafe fn dot_int_rows_wide<const NIBBLE: bool>(
+pub unsafe fn dot_int_rows_wide<const NIBBLE: bool, S: WideScales>(
     nb: usize,
     qs: &[u8],
-    scales: &[f32],
-    mins: &[f32],
+    scales: S,
     x: super::IntRows<'_>,
     rows: std::ops::Range<usize>,
     out: &mut [f32],
 ) {
-    let (m, n) = (scales.len() / nb, x.d.len() / nb);
+    let (m, n) = (scales.units() / nb, x.d.len() / nb);
     let qpb = if NIBBLE { 16 } else { 32 };
     // Weight rows a kernel call takes (registers: four widened vectors each).
     const WMAX: usize = 3;
@@ -240,15 +242,11 @@ pub unsafe fn dot_int_rows_wide<const NIBBLE: bool>(
                 while r < s1 {
                     let wr = (s1 - r).min(WMAX);
                     let wq = qs.get_unchecked(qpb * nb * r..qpb * nb * (r + wr));
-                    let ws = scales.get_unchecked(nb * r..nb * (r + wr));
-                    let wm = if NIBBLE {
-                        mins.get_unchecked(nb * r..nb * (r + wr))
-                    } else {
-                        &[][..]
-                    };
+                    let (u0, u1) = (nb * r, nb * (r + wr));
+                    let ws = scales.slice(u0, u1, u0, u1);
                     macro_rules! run {
                         ($r:literal, $w:literal) => {{
-                            let v = dot_int_quad::<NIBBLE, $r, $w>(wq, ws, wm, inputs);
+                            let v = dot_int_quad::<NIBBLE, $r, $w, S>(wq, ws, inputs);
                             for (i, v) in v.iter().enumerate() {
                                 out.get_unchecked_mut(n * (r + i) + j..n * (r + i) + j + $r)
                                     .copy_from_slice(v);
@@ -267,6 +265,31 @@ pub unsafe fn dot_int_rows_wide<const NIBBLE: bool>(
                 }
                 j += take;
             }
+        }
+    }
+}
+
+/// [`dot_int_rows_wide`] for nibbles or bytes, as `nibble` says.
+///
+/// # Safety
+/// As [`dot_int_rows_wide`].
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+pub unsafe fn dot_int_rows_of<S: WideScales>(
+    nibble: bool,
+    nb: usize,
+    qs: &[u8],
+    scales: S,
+    x: super::IntRows<'_>,
+    rows: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if nibble {
+            dot_int_rows_wide::<true, S>(nb, qs, scales, x, rows, out);
+        } else {
+            dot_int_rows_wide::<false, S>(nb, qs, scales, x, rows, out);
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Block dot products, vectorised where the CPU allows.
 
-use super::scales::{FlatRows, ScaleRows, SUPER_BLOCKS};
+use super::scales::{ScaleRows, SUPER_BLOCKS};
 
 /// Whether the AVX2+FMA kernels can run on this CPU.
 pub fn available() -> bool {
@@ -334,17 +334,16 @@ pub fn dot_int_rows(
     }
     #[cfg(target_arch = "x86_64")]
     match (kernel, scales) {
-        (IntKernel::Avx512, ScaleRows::Flat(FlatRows { scales, mins })) => {
+        (IntKernel::Avx512, ScaleRows::Flat(f)) => {
             // SAFETY: AVX-512 F/BW/VNNI, AVX2 and FMA were detected at run time (the
             // assertion above); the lengths checked above put every block of every
             // row asked for in bounds.
-            unsafe {
-                if nibble {
-                    avx512::dot_int_rows_wide::<true>(nb, qs, scales, mins, x, rows, out);
-                } else {
-                    avx512::dot_int_rows_wide::<false>(nb, qs, scales, mins, x, rows, out);
-                }
-            }
+            unsafe { avx512::dot_int_rows_of(nibble, nb, qs, f, x, rows, out) };
+            return;
+        }
+        (IntKernel::Avx512, ScaleRows::Super(k)) => {
+            // SAFETY: as above, and rows hold whole super-blocks.
+            unsafe { avx512::dot_int_rows_of(nibble, nb, qs, k, x, rows, out) };
             return;
         }
         (IntKernel::Avx2, ScaleRows::Flat(f)) => {
@@ -353,12 +352,10 @@ pub fn dot_int_rows(
             unsafe { avx2::dot_int_rows_of(nibble, nb, qs, f, x, rows, out) };
             return;
         }
-        // Super-block scales take the AVX2 kernel on AVX-512 CPUs too: the same
-        // bits (see `IntKernel`).
-        (IntKernel::Avx2 | IntKernel::Avx512, ScaleRows::Super(k)) => {
-            // SAFETY: AVX2 and FMA were detected at run time (AVX-512 CPUs have
-            // them); the lengths checked above put every block of every row asked
-            // for in bounds, and rows hold whole super-blocks.
+        (IntKernel::Avx2, ScaleRows::Super(k)) => {
+            // SAFETY: AVX2 and FMA were detected at run time; the lengths checked
+            // above put every block of every row asked for in bounds, and rows hold
+            // whole super-blocks.
             unsafe { avx2::dot_int_rows_of(nibble, nb, qs, k, x, rows, out) };
             return;
         }
