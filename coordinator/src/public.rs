@@ -741,6 +741,7 @@ fn malformed(error: &ApiError) -> bool {
         | ApiError::StreamTimeout(_)
         | ApiError::StreamDiverged(_)
         | ApiError::WorkerFailed(_)
+        | ApiError::CheckpointsUnavailable(_)
         | ApiError::Internal(_) => false,
     }
 }

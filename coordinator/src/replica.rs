@@ -18,9 +18,14 @@
 //! Writes leave in order from one task, as soon as they are made; each is acknowledged
 //! by JetStream once a quorum of its replicas holds it. [`Replica::flush`] waits for
 //! the acknowledgements of everything written before it, so the `sync` checkpoint
-//! mode's flush is "on disk here and on a quorum of NATS servers".
+//! mode's flush is "on disk here and on a quorum of NATS servers". A write JetStream
+//! did not take (its server died with it in flight) is tried again for up to
+//! [`RETRY_FOR`], after whatever was written meanwhile: readers take token messages by
+//! position, not by order; a stream's last message is sent only once every write
+//! before it is acknowledged; a record is not tried again once a newer one of its
+//! stream was written.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,7 +35,7 @@ use baton_common::subjects::Subjects;
 use bytes::Bytes;
 use futures::stream::FuturesOrdered;
 use futures::StreamExt;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, info, warn};
 
 use crate::sessions::Update;
@@ -40,6 +45,10 @@ use crate::store::{decode_entry, decode_record, encode_record, StoredToken, Stre
 const TOKENS: u8 = 0;
 /// The message that ends a stream's subject.
 const END: u8 = 1;
+
+/// How long a write JetStream did not take is tried again: long enough for a client
+/// whose server died to reconnect to another one.
+pub const RETRY_FOR: Duration = Duration::from_secs(10);
 
 /// Why JetStream cannot hold the checkpoints.
 #[derive(Debug, thiserror::Error)]
@@ -110,9 +119,21 @@ struct Liveness {
     seen: HashMap<CoordinatorId, (u64, Instant, bool)>,
     /// A coordinator's lease ran out since [`Replica::take_deaths`] last looked.
     died: bool,
-    /// When the first poll of the leases finished (owners never seen are dead only
-    /// after a lease has passed since then).
+    /// When the leases were first judged (owners never seen are dead only after a
+    /// lease has passed since then).
     polled: Option<Instant>,
+    /// When the watch over the leases last showed this coordinator's own renewal: the
+    /// others are judged only while it is that recent, so that a watch (or a JetStream)
+    /// that stalls never makes live coordinators look dead.
+    heard: Option<Instant>,
+}
+
+impl Liveness {
+    /// Whether the watch is known to be current: this coordinator's own lease, renewed
+    /// every third of `lease`, showed up within one.
+    fn current(&self, lease: Duration) -> bool {
+        self.heard.is_some_and(|h| h.elapsed() < lease)
+    }
 }
 
 struct Inner {
@@ -248,6 +269,7 @@ impl Replica {
                     seen: HashMap::new(),
                     died: false,
                     polled: None,
+                    heard: None,
                 }),
                 settings: ReplicaSettings {
                     replicas,
@@ -259,6 +281,8 @@ impl Replica {
         replica.renew().await?;
         let lease = replica.clone();
         tokio::spawn(async move { lease.keep_lease().await });
+        let watcher = replica.clone();
+        tokio::spawn(async move { watcher.watch_leases().await });
         info!(
             replicas,
             lease_ms = settings.lease.as_millis() as u64,
@@ -344,6 +368,9 @@ impl Replica {
         }
         let lease = self.inner.settings.lease;
         let live = self.inner.live.lock().expect("liveness lock");
+        if !live.current(lease) {
+            return true;
+        }
         match (live.seen.get(&owner), live.polled) {
             (Some((_, changed, _)), _) => changed.elapsed() < lease,
             // Never seen: alive until a lease has passed since the first poll.
@@ -387,14 +414,21 @@ impl Replica {
             Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => return Ok(None),
             Err(e) => return Err(js_error("claiming a stream", e)),
         }
-        let mut tokens = Vec::new();
-        for t in self.tokens(found.stream).await?.0 {
-            if t.index as usize == tokens.len() {
-                tokens.push(t);
-            } else if t.index as usize > tokens.len() {
-                break;
+        // The stream is this coordinator's now: its tokens must be read, however long
+        // JetStream takes to answer.
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(100);
+        let tokens = loop {
+            match self.tokens(found.stream).await {
+                Ok((tokens, _)) => break in_order(tokens),
+                Err(e) if started.elapsed() < RETRY_FOR => {
+                    debug!(stream = %found.stream, error = %e, "reading a claimed stream's tokens; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => return Err(e),
             }
-        }
+        };
         info!(stream = %found.stream, from = %found.owner, tokens = tokens.len(), "took over a stream of a dead coordinator");
         Ok(Some(Claimed {
             stream: found.stream,
@@ -471,27 +505,39 @@ impl Replica {
     ) -> Result<(), crate::sessions::AttachError> {
         use crate::sessions::AttachError;
         let stream = found.stream;
-        let store = |e: ReplicaError| AttachError::Store(e.to_string());
-        let (mut messages, pending) = self.reader(stream).await.map_err(store)?;
+        let (mut messages, pending) = self.reader(stream).await.map_err(attach_error)?;
+        // What JetStream holds now is read whole before anything goes to the client, so
+        // that a read that fails can be tried again from the start.
+        let mut held = Vec::new();
+        let mut left = pending;
+        while left > 0 {
+            let Some(message) = messages.next().await else {
+                return Err(attach_error(js_error(
+                    "reading a stream's tokens",
+                    "the feed ended",
+                )));
+            };
+            let message =
+                message.map_err(|e| attach_error(js_error("reading a stream's tokens", e)))?;
+            left = message.info().map(|i| i.pending).unwrap_or(0);
+            let message = decode_message(stream, &message.payload).map_err(attach_error)?;
+            let end = matches!(message, Message::End(_));
+            held.push(message);
+            if end {
+                break;
+            }
+        }
         let mut feed = Feed {
             next: after.map_or(0, |a| a + 1),
             expect: after.zip(after_hash),
+            ahead: BTreeMap::new(),
             tx,
         };
         if let (None, Some(p)) = (after, &found.record.prompt) {
             let _ = feed.tx.send(Update::Prompt(p.clone()));
         }
-        let mut left = pending;
-        while left > 0 {
-            let Some(message) = messages.next().await else {
-                return Err(store(js_error(
-                    "reading a stream's tokens",
-                    "the feed ended",
-                )));
-            };
-            let message = message.map_err(|e| store(js_error("reading a stream's tokens", e)))?;
-            left = message.info().map(|i| i.pending).unwrap_or(0);
-            match decode_message(stream, &message.payload).map_err(store)? {
+        for message in held {
+            match message {
                 Message::Tokens(tokens) => {
                     if let Err(index) = feed.tokens(tokens) {
                         return Err(AttachError::Diverged(stream, index));
@@ -620,47 +666,64 @@ impl Replica {
             if let Err(e) = self.renew().await {
                 warn!(error = %e, "cannot renew this coordinator's lease");
             }
-            if let Err(e) = self.poll_leases().await {
-                warn!(error = %e, "cannot read the coordinators' leases");
+            self.judge_leases();
+        }
+    }
+
+    /// Follows every lease as it is written, on one watch for as long as this
+    /// coordinator runs (made again when it breaks): polling with a fresh listing
+    /// each time would make JetStream set up a consumer per poll and coordinator.
+    async fn watch_leases(self) {
+        loop {
+            match self.inner.leases.watch_with_history(">").await {
+                Ok(mut entries) => {
+                    while let Some(entry) = entries.next().await {
+                        match entry {
+                            Ok(entry) => self.saw_lease(&entry.key, entry.revision),
+                            Err(e) => {
+                                warn!(error = %e, "the watch over the leases broke; watching again");
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(e) => warn!(error = %e, "cannot watch the coordinators' leases"),
+            }
+            tokio::time::sleep(self.inner.settings.lease / 3).await;
+        }
+    }
+
+    fn saw_lease(&self, key: &str, revision: u64) {
+        let Ok(id) = key.parse::<CoordinatorId>() else {
+            return;
+        };
+        let now = Instant::now();
+        let mut live = self.inner.live.lock().expect("liveness lock");
+        if id == self.inner.me {
+            live.heard = Some(now);
+        }
+        match live.seen.get_mut(&id) {
+            Some(seen) if seen.0 == revision => {}
+            Some(seen) => *seen = (revision, now, false),
+            None => {
+                live.seen.insert(id, (revision, now, false));
             }
         }
     }
 
-    async fn poll_leases(&self) -> Result<(), ReplicaError> {
-        let mut keys = self
-            .inner
-            .leases
-            .keys()
-            .await
-            .map_err(|e| js_error("listing leases", e))?;
-        let mut names = Vec::new();
-        while let Some(k) = keys.next().await {
-            names.push(k.map_err(|e| js_error("listing leases", e))?);
-        }
-        let mut revisions = Vec::new();
-        for name in names {
-            let Ok(id) = name.parse::<CoordinatorId>() else {
-                continue;
-            };
-            if let Ok(Some(entry)) = self.inner.leases.entry(name).await {
-                revisions.push((id, entry.revision));
-            }
-        }
+    /// Counts dead the coordinators whose lease has not changed for `lease`, while the
+    /// watch is current.
+    fn judge_leases(&self) {
         let now = Instant::now();
         let lease = self.inner.settings.lease;
         let mut live = self.inner.live.lock().expect("liveness lock");
-        for (id, revision) in revisions {
-            match live.seen.get_mut(&id) {
-                Some(seen) if seen.0 == revision => {}
-                Some(seen) => *seen = (revision, now, false),
-                None => {
-                    live.seen.insert(id, (revision, now, false));
-                }
-            }
+        if !live.current(lease) {
+            return;
         }
+        let me = self.inner.me;
         let mut died = false;
         for (id, seen) in live.seen.iter_mut() {
-            if *id != self.inner.me && !seen.2 && now.duration_since(seen.1) >= lease {
+            if *id != me && !seen.2 && now.duration_since(seen.1) >= lease {
                 seen.2 = true;
                 died = true;
                 info!(coordinator = %id, "a coordinator's lease ran out: taking over its streams");
@@ -668,7 +731,6 @@ impl Replica {
         }
         live.died |= died;
         live.polled.get_or_insert(now);
-        Ok(())
     }
 }
 
@@ -703,10 +765,40 @@ async fn bucket(
         .map_err(|e| js_error(&format!("opening the {name} bucket"), e))
 }
 
+/// An error of JetStream as an attach's: one JetStream may answer if asked again, or a
+/// damaged value.
+pub fn attach_error(e: ReplicaError) -> crate::sessions::AttachError {
+    use crate::sessions::AttachError;
+    match e {
+        ReplicaError::JetStream(_) => AttachError::Unavailable(e.to_string()),
+        ReplicaError::Damaged(..) => AttachError::Store(e.to_string()),
+    }
+}
+
+/// A stream's tokens as JetStream holds them (in order of arrival, a write tried again
+/// after later ones, a position possibly twice) as positions 0, 1, … up to the first
+/// one missing.
+fn in_order(tokens: Vec<StoredToken>) -> Vec<StoredToken> {
+    let mut by_index = BTreeMap::new();
+    for t in tokens {
+        by_index.entry(t.index).or_insert(t);
+    }
+    let mut out = Vec::with_capacity(by_index.len());
+    for (index, t) in by_index {
+        if index as usize != out.len() {
+            break;
+        }
+        out.push(t);
+    }
+    out
+}
+
 /// A follower's position in the stream it sends a client.
 struct Feed {
     next: u32,
     expect: Option<(u32, u64)>,
+    /// Positions past `next` already read: a write tried again lands after later ones.
+    ahead: BTreeMap<u32, StoredToken>,
     tx: mpsc::UnboundedSender<Update>,
 }
 
@@ -727,24 +819,50 @@ impl Feed {
                 }
             }
             // A position written twice (a takeover regenerated what the old owner had
-            // written but not yet acknowledged) goes out once.
-            if t.index != self.next {
+            // written but not yet acknowledged, or a write was tried again) goes out
+            // once; one written ahead of a missing one waits for it.
+            if t.index > self.next {
+                self.ahead.entry(t.index).or_insert(t);
                 continue;
             }
-            self.next += 1;
-            let _ = self.tx.send(Update::Token {
-                index: t.index,
-                text: t.text,
-                hash: t.hash,
-                logprobs: t.logprobs,
-                tool_calls: t.tool_calls,
-            });
+            if t.index < self.next {
+                continue;
+            }
+            self.send(t);
+            while let Some(t) = self.ahead.remove(&self.next) {
+                self.send(t);
+            }
         }
         Ok(())
     }
 
+    fn send(&mut self, t: StoredToken) {
+        self.next += 1;
+        let _ = self.tx.send(Update::Token {
+            index: t.index,
+            text: t.text,
+            hash: t.hash,
+            logprobs: t.logprobs,
+            tool_calls: t.tool_calls,
+        });
+    }
+
     fn end(self, record: StreamRecord) {
         use crate::store::StreamEnd;
+        if let Some((&missing, _)) = self.ahead.first_key_value() {
+            // Every write is acknowledged before the end is sent, so a gap here is a
+            // write JetStream never took.
+            let _ = self
+                .tx
+                .send(Update::Failed(baton_common::protocol::WireError {
+                    kind: baton_common::protocol::ErrorKind::Internal,
+                    message: format!(
+                        "the checkpoint lacks position {} (before {missing}); reconnect to resume",
+                        self.next
+                    ),
+                }));
+            return;
+        }
         let update = match record.end {
             Some(StreamEnd::Finished(f)) => Update::Finished(f),
             Some(StreamEnd::Failed(e)) => Update::Failed(e),
@@ -767,6 +885,10 @@ async fn write(
     type Ack = futures::future::BoxFuture<'static, Result<(), String>>;
     let mut acks: FuturesOrdered<Ack> = FuturesOrdered::new();
     let (mut sent, mut acked) = (0u64, 0u64);
+    // How many writes are acknowledged (or given up), for ends waiting on them.
+    let (acked_tx, acked_rx) = watch::channel(0u64);
+    // Per stream, the last record written and not yet acknowledged.
+    let newest: Arc<Mutex<HashMap<StreamId, u64>>> = Arc::default();
     let mut waiters: VecDeque<(u64, oneshot::Sender<Result<(), String>>)> = VecDeque::new();
     let mut failure: Option<String> = None;
     let record_subject = |stream: StreamId| format!("$KV.{records_bucket}.{}", key(stream));
@@ -779,19 +901,45 @@ async fn write(
                     batch.push(op);
                 }
                 for op in batch {
-                    let published = match op {
+                    let fut: Ack = match op {
                         Op::Flush(tx) => {
                             waiters.push_back((sent, tx));
                             continue;
                         }
                         Op::Record(stream, value, ended) => {
-                            let mut out = vec![js.publish(record_subject(stream), value.clone()).await];
-                            if ended {
-                                let mut end = vec![END];
-                                end.extend_from_slice(&value);
-                                out.push(js.publish(subjects.checkpoint(stream), end.into()).await);
+                            let at = sent;
+                            newest.lock().expect("newest records").insert(stream, at);
+                            let subject = record_subject(stream);
+                            let first = js.publish(subject.clone(), value.clone()).await;
+                            let (seen, done) = (newest.clone(), newest.clone());
+                            let superseded = move || {
+                                seen.lock().expect("newest records").get(&stream) != Some(&at)
+                            };
+                            let put = acknowledged(js.clone(), subject, value.clone(), first, superseded);
+                            sent += 1;
+                            acks.push_back(Box::pin(async move {
+                                let result = put.await;
+                                let mut newest = done.lock().expect("newest records");
+                                if newest.get(&stream) == Some(&at) {
+                                    newest.remove(&stream);
+                                }
+                                result
+                            }));
+                            if !ended {
+                                continue;
                             }
-                            out
+                            // The end goes out once everything before it is in, so
+                            // that no token of the stream lands after it.
+                            let mut end = vec![END];
+                            end.extend_from_slice(&value);
+                            let (js, subject, at) = (js.clone(), subjects.checkpoint(stream), sent);
+                            let mut acked = acked_rx.clone();
+                            Box::pin(async move {
+                                let _ = acked.wait_for(|&a| a >= at).await;
+                                let end = Bytes::from(end);
+                                let first = js.publish(subject.clone(), end.clone()).await;
+                                acknowledged(js, subject, end, first, || false).await
+                            })
                         }
                         Op::Tokens(stream, entries) => {
                             let mut payload = vec![TOKENS];
@@ -800,38 +948,27 @@ async fn write(
                                 payload.extend_from_slice(&(entry.len() as u32).to_le_bytes());
                                 payload.extend_from_slice(&entry);
                             }
-                            vec![js.publish(subjects.checkpoint(stream), payload.into()).await]
+                            let (subject, payload) = (subjects.checkpoint(stream), Bytes::from(payload));
+                            let first = js.publish(subject.clone(), payload.clone()).await;
+                            Box::pin(acknowledged(js.clone(), subject, payload, first, || false))
                         }
                         Op::Remove(stream) => {
                             let (records, tokens) = (records.clone(), tokens.clone());
                             let subject = subjects.checkpoint(stream);
-                            let fut: Ack = Box::pin(async move {
+                            Box::pin(async move {
                                 records.purge(key(stream)).await.map_err(|e| e.to_string())?;
                                 tokens.purge().filter(subject).await.map_err(|e| e.to_string())?;
                                 Ok(())
-                            });
-                            sent += 1;
-                            acks.push_back(fut);
-                            continue;
+                            })
                         }
                     };
-                    for p in published {
-                        sent += 1;
-                        let fut: Ack = match p {
-                            Ok(ack) => Box::pin(async move {
-                                ack.await.map(|_| ()).map_err(|e| e.to_string())
-                            }),
-                            Err(e) => {
-                                let e = e.to_string();
-                                Box::pin(async move { Err(e) })
-                            }
-                        };
-                        acks.push_back(fut);
-                    }
+                    sent += 1;
+                    acks.push_back(fut);
                 }
             }
             Some(result) = acks.next(), if !acks.is_empty() => {
                 acked += 1;
+                acked_tx.send_replace(acked);
                 if let Err(e) = result {
                     warn!(error = %e, "JetStream did not take a checkpoint write");
                     failure.get_or_insert(e);
@@ -842,6 +979,41 @@ async fn write(
             let (_, tx) = waiters.pop_front().expect("a waiter");
             let _ = tx.send(failure.take().map_or(Ok(()), Err));
         }
+    }
+}
+
+/// One write's acknowledgement; `first` is its first publication, made in order by the
+/// writer. A write JetStream did not take is published again (after whatever was
+/// written since) until it is taken, `superseded` says a newer write makes it moot, or
+/// [`RETRY_FOR`] has passed.
+async fn acknowledged(
+    js: jetstream::Context,
+    subject: String,
+    payload: Bytes,
+    first: Result<jetstream::context::PublishAckFuture, jetstream::context::PublishError>,
+    superseded: impl Fn() -> bool,
+) -> Result<(), String> {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(50);
+    let mut attempt = first;
+    loop {
+        let error = match attempt {
+            Ok(ack) => match ack.await {
+                Ok(_) => return Ok(()),
+                Err(e) => e.to_string(),
+            },
+            Err(e) => e.to_string(),
+        };
+        if started.elapsed() >= RETRY_FOR {
+            return Err(format!("{subject}: {error}"));
+        }
+        debug!(%subject, %error, "JetStream did not take a checkpoint write; trying again");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
+        if superseded() {
+            return Ok(());
+        }
+        attempt = js.publish(subject.clone(), payload.clone()).await;
     }
 }
 
@@ -963,9 +1135,9 @@ mod tests {
         let mut feed = Feed {
             next: 2,
             expect: Some((1, 31)),
+            ahead: BTreeMap::new(),
             tx,
         };
-        let stored = |t: TokenEvent| decode_entry(t.index, &encode_token(&t)).expect("entry");
         let batch = (0..4).map(|i| stored(token(i, "x"))).collect();
         assert_eq!(feed.tokens(batch), Ok(()));
         // Position 3 written twice (by a dead owner, then by the one that took over).
@@ -983,9 +1155,86 @@ mod tests {
         let mut feed = Feed {
             next: 2,
             expect: Some((1, 999)),
+            ahead: BTreeMap::new(),
             tx,
         };
         assert_eq!(feed.tokens(vec![stored(token(1, "x"))]), Err(1));
         assert!(matches!(rx.try_recv(), Ok(Update::Failed(_))));
+    }
+
+    fn stored(t: TokenEvent) -> StoredToken {
+        decode_entry(t.index, &encode_token(&t)).expect("entry")
+    }
+
+    fn finished() -> StreamRecord {
+        record(Some(StreamEnd::Finished(Finished {
+            reason: FinishReason::Length,
+            prompt_tokens: 3,
+            completion_tokens: 6,
+            cached_tokens: 0,
+        })))
+    }
+
+    #[test]
+    fn a_write_tried_again_after_later_ones_reads_in_order() {
+        // Positions 2–3 were tried again after 4–5 landed; 4 also arrived twice.
+        let arrived = [0, 1, 4, 5, 2, 3, 4]
+            .map(|i| stored(token(i, &format!("t{i}"))))
+            .to_vec();
+        let texts = |v: &[StoredToken]| v.iter().map(|t| t.text.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            texts(&in_order(arrived.clone())),
+            ["t0", "t1", "t2", "t3", "t4", "t5"]
+        );
+        // A claim keeps positions up to the first missing one.
+        let gap = [0, 1, 3].map(|i| stored(token(i, "x"))).to_vec();
+        assert_eq!(in_order(gap).len(), 2);
+
+        // A follower holds what came early and sends it once the gap is filled.
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut feed = Feed {
+            next: 1,
+            expect: None,
+            ahead: BTreeMap::new(),
+            tx,
+        };
+        for t in arrived {
+            assert_eq!(feed.tokens(vec![t]), Ok(()));
+        }
+        feed.end(finished());
+        let mut got = Vec::new();
+        let mut ended = false;
+        while let Ok(update) = rx.try_recv() {
+            match update {
+                Update::Token { index, text, .. } => got.push((index, text)),
+                Update::Finished(_) => ended = true,
+                _ => panic!("unexpected update"),
+            }
+        }
+        let want: Vec<(u32, String)> = (1..6).map(|i| (i, format!("t{i}"))).collect();
+        assert_eq!(got, want);
+        assert!(ended);
+    }
+
+    #[test]
+    fn an_end_after_a_gap_fails_the_feed_instead_of_finishing_short() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut feed = Feed {
+            next: 0,
+            expect: None,
+            ahead: BTreeMap::new(),
+            tx,
+        };
+        let batch = [0, 1, 3].map(|i| stored(token(i, "x"))).to_vec();
+        assert_eq!(feed.tokens(batch), Ok(()));
+        feed.end(finished());
+        let updates: Vec<Update> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        assert_eq!(updates.len(), 3, "two tokens, then the failure");
+        match updates.last() {
+            Some(Update::Failed(e)) => {
+                assert!(e.message.contains("lacks position 2"), "{}", e.message)
+            }
+            _ => panic!("the feed finished with a position missing"),
+        }
     }
 }

@@ -75,6 +75,9 @@ pub enum ApiError {
     /// A fault of the coordinator itself.
     #[error("internal error: {0}")]
     Internal(String),
+    /// The shared checkpoints (JetStream) did not answer in time; retry.
+    #[error("the checkpoints are unavailable now, retry: {0}")]
+    CheckpointsUnavailable(String),
     /// A reconnect names a stream this coordinator does not have.
     #[error("{0}")]
     StreamNotFound(String),
@@ -192,6 +195,7 @@ impl ApiError {
             | ApiError::InvalidApiKey
             | ApiError::AdminKeyRequired(_) => "invalid_request_error",
             ApiError::Internal(_)
+            | ApiError::CheckpointsUnavailable(_)
             | ApiError::WorkerFailed(_)
             | ApiError::NotSynced
             | ApiError::NoLiveWorkers
@@ -219,6 +223,7 @@ impl ApiError {
             ApiError::RequestTooLarge(_) => "request_too_large",
             ApiError::Overloaded(_) => "overloaded",
             ApiError::Internal(_) => "internal_error",
+            ApiError::CheckpointsUnavailable(_) => "checkpoints_unavailable",
             ApiError::WorkerFailed(_) => "worker_error",
             ApiError::NotSynced => "not_synced",
             ApiError::NoLiveWorkers => "no_live_workers",
@@ -343,6 +348,7 @@ impl From<AttachError> for ApiError {
             AttachError::Unknown(_) => ApiError::StreamNotFound(e.to_string()),
             AttachError::Diverged(..) => ApiError::StreamDiverged(e.to_string()),
             AttachError::Store(m) => ApiError::Internal(m),
+            AttachError::Unavailable(m) => ApiError::CheckpointsUnavailable(m),
         }
     }
 }

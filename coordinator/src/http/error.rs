@@ -34,6 +34,7 @@ impl ApiError {
             ApiError::RequestTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::CheckpointsUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::WorkerFailed(_) => StatusCode::BAD_GATEWAY,
             ApiError::NotSynced => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::NoLiveWorkers => StatusCode::SERVICE_UNAVAILABLE,

@@ -109,6 +109,8 @@ impl SessionTable {
         let Some(s) = self.sessions.get_mut(&stream) else {
             return;
         };
+        // An end held for a flush is dropped with the resume (see `accept`).
+        s.finishing = false;
         let why = reason.as_str();
         if reason.counts() {
             if s.resumes >= max {
@@ -134,7 +136,7 @@ impl SessionTable {
         let streams: Vec<StreamId> = self
             .sessions
             .iter()
-            .filter(|(_, s)| s.phase == Phase::Running(worker))
+            .filter(|(_, s)| s.phase == Phase::Running(worker) && !s.finishing)
             .map(|(id, _)| *id)
             .collect();
         if !streams.is_empty() {
@@ -189,6 +191,9 @@ impl SessionTable {
             let Phase::Running(worker) = s.phase else {
                 continue;
             };
+            if s.finishing {
+                continue;
+            }
             let quiet = now.saturating_duration_since(s.last_progress);
             if quiet >= s.stall_window(self.settings.stall_timeout) {
                 stalled.push((*id, worker));
@@ -210,7 +215,7 @@ impl SessionTable {
             let streams: Vec<(StreamId, u32)> = self
                 .sessions
                 .iter()
-                .filter(|(_, s)| s.phase == Phase::Running(worker))
+                .filter(|(_, s)| s.phase == Phase::Running(worker) && !s.finishing)
                 .map(|(id, s)| (*id, s.attempt()))
                 .collect();
             let timeout = self.settings.stall_probe.max(Duration::from_millis(500));

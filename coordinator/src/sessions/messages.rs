@@ -44,6 +44,9 @@ pub enum AttachError {
     /// The store failed.
     #[error("{0}")]
     Store(String),
+    /// The shared checkpoints did not answer in time (the client may retry).
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// Attach a client to a stream (sessions): replay after `after`, then live updates.

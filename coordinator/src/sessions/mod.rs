@@ -225,19 +225,39 @@ enum Remote {
     Claimed(crate::replica::Claimed),
 }
 
+/// [`remote_attach_once`], tried again while JetStream does not answer (a server of its
+/// cluster died and its streams elect new leaders), for up to `RETRY_FOR`.
 async fn remote_attach(replica: crate::replica::Replica, msg: Attach) -> Remote {
+    let started = Instant::now();
+    let mut pause = std::time::Duration::from_millis(100);
+    loop {
+        match remote_attach_once(&replica, msg.clone()).await {
+            Remote::Done(Err(AttachError::Unavailable(e)))
+                if started.elapsed() < crate::replica::RETRY_FOR =>
+            {
+                tracing::debug!(stream = %msg.stream, error = %e, "JetStream did not answer an attach; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(1));
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+async fn remote_attach_once(replica: &crate::replica::Replica, msg: Attach) -> Remote {
+    use crate::replica::attach_error;
     let stream = msg.stream;
     let found = match replica.lookup(stream).await {
         Ok(Some(found)) if msg.access.allows(found.record.owner.as_ref()) => found,
         Ok(_) => return Remote::Done(Err(AttachError::Unknown(stream))),
-        Err(e) => return Remote::Done(Err(AttachError::Store(e.to_string()))),
+        Err(e) => return Remote::Done(Err(attach_error(e))),
     };
     if found.record.end.is_none() && !replica.alive(found.owner) {
         match replica.claim(found.clone()).await {
             Ok(Some(claimed)) => return Remote::Claimed(claimed),
             // Another coordinator was first: it writes the rest, which is followed.
             Ok(None) => {}
-            Err(e) => return Remote::Done(Err(AttachError::Store(e.to_string()))),
+            Err(e) => return Remote::Done(Err(attach_error(e))),
         }
     }
     let prompt_tokens = match &found.record.end {

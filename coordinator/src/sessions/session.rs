@@ -105,6 +105,9 @@ pub(super) struct Session {
     pub(super) last_progress: Instant,
     /// Resumes so far.
     pub(super) resumes: u32,
+    /// The worker's end is in and waits for a checkpoint flush to reach the clients: the
+    /// stream is no longer the worker's, however long the flush takes.
+    pub(super) finishing: bool,
 }
 
 impl Session {
@@ -120,6 +123,7 @@ impl Session {
             orphan: false,
             last_progress: now,
             resumes: 0,
+            finishing: false,
         }
     }
 

@@ -668,6 +668,7 @@ impl SessionTable {
                             ..f
                         };
                         updates.push((stream, Update::Finished(f)));
+                        s.finishing = true;
                         ended.insert(stream);
                     }
                     EventKind::Failed(e) => {

@@ -777,6 +777,27 @@ fn sync_checkpoints_reach_the_client_after_the_flush_and_flushes_group() {
 }
 
 #[test]
+fn an_end_waiting_for_a_slow_flush_is_not_probed_or_resumed() {
+    let mut h = Harness::stored(CheckpointMode::Sync);
+    let mut client = h.running(S1, W1);
+    let effects = h.events(W1, S1, 0, vec![token(0), token(1), finished(2)]);
+    assert!(matches!(&effects[..], [Effect::Flush(_)]));
+    // The flush takes long (JetStream electing a leader); the worker has forgotten
+    // the stream it finished. Neither the stall probe nor the worker's loss moves it.
+    h.advance(Duration::from_secs(2));
+    let effects = h.table.tick(h.now);
+    assert!(
+        !effects.iter().any(|e| matches!(e, Effect::Probe { .. })),
+        "{effects:?}"
+    );
+    assert!(dispatches(&h.table.worker_left(W1, h.now)).is_empty());
+    h.table.flushed(Ok(()), h.now);
+    let updates = client.updates();
+    assert_eq!(updates.len(), 3, "{updates:?}");
+    assert!(matches!(updates.last(), Some(Update::Finished(_))));
+}
+
+#[test]
 fn async_checkpoints_hold_a_new_streams_tokens_until_its_record_is_on_disk() {
     let mut h = Harness::stored(CheckpointMode::Async);
     let (mut client, effects) = h.start(record(S1, "hi", 8));
