@@ -227,7 +227,9 @@ pub unsafe fn dot_int_rows_wide<const NIBBLE: bool, S: WideScales>(
 ) {
     let (m, n) = (scales.units() / nb, x.d.len() / nb);
     let qpb = if NIBBLE { 16 } else { 32 };
-    // Weight rows a kernel call takes (registers: four widened vectors each).
+    // Weight rows a kernel call takes (registers: four widened vectors each) for four
+    // input rows; for one, a row at a time: three rows' lines interleaved stream a large
+    // matrix more slowly than one (Zen 4), and one input row shares little.
     const WMAX: usize = 3;
     // SAFETY: input rows `j..j + take` (below `rows.end <= n`) and weight rows
     // `r..r + wr` (below `m`) are in bounds of every slice by the caller's checks.
@@ -240,7 +242,7 @@ pub unsafe fn dot_int_rows_wide<const NIBBLE: bool, S: WideScales>(
                 let take = if rows.end - j >= 4 { 4 } else { 1 };
                 let mut r = s0;
                 while r < s1 {
-                    let wr = (s1 - r).min(WMAX);
+                    let wr = (s1 - r).min(if take == 4 { WMAX } else { 1 });
                     let wq = qs.get_unchecked(qpb * nb * r..qpb * nb * (r + wr));
                     let (u0, u1) = (nb * r, nb * (r + wr));
                     let ws = scales.slice(u0, u1, u0, u1);
