@@ -50,6 +50,32 @@ const END: u8 = 1;
 /// whose server died to reconnect to another one.
 pub const RETRY_FOR: Duration = Duration::from_secs(10);
 
+/// Pauses between tries of something JetStream did not answer, growing from `first`
+/// to a second, for [`RETRY_FOR`] in all.
+pub struct Backoff {
+    started: Instant,
+    pause: Duration,
+}
+
+impl Backoff {
+    pub fn new(first: Duration) -> Self {
+        Self {
+            started: Instant::now(),
+            pause: first,
+        }
+    }
+
+    /// Waits before the next try; `false` (at once) when the time for tries is over.
+    pub async fn wait(&mut self) -> bool {
+        if self.started.elapsed() >= RETRY_FOR {
+            return false;
+        }
+        tokio::time::sleep(self.pause).await;
+        self.pause = (self.pause * 2).min(Duration::from_secs(1));
+        true
+    }
+}
+
 /// Why JetStream cannot hold the checkpoints.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicaError {
@@ -416,17 +442,16 @@ impl Replica {
         }
         // The stream is this coordinator's now: its tokens must be read, however long
         // JetStream takes to answer.
-        let started = Instant::now();
-        let mut pause = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100));
         let tokens = loop {
             match self.tokens(found.stream).await {
                 Ok((tokens, _)) => break in_order(tokens),
-                Err(e) if started.elapsed() < RETRY_FOR => {
+                Err(e) => {
                     debug!(stream = %found.stream, error = %e, "reading a claimed stream's tokens; trying again");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
+                    if !backoff.wait().await {
+                        return Err(e);
+                    }
                 }
-                Err(e) => return Err(e),
             }
         };
         info!(stream = %found.stream, from = %found.owner, tokens = tokens.len(), "took over a stream of a dead coordinator");
@@ -993,8 +1018,7 @@ async fn acknowledged(
     first: Result<jetstream::context::PublishAckFuture, jetstream::context::PublishError>,
     superseded: impl Fn() -> bool,
 ) -> Result<(), String> {
-    let started = Instant::now();
-    let mut pause = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50));
     let mut attempt = first;
     loop {
         let error = match attempt {
@@ -1004,12 +1028,10 @@ async fn acknowledged(
             },
             Err(e) => e.to_string(),
         };
-        if started.elapsed() >= RETRY_FOR {
+        debug!(%subject, %error, "JetStream did not take a checkpoint write; trying again");
+        if !backoff.wait().await {
             return Err(format!("{subject}: {error}"));
         }
-        debug!(%subject, %error, "JetStream did not take a checkpoint write; trying again");
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(1));
         if superseded() {
             return Ok(());
         }

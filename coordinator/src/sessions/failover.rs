@@ -136,7 +136,7 @@ impl SessionTable {
         let streams: Vec<StreamId> = self
             .sessions
             .iter()
-            .filter(|(_, s)| s.phase == Phase::Running(worker) && !s.finishing)
+            .filter(|(_, s)| s.runs_on(worker))
             .map(|(id, _)| *id)
             .collect();
         if !streams.is_empty() {
@@ -215,7 +215,7 @@ impl SessionTable {
             let streams: Vec<(StreamId, u32)> = self
                 .sessions
                 .iter()
-                .filter(|(_, s)| s.phase == Phase::Running(worker) && !s.finishing)
+                .filter(|(_, s)| s.runs_on(worker))
                 .map(|(id, s)| (*id, s.attempt()))
                 .collect();
             let timeout = self.settings.stall_probe.max(Duration::from_millis(500));

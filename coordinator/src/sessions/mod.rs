@@ -228,16 +228,14 @@ enum Remote {
 /// [`remote_attach_once`], tried again while JetStream does not answer (a server of its
 /// cluster died and its streams elect new leaders), for up to `RETRY_FOR`.
 async fn remote_attach(replica: crate::replica::Replica, msg: Attach) -> Remote {
-    let started = Instant::now();
-    let mut pause = std::time::Duration::from_millis(100);
+    let mut backoff = crate::replica::Backoff::new(std::time::Duration::from_millis(100));
     loop {
         match remote_attach_once(&replica, msg.clone()).await {
-            Remote::Done(Err(AttachError::Unavailable(e)))
-                if started.elapsed() < crate::replica::RETRY_FOR =>
-            {
+            Remote::Done(Err(AttachError::Unavailable(e))) => {
                 tracing::debug!(stream = %msg.stream, error = %e, "JetStream did not answer an attach; trying again");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(std::time::Duration::from_secs(1));
+                if !backoff.wait().await {
+                    return Remote::Done(Err(AttachError::Unavailable(e)));
+                }
             }
             outcome => return outcome,
         }

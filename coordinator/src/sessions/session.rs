@@ -127,6 +127,12 @@ impl Session {
         }
     }
 
+    /// Whether `worker` runs it and has not yet ended it: the streams a probe asks
+    /// after and a lost worker's loss moves.
+    pub(super) fn runs_on(&self, worker: WorkerId) -> bool {
+        self.phase == Phase::Running(worker) && !self.finishing
+    }
+
     /// Whether any client still listens (dropping closed channels).
     pub(super) fn listened(&mut self) -> bool {
         self.subscribers.retain(|s| !s.tx.is_closed());
