@@ -14,7 +14,7 @@ For each tensor type the Rust side dequantizes, the file `<type>.gguf` holds a t
 - F32, Q8_0, Q4_1: the first rows of real tensors of the default model, bytes unchanged.
 - F16, BF16, Q4_0: real weights (rows of the dequantized token embedding) quantized with
   `gguf.quants.quantize`; the file also holds those weights as the F32 tensor `source`.
-- Q4_K, Q5_K, Q6_K: the `gguf` package cannot quantize these, so the blocks are built
+- Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, IQ4_NL, IQ4_XS: the blocks are built
   from seeded random bytes with small positive f16 super-block scales. Dequantization is
   what is checked, and every bit pattern of the sub-block scales and quants is valid.
 
@@ -83,6 +83,9 @@ def random_k_blocks(rng: np.random.Generator, qtype: T) -> np.ndarray:
     elif qtype == T.Q6_K:
         # Layout: ql[128], qh[64], scales[16] (int8), d.
         raw[:, type_size - 2 :] = d
+    elif qtype in (T.IQ4_NL, T.IQ4_XS):
+        # Layout: d, then indices (IQ4_NL) or scales_h, scales_l[4], indices (IQ4_XS).
+        raw[:, 0:2] = d
     else:
         raise ValueError(qtype)
     return raw
@@ -128,11 +131,13 @@ def main() -> None:
         ("q6_k", T.Q6_K, random_k_blocks(rng, T.Q6_K), None, "random blocks"),
         ("q5_0", T.Q5_0, random_k_blocks(rng, T.Q5_0), None, "random blocks"),
         ("q5_1", T.Q5_1, random_k_blocks(rng, T.Q5_1), None, "random blocks"),
+        ("iq4_nl", T.IQ4_NL, random_k_blocks(rng, T.IQ4_NL), None, "random blocks"),
+        ("iq4_xs", T.IQ4_XS, random_k_blocks(rng, T.IQ4_XS), None, "random blocks"),
     ]
 
     manifest = []
     for name, qtype, weight, src, origin in cases:
-        if qtype in (T.Q4_K, T.Q5_K, T.Q6_K, T.Q5_0, T.Q5_1):
+        if qtype in (T.Q4_K, T.Q5_K, T.Q6_K, T.Q5_0, T.Q5_1, T.IQ4_NL, T.IQ4_XS):
             weight = weight.reshape(2, -1)  # two rows of two super-blocks each
         expected = gguf.quants.dequantize(weight, qtype)
         expected = np.ascontiguousarray(expected, dtype=np.float32)

@@ -154,10 +154,10 @@ fn settings_the_forward_pass_does_not_implement_are_named() {
             &["split.count", "3"],
         ),
         (
-            "iq4",
-            Edit::Retype(GgmlType::IQ4NL),
+            "mxfp4",
+            Edit::Retype(GgmlType::MXFP4),
             "unsupported_type",
-            &["blk.0.attn_q.weight", "iq4_nl"],
+            &["blk.0.attn_q.weight", "mxfp4"],
         ),
         (
             "extra",

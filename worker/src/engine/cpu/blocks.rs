@@ -47,7 +47,8 @@ use super::float16;
 use super::kernels;
 use super::packed;
 use super::scales::{FlatRows, ScaleRows, Scales, SUPER_BLOCKS};
-use crate::engine::gguf::{dequant::scale_min_k4, GgmlType};
+use crate::engine::gguf::dequant::{iq4_xs_scale, scale_min_k4};
+use crate::engine::gguf::GgmlType;
 
 /// Elements per block in every format here.
 pub const BLOCK: usize = 32;
@@ -69,6 +70,10 @@ pub enum QKind {
     /// 5-bit values packed as [`QKind::Five`] with a scale and a minimum per block:
     /// `w = q·d + m` (GGUF Q5_1, Q5_K).
     FiveMin,
+    /// 4-bit indices into IQ4's table of sixteen 8-bit values, laid out as
+    /// [`QKind::Nibble`]'s, with a scale per block: `w = T[q]·d` (GGUF IQ4_NL, IQ4_XS;
+    /// see [`super::packed`]).
+    Iq4,
     /// IEEE half-precision floats as the file has them (GGUF F16; [`super::float16`]).
     F16,
     /// bfloat16 as the file has them (GGUF BF16; [`super::float16`]).
@@ -81,9 +86,10 @@ impl QKind {
         matches!(self, QKind::Nibble | QKind::FiveMin)
     }
 
-    /// Whether the values are packed 5- or 6-bit ([`super::packed`]).
+    /// Whether the values take [`super::packed`]'s kernels: 5- and 6-bit values, and
+    /// IQ4's table indices.
     pub fn is_packed(self) -> bool {
-        matches!(self, QKind::Five | QKind::Six | QKind::FiveMin)
+        matches!(self, QKind::Five | QKind::Six | QKind::FiveMin | QKind::Iq4)
     }
 
     /// Whether the values are 16-bit floats, without scales ([`super::float16`]).
@@ -102,8 +108,8 @@ pub struct Blocks {
     /// (`rows × cols/32 · units`), and the minimum of each block (`Nibble` only):
     /// f32, or as the K-quant file has them ([`Scales`]).
     pub(super) scales: Scales,
-    /// Packed values: 16 bytes a block for `Nibble` (low nibbles are elements 0..16,
-    /// high nibbles 16..32, as in GGUF), 32 for `Byte`, 20 and 24 for `Five` and `Six`
+    /// Packed values: 16 bytes a block for `Nibble` and `Iq4` (low nibbles are elements
+    /// 0..16, high nibbles 16..32, as in GGUF), 32 for `Byte`, 20 and 24 for `Five` and `Six`
     /// ([`super::packed`]).
     pub(super) qs: Vec<u8>,
     /// Whether products quantize the input rows asked for to 16-bit blocks.
@@ -200,6 +206,8 @@ impl Blocks {
                 | GgmlType::Q4K
                 | GgmlType::Q5K
                 | GgmlType::Q6K
+                | GgmlType::IQ4NL
+                | GgmlType::IQ4XS
                 | GgmlType::F16
                 | GgmlType::BF16
         )
@@ -207,7 +215,8 @@ impl Blocks {
 
     /// Repacks `rows` rows of GGUF blocks of type `ty`, each value kept exactly:
     /// Q4_0, Q4_1 and Q4_K as 4-bit blocks; Q8_0 as 8-bit blocks; Q5_0, Q5_1, Q5_K and
-    /// Q6_K packed as 5- and 6-bit blocks ([`super::packed`]). K-quants keep their
+    /// Q6_K packed as 5- and 6-bit blocks ([`super::packed`]); IQ4_NL and IQ4_XS as
+    /// their 4-bit table indices ([`QKind::Iq4`]). K-quants and IQ4_XS keep their
     /// sub-blocks' 6- or 8-bit multipliers and super-blocks' scales ([`Scales::Super`]),
     /// the others an f32 scale (and minimum) a block. F16 and BF16 keep their 16-bit
     /// values ([`super::float16`]).
@@ -231,6 +240,7 @@ impl Blocks {
             GgmlType::Q5_0 => QKind::Five,
             GgmlType::Q5_1 | GgmlType::Q5K => QKind::FiveMin,
             GgmlType::Q6K => QKind::Six,
+            GgmlType::IQ4NL | GgmlType::IQ4XS => QKind::Iq4,
             GgmlType::F16 => QKind::F16,
             GgmlType::BF16 => QKind::Bf16,
             _ => QKind::Nibble,
@@ -263,6 +273,27 @@ impl Blocks {
                     // (q − 8)·d = q·d + (−8·d)
                     mins.push(-8.0 * d);
                     qs.extend_from_slice(&b[2..18]);
+                }
+            }
+            (GgmlType::IQ4NL, Scales::Flat { scales, .. }) => {
+                scales.reserve(n_blocks);
+                for b in bytes.chunks_exact(18) {
+                    scales.push(f16_at(b, 0));
+                    qs.extend_from_slice(&b[2..18]);
+                }
+            }
+            (GgmlType::IQ4XS, s) => {
+                // 256 values a super-block: d, the sub-blocks' 6-bit scales (high bits
+                // in a u16, low nibbles in 4 bytes), then 16 bytes of indices a
+                // sub-block, laid out as IQ4_NL's.
+                let (mul, d, _, _) = s.fill_super(SUPER_BLOCKS);
+                mul.reserve(n_blocks);
+                for b in bytes.chunks_exact(136) {
+                    d.push(f16_at(b, 0));
+                    let scales_h = u16::from_le_bytes([b[2], b[3]]);
+                    // `ls − 32`: in −32..32.
+                    mul.extend((0..8).map(|ib| iq4_xs_scale(ib, scales_h, &b[4..8]) as i8 - 32));
+                    qs.extend_from_slice(&b[8..136]);
                 }
             }
             // No scales: the values as they are.

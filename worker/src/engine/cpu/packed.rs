@@ -21,19 +21,24 @@
 //!   rounding).
 //!
 //! On x86-64 with AVX2 a block pair is unpacked to 16-bit lanes and multiplied as the
-//! 8-bit kernel does ([`super::blocks`]); CPUs with AVX-512 run the same AVX2 code, so
-//! every x86 worker gives these products the same bits.
+//! 8-bit kernel does ([`super::blocks`]); with AVX-512 a quad of blocks is unpacked to
+//! 512-bit vectors by the wide kernel ([`avx512`]), every lane adding what the AVX2
+//! kernel's adds in the same order, so every x86 worker gives these products the same
+//! bits.
 
+#[cfg(target_arch = "x86_64")]
+use super::kernels::avx512::{self, kind as wide};
+use super::kernels::IntKernel;
 use super::scales::{ScaleRows, SUPER_BLOCKS};
 use super::{IntRows, QKind, BLOCK};
-use crate::engine::gguf::dequant::scale_min_k4;
+use crate::engine::gguf::dequant::{scale_min_k4, IQ4_VALUES};
 
 /// Bytes of one packed block of `kind` (values and high bits; scales apart).
 pub const fn block_bytes(kind: QKind) -> usize {
     match kind {
         QKind::Five | QKind::FiveMin => 20,
         QKind::Six => 24,
-        QKind::Nibble => 16,
+        QKind::Nibble | QKind::Iq4 => 16,
         QKind::Byte => 32,
         // 32 values of 16 bits.
         QKind::F16 | QKind::Bf16 => 64,
@@ -49,8 +54,8 @@ pub const fn scales_per_block(kind: QKind) -> usize {
     }
 }
 
-/// The values of 32 elements packed as `kind` (5- or 6-bit; signed but for
-/// [`QKind::FiveMin`]'s `0..32`).
+/// The values of 32 elements packed as `kind` (5- or 6-bit, or IQ4's table values;
+/// signed but for [`QKind::FiveMin`]'s `0..32`).
 pub fn unpack(kind: QKind, block: &[u8]) -> [i8; BLOCK] {
     let mut v = [0i8; BLOCK];
     let (low, high) = block.split_at(16);
@@ -59,6 +64,11 @@ pub fn unpack(kind: QKind, block: &[u8]) -> [i8; BLOCK] {
         v[i + 16] = (low[i] >> 4) as i8;
     }
     match kind {
+        QKind::Iq4 => {
+            for v in &mut v {
+                *v = IQ4_VALUES[*v as usize];
+            }
+        }
         QKind::Five | QKind::FiveMin => {
             let bias = if kind == QKind::Five { 16 } else { 0 };
             for (e, v) in v.iter_mut().enumerate() {
@@ -222,9 +232,10 @@ pub fn dequant_row(kind: QKind, qs: &[u8], scales: &[f32], mins: &[f32], out: &m
         // SAFETY: AVX2 and FMA were detected at run time; the lengths are checked above.
         unsafe {
             match kind {
-                QKind::Six => x86::dequant_row::<true, false>(qs, scales, mins, out),
-                QKind::FiveMin => x86::dequant_row::<false, true>(qs, scales, mins, out),
-                _ => x86::dequant_row::<false, false>(qs, scales, mins, out),
+                QKind::Six => x86::dequant_row::<{ wide::SIX }>(qs, scales, mins, out),
+                QKind::FiveMin => x86::dequant_row::<{ wide::FIVE_MIN }>(qs, scales, mins, out),
+                QKind::Iq4 => x86::dequant_row::<{ wide::IQ4 }>(qs, scales, mins, out),
+                _ => x86::dequant_row::<{ wide::FIVE }>(qs, scales, mins, out),
             }
         }
         return;
@@ -246,12 +257,12 @@ pub fn dequant_row(kind: QKind, qs: &[u8], scales: &[f32], mins: &[f32], out: &m
 
 /// [`super::blocks`]'s integer product for packed weight rows: `m` rows of `nb` blocks
 /// (`qs`, `scales` with [`scales_per_block`] a block) against input rows `rows` of `x`,
-/// into `out: [m, n]`. With `vector` (AVX2 and FMA detected; inputs in the quad layout)
-/// every row's result is bitwise the same on every x86 CPU and whatever rows run beside
-/// it; the portable loop gives the same sums up to the order of float additions.
+/// into `out: [m, n]`. With a vector `kernel` (inputs in the quad layout) every row's
+/// result is bitwise the same on every x86 CPU, AVX2 or AVX-512, and whatever rows run
+/// beside it; the portable loop gives the same sums up to the order of float additions.
 #[allow(clippy::too_many_arguments)]
 pub fn dot_int_rows(
-    vector: bool,
+    kernel: IntKernel,
     kind: QKind,
     nb: usize,
     qs: &[u8],
@@ -278,27 +289,32 @@ pub fn dot_int_rows(
             && out.len() == m * n,
         "block slices disagree"
     );
+    assert!(
+        IntKernel::available().contains(&kernel),
+        "{kernel:?} does not run on this CPU"
+    );
     #[cfg(target_arch = "x86_64")]
-    if vector {
+    if kernel != IntKernel::Portable {
         assert!(
             x.qz.len() == n * nb.div_ceil(4) * 128 && x.ez.len() == n * nb.div_ceil(4) * 16,
             "inputs in the quad layout missing"
         );
-        assert!(
-            std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"),
-            "AVX2 does not run on this CPU"
-        );
-        // SAFETY: AVX2 and FMA were detected at run time (above); the lengths checked
-        // above put every block of every row asked for in bounds.
+        // SAFETY: the kernel's features were detected at run time (above); the lengths
+        // checked above put every block of every row asked for in bounds.
         unsafe {
-            match scales {
-                ScaleRows::Flat(f) => x86::dot_int_rows_of(kind, nb, qs, f, x, rows, out),
-                ScaleRows::Super(k) => x86::dot_int_rows_of(kind, nb, qs, k, x, rows, out),
+            match (kernel, scales) {
+                (IntKernel::Avx512, ScaleRows::Flat(f)) => {
+                    avx512::dot_int_rows_of(kind, nb, qs, f, x, rows, out)
+                }
+                (IntKernel::Avx512, ScaleRows::Super(k)) => {
+                    avx512::dot_int_rows_of(kind, nb, qs, k, x, rows, out)
+                }
+                (_, ScaleRows::Flat(f)) => x86::dot_int_rows_of(kind, nb, qs, f, x, rows, out),
+                (_, ScaleRows::Super(k)) => x86::dot_int_rows_of(kind, nb, qs, k, x, rows, out),
             }
         }
         return;
     }
-    let _ = vector;
     for r in 0..m {
         for j in rows.clone() {
             let mut total = 0.0f32;
@@ -330,8 +346,10 @@ pub fn dot_int_rows(
 mod x86 {
     use std::arch::x86_64::*;
 
+    use super::super::kernels::avx512::kind as wide;
     use super::super::scales::x86::QuadScales;
     use super::super::{hsum, load_tail, IntRows, QKind, WEIGHT_SLICE};
+    use super::IQ4_VALUES;
 
     /// [`widen_pair`] for 5-bit blocks, in bytes: block `b` in the low 128-bit lane and
     /// `b + 1` in the high one, each byte's fifth bit picked from the high bytes by a
@@ -406,21 +424,50 @@ mod x86 {
         }
     }
 
-    /// The weights of blocks `b`, `b + 1` as four vectors of sixteen i16 (element
-    /// groups 0..4 of block `b` in the low eight lanes, of block `b + 1` in the high
-    /// eight), signed (5-bit values `q` as they are with `MINS`, else `q − 16`). Block
-    /// `b + 1` reads as zeros when `two` is false.
+    /// [`widen_pair`] for IQ4's table indices: block `b` in the low 128-bit lane and
+    /// `b + 1` in the high one, each nibble looked up in the table by a byte shuffle,
+    /// then sign-extended within lanes.
+    ///
+    /// # Safety
+    /// Needs AVX2; `lo0`, `lo1` are the blocks' index bytes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn widen_table(lo0: __m128i, lo1: __m128i) -> [__m256i; 4] {
+        // SAFETY: register operations only (the table is a local array).
+        unsafe {
+            let v = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo0), lo1);
+            let t = _mm_loadu_si128(IQ4_VALUES.as_ptr().cast());
+            let table = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(t), t);
+            let low = _mm256_set1_epi8(0x0F);
+            let mut out = [_mm256_setzero_si256(); 4];
+            for (k, nib) in [
+                _mm256_and_si256(v, low),
+                _mm256_and_si256(_mm256_srli_epi16(v, 4), low),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let y = _mm256_shuffle_epi8(table, nib);
+                let sign = _mm256_cmpgt_epi8(_mm256_setzero_si256(), y);
+                out[2 * k] = _mm256_unpacklo_epi8(y, sign);
+                out[2 * k + 1] = _mm256_unpackhi_epi8(y, sign);
+            }
+            out
+        }
+    }
+
+    /// The weights of blocks `b`, `b + 1` of kind `K` ([`wide`]'s kinds) as four
+    /// vectors of sixteen i16 (element groups 0..4 of block `b` in the low eight
+    /// lanes, of block `b + 1` in the high eight), signed (5-bit values `q` as they are
+    /// with minimums, else `q − 16`; 6-bit `q − 32`; IQ4's table values). Block `b + 1`
+    /// reads as zeros when `two` is false.
     ///
     /// # Safety
     /// Needs AVX2; block `b` (and `b + 1` when `two`) inside `qs`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn widen_pair<const SIX: bool, const MINS: bool>(
-        qs: &[u8],
-        b: usize,
-        two: bool,
-    ) -> [__m256i; 4] {
-        let bb = if SIX { 24 } else { 20 };
+    unsafe fn widen_pair<const K: u8>(qs: &[u8], b: usize, two: bool) -> [__m256i; 4] {
+        let bb = wide::block_bytes(K);
         // SAFETY: the caller guarantees the blocks read are in bounds.
         unsafe {
             let p0 = qs.as_ptr().add(b * bb);
@@ -431,8 +478,14 @@ mod x86 {
             } else {
                 _mm_setzero_si128()
             };
-            if !SIX {
-                return widen_five::<MINS>(p0, p1, lo0, lo1, two);
+            if K == wide::IQ4 {
+                return widen_table(lo0, lo1);
+            }
+            if K == wide::FIVE_MIN {
+                return widen_five::<true>(p0, p1, lo0, lo1, two);
+            }
+            if K != wide::SIX {
+                return widen_five::<false>(p0, p1, lo0, lo1, two);
             }
             // Bytes 0..8 of both blocks (groups 0 and 2), then bytes 8..16 (1 and 3).
             let a = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(lo0, lo1));
@@ -444,74 +497,39 @@ mod x86 {
                 _mm256_srli_epi16(a, 4),
                 _mm256_srli_epi16(c, 4),
             ];
-            if SIX {
-                let h0 = _mm_loadl_epi64(p0.add(16).cast());
-                let h1 = if two {
-                    _mm_loadl_epi64(p1.add(16).cast())
-                } else {
-                    _mm_setzero_si128()
-                };
-                // Lane l of each half: the high bit pairs of elements l + 8g at 2g.
-                let h = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(h0, h1));
-                let m = _mm256_set1_epi16(0x30);
-                let bias = _mm256_set1_epi16(32);
-                let high = [
-                    _mm256_and_si256(_mm256_slli_epi16(h, 4), m),
-                    _mm256_and_si256(_mm256_slli_epi16(h, 2), m),
-                    _mm256_and_si256(h, m),
-                    _mm256_and_si256(_mm256_srli_epi16(h, 2), m),
-                ];
-                std::array::from_fn(|g| _mm256_sub_epi16(_mm256_or_si256(nib[g], high[g]), bias))
+            let h0 = _mm_loadl_epi64(p0.add(16).cast());
+            let h1 = if two {
+                _mm_loadl_epi64(p1.add(16).cast())
             } else {
-                let h0 = std::ptr::read_unaligned(p0.add(16).cast::<i32>());
-                let h1 = if two {
-                    std::ptr::read_unaligned(p1.add(16).cast::<i32>())
-                } else {
-                    0
-                };
-                // Bytes k of each block twice (lanes k and k + 4), widened, then the
-                // low nibbles moved up to the high one's place: bit g + 4 of lane l is
-                // element 8g + l's fifth bit.
-                let bytes = _mm_shuffle_epi8(
-                    _mm_set_epi32(0, 0, h1, h0),
-                    _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7),
-                );
-                let h = _mm256_mullo_epi16(
-                    _mm256_cvtepu8_epi16(bytes),
-                    _mm256_setr_epi16(16, 16, 16, 16, 1, 1, 1, 1, 16, 16, 16, 16, 1, 1, 1, 1),
-                );
-                let m = _mm256_set1_epi16(0x10);
-                let bias = _mm256_set1_epi16(if MINS { 0 } else { 16 });
-                let high = [
-                    _mm256_and_si256(h, m),
-                    _mm256_and_si256(_mm256_srli_epi16(h, 1), m),
-                    _mm256_and_si256(_mm256_srli_epi16(h, 2), m),
-                    _mm256_and_si256(_mm256_srli_epi16(h, 3), m),
-                ];
-                std::array::from_fn(|g| {
-                    let v = _mm256_or_si256(nib[g], high[g]);
-                    if MINS {
-                        v
-                    } else {
-                        _mm256_sub_epi16(v, bias)
-                    }
-                })
-            }
+                _mm_setzero_si128()
+            };
+            // Lane l of each half: the high bit pairs of elements l + 8g at 2g.
+            let h = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(h0, h1));
+            let m = _mm256_set1_epi16(0x30);
+            let bias = _mm256_set1_epi16(32);
+            let high = [
+                _mm256_and_si256(_mm256_slli_epi16(h, 4), m),
+                _mm256_and_si256(_mm256_slli_epi16(h, 2), m),
+                _mm256_and_si256(h, m),
+                _mm256_and_si256(_mm256_srli_epi16(h, 2), m),
+            ];
+            std::array::from_fn(|g| _mm256_sub_epi16(_mm256_or_si256(nib[g], high[g]), bias))
         }
     }
 
     /// One weight row against `R` input rows starting at `x` (quad layout), a block
     /// pair at a time: the lanes of the 8-bit kernel, one sum a block (5-bit) or one
-    /// per half (6-bit, each scaled on its own); with `MINS`, the minimum terms after
+    /// per half (6-bit, each scaled on its own); for kinds with minimums, their terms after
     /// the quads, sixteen blocks at a time, as the 4-bit kernel adds them.
     ///
     /// # Safety
     /// Needs AVX2 and FMA; `qs` and `scales` hold `nb` blocks; `qz`, `ez` point at `R`
-    /// rows in the quad layout, and with `MINS` `sums` at their `R` rows of block sums.
+    /// rows in the quad layout, and for kinds with minimums `sums` at their `R` rows of
+    /// block sums.
     #[inline]
     #[allow(clippy::needless_range_loop)] // `k` also offsets the input pointers
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn dot_pairs<const SIX: bool, const MINS: bool, const R: usize, S: QuadScales>(
+    unsafe fn dot_pairs<const K: u8, const R: usize, S: QuadScales>(
         nb: usize,
         qs: &[u8],
         scales: S,
@@ -519,13 +537,14 @@ mod x86 {
         ez: *const f32,
         sums: *const f32,
     ) -> [f32; R] {
+        let (six, mins) = (K == wide::SIX, wide::has_mins(K));
         let quads = nb.div_ceil(4);
         let mut acc = [[_mm256_setzero_ps(); R]; 2];
         // SAFETY (the loads): blocks below `nb`, quads below `quads`, rows below `R`,
         // in bounds by the caller's contract.
         unsafe {
             for q in 0..quads {
-                let halves = if SIX {
+                let halves = if six {
                     scales.quad_halves(q, nb)
                 } else {
                     scales.quad(q, nb).map(|d| [d, d])
@@ -535,10 +554,10 @@ mod x86 {
                     if b >= nb {
                         break;
                     }
-                    let bb = if SIX { 24 } else { 20 };
+                    let bb = wide::block_bytes(K);
                     _mm_prefetch::<_MM_HINT_T0>(qs.as_ptr().wrapping_add(b * bb + 4096).cast());
                     let two = b + 1 < nb;
-                    let w = widen_pair::<SIX, MINS>(qs, b, two);
+                    let w = widen_pair::<K>(qs, b, two);
                     for k in 0..R {
                         let p = qz.add(128 * quads * k + 128 * q + 16 * h);
                         let x = |g: usize| _mm256_loadu_si256(p.add(32 * g).cast());
@@ -551,7 +570,7 @@ mod x86 {
                             _mm256_madd_epi16(w[3], x(3)),
                         );
                         let e = _mm256_loadu_ps(ez.add(16 * quads * k + 16 * q + 8 * h));
-                        acc[h][k] = if SIX {
+                        acc[h][k] = if six {
                             let a = _mm256_fmadd_ps(
                                 _mm256_mul_ps(da, e),
                                 _mm256_cvtepi32_ps(s01),
@@ -568,7 +587,7 @@ mod x86 {
                     }
                 }
             }
-            if MINS {
+            if mins {
                 for c in 0..nb.div_ceil(16) {
                     for h in 0..2 {
                         let at = 16 * c + 8 * h;
@@ -585,26 +604,27 @@ mod x86 {
     }
 
     /// [`super::dequant_row`] on AVX2: each value times its scale (then plus its
-    /// minimum with `MINS`), the portable loop's roundings.
+    /// minimum, for kinds with minimums), the portable loop's roundings.
     ///
     /// # Safety
-    /// Needs AVX2 and FMA; `qs`, `scales`, `out` (and `mins` with `MINS`) hold the same
-    /// number of blocks.
+    /// Needs AVX2 and FMA; `qs`, `scales`, `out` (and `mins` for kinds with minimums)
+    /// hold the same number of blocks.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dequant_row<const SIX: bool, const MINS: bool>(
+    pub unsafe fn dequant_row<const K: u8>(
         qs: &[u8],
         scales: &[f32],
         mins: &[f32],
         out: &mut [f32],
     ) {
         let nb = out.len() / 32;
-        let spb = if SIX { 2 } else { 1 };
+        let (six, mins_too) = (K == wide::SIX, wide::has_mins(K));
+        let spb = wide::units(K);
         let mut b = 0;
         while b < nb {
             let two = b + 1 < nb;
             // SAFETY: blocks `b` (and `b + 1` when `two`) are inside every slice.
             unsafe {
-                let w = widen_pair::<SIX, MINS>(qs, b, two);
+                let w = widen_pair::<K>(qs, b, two);
                 for (k, blk) in [(0usize, b), (1, b + 1)] {
                     if k == 1 && !two {
                         break;
@@ -616,10 +636,10 @@ mod x86 {
                             _mm256_extracti128_si256::<1>(*w)
                         };
                         let v = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(half));
-                        let d = *scales.get_unchecked(spb * blk + if SIX { g / 2 } else { 0 });
+                        let d = *scales.get_unchecked(spb * blk + if six { g / 2 } else { 0 });
                         let o = out.as_mut_ptr().add(32 * blk + 8 * g);
                         let mut y = _mm256_mul_ps(v, _mm256_set1_ps(d));
-                        if MINS {
+                        if mins_too {
                             y = _mm256_add_ps(y, _mm256_set1_ps(*mins.get_unchecked(blk)));
                         }
                         _mm256_storeu_ps(o, y);
@@ -636,7 +656,7 @@ mod x86 {
     /// # Safety
     /// Needs AVX2 and FMA; the lengths as [`super::dot_int_rows`] checks them.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_int_rows<const SIX: bool, const MINS: bool, S: QuadScales>(
+    pub unsafe fn dot_int_rows<const K: u8, S: QuadScales>(
         nb: usize,
         qs: &[u8],
         scales: S,
@@ -644,7 +664,7 @@ mod x86 {
         rows: std::ops::Range<usize>,
         out: &mut [f32],
     ) {
-        let (bb, spb) = if SIX { (24, 2) } else { (20, 1) };
+        let (bb, spb, mins) = (wide::block_bytes(K), wide::units(K), wide::has_mins(K));
         let (m, n) = (scales.units() / (nb * spb), x.d.len() / nb);
         let quads = nb.div_ceil(4);
         for s0 in (0..m).step_by(WEIGHT_SLICE) {
@@ -657,7 +677,7 @@ mod x86 {
                 unsafe {
                     let qz = x.qz.as_ptr().add(128 * quads * j);
                     let ez = x.ez.as_ptr().add(16 * quads * j);
-                    let sums = if MINS {
+                    let sums = if mins {
                         x.sums.as_ptr().add(nb * j)
                     } else {
                         x.sums.as_ptr()
@@ -665,17 +685,17 @@ mod x86 {
                     for r in s0..s1 {
                         let wq = qs.get_unchecked(bb * nb * r..bb * nb * (r + 1));
                         let (u0, u1) = (spb * nb * r, spb * nb * (r + 1));
-                        let ws = if MINS {
+                        let ws = if mins {
                             scales.slice(u0, u1, nb * r, nb * (r + 1))
                         } else {
                             scales.slice(u0, u1, 0, 0)
                         };
                         let o = out.get_unchecked_mut(n * r + j..n * r + j + take);
                         if take == 4 {
-                            let v = dot_pairs::<SIX, MINS, 4, S>(nb, wq, ws, qz, ez, sums);
+                            let v = dot_pairs::<K, 4, S>(nb, wq, ws, qz, ez, sums);
                             o.copy_from_slice(&v);
                         } else {
-                            o[0] = dot_pairs::<SIX, MINS, 1, S>(nb, wq, ws, qz, ez, sums)[0];
+                            o[0] = dot_pairs::<K, 1, S>(nb, wq, ws, qz, ez, sums)[0];
                         }
                     }
                 }
@@ -701,9 +721,12 @@ mod x86 {
         // SAFETY: the caller's contract.
         unsafe {
             match kind {
-                QKind::Six => dot_int_rows::<true, false, S>(nb, qs, scales, x, rows, out),
-                QKind::FiveMin => dot_int_rows::<false, true, S>(nb, qs, scales, x, rows, out),
-                _ => dot_int_rows::<false, false, S>(nb, qs, scales, x, rows, out),
+                QKind::Six => dot_int_rows::<{ wide::SIX }, S>(nb, qs, scales, x, rows, out),
+                QKind::FiveMin => {
+                    dot_int_rows::<{ wide::FIVE_MIN }, S>(nb, qs, scales, x, rows, out)
+                }
+                QKind::Iq4 => dot_int_rows::<{ wide::IQ4 }, S>(nb, qs, scales, x, rows, out),
+                _ => dot_int_rows::<{ wide::FIVE }, S>(nb, qs, scales, x, rows, out),
             }
         }
     }

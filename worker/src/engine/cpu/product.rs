@@ -217,8 +217,7 @@ impl Blocks {
         for g0 in (0..n).step_by(GROUP) {
             let rows = g0..(g0 + GROUP).min(n);
             if self.kind.is_packed() {
-                let vector = kernel != kernels::IntKernel::Portable;
-                packed::dot_int_rows(vector, self.kind, bpr, qs, scales, x, rows, out);
+                packed::dot_int_rows(kernel, self.kind, bpr, qs, scales, x, rows, out);
             } else {
                 kernels::dot_int_rows(kernel, self.kind, bpr, qs, scales, x, rows, out);
             }

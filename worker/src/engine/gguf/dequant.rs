@@ -159,6 +159,8 @@ impl GgmlType {
                 | GgmlType::Q4K
                 | GgmlType::Q5K
                 | GgmlType::Q6K
+                | GgmlType::IQ4NL
+                | GgmlType::IQ4XS
         )
     }
 
@@ -210,6 +212,8 @@ pub fn dequantize_into(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<()
         GgmlType::Q4K => drive(bytes, out, bs, bb, blocks(bb, bs, q4_k_block)),
         GgmlType::Q5K => drive(bytes, out, bs, bb, blocks(bb, bs, q5_k_block)),
         GgmlType::Q6K => drive(bytes, out, bs, bb, blocks(bb, bs, q6_k_block)),
+        GgmlType::IQ4NL => drive(bytes, out, bs, bb, blocks(bb, bs, iq4_nl_block)),
+        GgmlType::IQ4XS => drive(bytes, out, bs, bb, blocks(bb, bs, iq4_xs_block)),
         other => return Err(GgufError::unsupported(UNNAMED, other)),
     }
     Ok(())
@@ -307,6 +311,46 @@ fn q4_0_block(b: &[u8], y: &mut [f32]) {
     for (j, &q) in b[2..18].iter().enumerate() {
         lo[j] = ((q & 0x0F) as i32 - 8) as f32 * d;
         hi[j] = ((q >> 4) as i32 - 8) as f32 * d;
+    }
+}
+
+/// The sixteen values a 4-bit index of IQ4_NL and IQ4_XS stands for (ggml's
+/// `kvalues_iq4nl`): a non-uniform grid, denser near zero.
+pub const IQ4_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// `block_iq4_nl`: d: f16, qs: [u8; 16] of indices laid out as Q4_0's nibbles.
+/// y = d·T[q].
+fn iq4_nl_block(b: &[u8], y: &mut [f32]) {
+    let d = half_at(b, 0);
+    let (lo, hi) = y.split_at_mut(16);
+    for (j, &q) in b[2..18].iter().enumerate() {
+        lo[j] = d * f32::from(IQ4_VALUES[usize::from(q & 0x0F)]);
+        hi[j] = d * f32::from(IQ4_VALUES[usize::from(q >> 4)]);
+    }
+}
+
+/// The 6-bit scale of sub-block `ib` (of 8) of an IQ4_XS super-block, `0..64`: its low
+/// four bits from `scales_l` (two a byte), its high two from `scales_h`.
+pub fn iq4_xs_scale(ib: usize, scales_h: u16, scales_l: &[u8]) -> u8 {
+    ((scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0F) | ((((scales_h >> (2 * ib)) & 3) as u8) << 4)
+}
+
+/// `block_iq4_xs`: d: f16, scales_h: u16, scales_l: [u8; 4], qs: [u8; 128] for 256
+/// values in 8 sub-blocks of 32, each scaled by `d·(ls − 32)` (`ls` from
+/// [`iq4_xs_scale`]) and laid out as IQ4_NL's indices.
+fn iq4_xs_block(b: &[u8], y: &mut [f32]) {
+    let d = half_at(b, 0);
+    let scales_h = u16::from_le_bytes([b[2], b[3]]);
+    let (scales_l, qs) = (&b[4..8], &b[8..136]);
+    for (ib, (q, out)) in qs.chunks_exact(16).zip(y.chunks_exact_mut(32)).enumerate() {
+        let dl = d * f32::from(i16::from(iq4_xs_scale(ib, scales_h, scales_l)) - 32);
+        let (lo, hi) = out.split_at_mut(16);
+        for (j, &q) in q.iter().enumerate() {
+            lo[j] = dl * f32::from(IQ4_VALUES[usize::from(q & 0x0F)]);
+            hi[j] = dl * f32::from(IQ4_VALUES[usize::from(q >> 4)]);
+        }
     }
 }
 

@@ -14,6 +14,7 @@ use std::path::Path;
 use half::f16;
 use rayon::prelude::*;
 
+use super::dequant::IQ4_VALUES;
 use super::reader::{GgmlType, GgufError, MetaValue, DEFAULT_ALIGNMENT, MAX_DIMS};
 
 /// Values per parallel task when quantizing.
@@ -303,6 +304,7 @@ pub fn quantize(ty: GgmlType, data: &[f32]) -> Result<Vec<u8>, GgufError> {
         GgmlType::Q8_0 => |x, y| each_block(x, y, 32, 34, q8_0_block),
         GgmlType::Q4_0 => |x, y| each_block(x, y, 32, 18, q4_0_block),
         GgmlType::Q4_1 => |x, y| each_block(x, y, 32, 20, q4_1_block),
+        GgmlType::IQ4NL => |x, y| each_block(x, y, 32, 18, iq4_nl_block),
         other => return Err(GgufError::unsupported("<data>", other)),
     };
     if !data.len().is_multiple_of(bs) {
@@ -373,6 +375,36 @@ fn q4_0_block(x: &[f32], y: &mut [u8]) {
     }
 }
 
+/// IQ4_NL, simply: `d = max / −127` (`max` the value of largest magnitude, which so
+/// takes the table's first entry) and each value the table entry nearest `x / d`.
+/// ggml also searches nearby scales for a smaller error; this one is for writing test
+/// models, not for quantizing real ones, so it need not give ggml's bytes.
+fn iq4_nl_block(x: &[f32], y: &mut [u8]) {
+    let mut max = 0.0f32;
+    for &v in x {
+        if max.abs() < v.abs() {
+            max = v;
+        }
+    }
+    let d = f16::from_f32(max / f32::from(IQ4_VALUES[0]));
+    y[..2].copy_from_slice(&d.to_le_bytes());
+    let d = d.to_f32();
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let nearest = |v: f32| -> u8 {
+        let t = v * id;
+        (0u8..16)
+            .min_by(|&a, &b| {
+                let da = (f32::from(IQ4_VALUES[usize::from(a)]) - t).abs();
+                let db = (f32::from(IQ4_VALUES[usize::from(b)]) - t).abs();
+                da.total_cmp(&db)
+            })
+            .unwrap_or(0)
+    };
+    for j in 0..16 {
+        y[2 + j] = nearest(x[j]) | (nearest(x[j + 16]) << 4);
+    }
+}
+
 /// `quantize_row_q4_1_ref`: d = (max − min)/15, m = min, q = min(15, trunc((x − m)/d + 0.5)).
 fn q4_1_block(x: &[f32], y: &mut [u8]) {
     let (mut min, mut max) = (f32::MAX, -f32::MAX);
@@ -419,6 +451,9 @@ mod tests {
             (GgmlType::Q4_0, 0.9),
             // Q4_1: half a step, (max − min)/30 < 0.47 here.
             (GgmlType::Q4_1, 0.5),
+            // IQ4_NL: at most the table's widest step from its end, 127 − 113 = 14
+            // units of amax/127 (< 0.8 here).
+            (GgmlType::IQ4NL, 0.8),
         ] {
             let q = quantize(ty, &x).expect("supported");
             let y = dequantize(ty, &q, x.len()).expect("valid");

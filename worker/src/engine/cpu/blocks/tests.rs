@@ -64,8 +64,8 @@ fn products_match_dequantized_weights() {
     }
 }
 
-/// `n` valid blocks of `ty` (Q5_0, Q5_1, Q4_K, Q5_K or Q6_K) from a seed: random bytes with
-/// sane f16 scales.
+/// `n` valid blocks of `ty` (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS) from a seed:
+/// random bytes with sane f16 scales.
 fn random_blocks(ty: GgmlType, n: usize, seed: u64) -> Vec<u8> {
     let size = ty.block_bytes().expect("known size");
     let mut state = seed
@@ -105,6 +105,8 @@ fn packed_and_k_quant_blocks_repack_without_rounding() {
         GgmlType::Q4K,
         GgmlType::Q5K,
         GgmlType::Q6K,
+        GgmlType::IQ4NL,
+        GgmlType::IQ4XS,
     ];
     for ty in types {
         let per = ty.block_size().expect("block size");
@@ -153,25 +155,25 @@ fn flat_scales(q: &Blocks) -> Blocks {
     out
 }
 
-/// The same matrix with 5-bit blocks as bytes: the form Q5_0 was kept in before
-/// being packed.
+/// The same matrix with 5-bit blocks or IQ4's indices as the bytes of their values:
+/// the form Q5_0 was kept in before being packed.
 fn unpacked(q: &Blocks) -> Blocks {
     let mut out = q.clone();
-    if q.kind == QKind::Five {
+    if matches!(q.kind, QKind::Five | QKind::Iq4) {
         out.kind = QKind::Byte;
         out.qs =
-            q.qs.chunks_exact(20)
-                .flat_map(|b| packed::unpack(QKind::Five, b).map(|v| v as u8))
+            q.qs.chunks_exact(packed::block_bytes(q.kind))
+                .flat_map(|b| packed::unpack(q.kind, b).map(|v| v as u8))
                 .collect();
     }
     out
 }
 
-/// Q5_0, Q5_1, Q4_K, Q5_K and Q6_K kept in their blocks, with integer inputs: within
-/// the inputs' rounding of the dequantized product; the vector kernels bitwise alike
-/// and the portable loop within float rounding; every row as it is alone; K-quant
-/// scales formed in the kernels bitwise the expanded ones'; and Q5_0 bitwise what it
-/// gave as bytes.
+/// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS kept in their blocks, with integer
+/// inputs: within the inputs' rounding of the dequantized product; the vector kernels
+/// bitwise alike and the portable loop within float rounding; every row as it is
+/// alone; K-quant (and IQ4_XS) scales formed in the kernels bitwise the expanded ones';
+/// and Q5_0 and IQ4_NL bitwise what their values give as bytes.
 #[test]
 fn packed_and_k_quant_integer_products() {
     for (ty, cols) in [
@@ -183,6 +185,10 @@ fn packed_and_k_quant_integer_products() {
         (GgmlType::Q5K, 768),
         (GgmlType::Q6K, 512),
         (GgmlType::Q6K, 768),
+        (GgmlType::IQ4NL, 160),
+        (GgmlType::IQ4NL, 576),
+        (GgmlType::IQ4XS, 512),
+        (GgmlType::IQ4XS, 768),
     ] {
         let rows = 53;
         let per = ty.block_size().expect("block size");
@@ -195,10 +201,13 @@ fn packed_and_k_quant_integer_products() {
         // minimums); Q6_K 6.625 for 6.5625 (the values packed, a byte for each 16
         // and an f32 `d` a super-block); Q4_K 4.75 for 4.5 and Q5_K 5.75 for 5.5 (a
         // byte each for a block's scale and minimum, f32 `d` and `dmin` a
-        // super-block).
+        // super-block); IQ4_NL 5 for 4.5 (an f32 scale a block) and IQ4_XS 4.375 for
+        // 4.25 (a byte a block's scale, an f32 `d` a super-block).
         let per_weight = q.bytes() as f64 * 8.0 / (rows * cols) as f64;
         let want = match ty {
             GgmlType::Q5_0 => 6.0,
+            GgmlType::IQ4NL => 5.0,
+            GgmlType::IQ4XS => 4.375,
             GgmlType::Q5_1 => 7.0,
             GgmlType::Q6K => 6.625,
             GgmlType::Q5K => 5.75,
@@ -249,16 +258,9 @@ fn packed_and_k_quant_integer_products() {
                 let x = prep.int_inputs(&prep.sums);
                 let scales = q.scales_of(0, rows);
                 match q.kind {
-                    k if k.is_packed() => packed::dot_int_rows(
-                        kernel != kernels::IntKernel::Portable,
-                        q.kind,
-                        bpr,
-                        &q.qs,
-                        scales,
-                        x,
-                        0..n,
-                        &mut out,
-                    ),
+                    k if k.is_packed() => {
+                        packed::dot_int_rows(kernel, q.kind, bpr, &q.qs, scales, x, 0..n, &mut out)
+                    }
                     _ => {
                         kernels::dot_int_rows(kernel, q.kind, bpr, &q.qs, scales, x, 0..n, &mut out)
                     }
@@ -311,7 +313,7 @@ fn packed_and_k_quant_integer_products() {
                 assert_eq!(bits(&q.row(r)), bits(&flat.row(r)), "{ty:?} row {r}");
             }
         }
-        if ty == GgmlType::Q5_0 {
+        if matches!(ty, GgmlType::Q5_0 | GgmlType::IQ4NL) {
             let before = unpacked(&q).matmul(&x, n);
             assert!(
                 before

@@ -338,12 +338,12 @@ pub fn dot_int_rows(
             // SAFETY: AVX-512 F/BW/VNNI, AVX2 and FMA were detected at run time (the
             // assertion above); the lengths checked above put every block of every
             // row asked for in bounds.
-            unsafe { avx512::dot_int_rows_of(nibble, nb, qs, f, x, rows, out) };
+            unsafe { avx512::dot_int_rows_of(kind, nb, qs, f, x, rows, out) };
             return;
         }
         (IntKernel::Avx512, ScaleRows::Super(k)) => {
             // SAFETY: as above, and rows hold whole super-blocks.
-            unsafe { avx512::dot_int_rows_of(nibble, nb, qs, k, x, rows, out) };
+            unsafe { avx512::dot_int_rows_of(kind, nb, qs, k, x, rows, out) };
             return;
         }
         (IntKernel::Avx2, ScaleRows::Flat(f)) => {

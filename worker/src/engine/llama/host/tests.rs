@@ -54,9 +54,14 @@ fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 /// cache, within what rounding keys and values to f16 moves with an f16 one.
 #[test]
 fn host_path_matches_burn_path() {
-    for (ty, kv) in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0]
-        .into_iter()
-        .flat_map(|ty| [(ty, KvDtype::F32), (ty, KvDtype::F16)])
+    for (ty, kv) in [
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::IQ4NL,
+    ]
+    .into_iter()
+    .flat_map(|ty| [(ty, KvDtype::F32), (ty, KvDtype::F16)])
     {
         let (_dir, mut host) = native(ty, 11);
         host.set_kv_dtype(kv);
@@ -342,7 +347,7 @@ fn an_expected_length_is_allocated_once() {
 
 #[test]
 fn generated_rows_do_not_depend_on_their_batch() {
-    for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::IQ4NL] {
         let (_dir, model) = load(ty, 5, WeightDtype::NativeI16);
         let prompt: &[u32] = &[5, 70, 200, 3, 9, 41, 7];
         let steps: [u32; 4] = [12, 250, 31, 8];
