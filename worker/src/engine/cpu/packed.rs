@@ -22,7 +22,7 @@
 //!
 //! On x86-64 with AVX2 a block pair is unpacked to 16-bit lanes and multiplied as the
 //! 8-bit kernel does ([`super::blocks`]); with AVX-512 a quad of blocks is unpacked to
-//! 512-bit vectors by the wide kernel ([`avx512`]), every lane adding what the AVX2
+//! 512-bit vectors by the wide kernel (`kernels::avx512`), every lane adding what the AVX2
 //! kernel's adds in the same order, so every x86 worker gives these products the same
 //! bits.
 
