@@ -2,8 +2,8 @@
 """Tiny random-weight models of each supported architecture, with Hugging Face
 `transformers` as the reference.
 
-Usage:
-    scripts/arch-fixtures              (makes the venv it needs, then runs this)
+Usage, in a virtual environment outside the repository with CPU torch, transformers
+(the versions are recorded in reference.json) and llama.cpp's gguf package:
     python3 scripts/arch_fixtures.py [--out DIR]
 
 For every family below, the script builds a tiny model with `transformers` (CPU torch,
@@ -31,7 +31,11 @@ Families:
   feed-forward block, Q/K norms, one KV head, sliding-window layers (window 8, shorter
   than the prompt) with their own RoPE base, and a global layer;
 - `phi3`: Phi-3-style, fused `attn_qkv` and `ffn_up` (gate, then up), a sliding window
-  (8) on every layer, untied output.
+  (8) on every layer, untied output;
+- `phi3-longrope`: Phi-4-mini-style, LongRoPE (`rope_factors_long/short.weight`, the
+  attention factor) over partial rotary embeddings, no window, tied output, its context
+  stretched past the original (the long factors);
+- `phi3-longrope-short`: the same within its original context (the short factors).
 
 The tokenizer in each file is byte-level BPE (the 256 byte symbols, three control
 tokens, merges of letter pairs) with the family's `tokenizer.ggml.pre`; the tests feed
@@ -194,7 +198,62 @@ def families():
             ),
             transformers.Phi3ForCausalLM,
         ),
+        (
+            # Phi-4-mini-style: LongRoPE over partial rotary embeddings (12 of 16 head
+            # dimensions), no window, tied output. Trained for 8 positions, stretched to
+            # 256: every sequence here is longer than 8, so transformers rotates with
+            # the long factors and the attention factor √(1 + ln 32 / ln 8), as a worker
+            # serving more than the original context does.
+            "phi3-longrope",
+            "phi3",
+            "gpt2",
+            transformers.Phi3Config(
+                **{k: v for k, v in common.items() if k != "max_position_embeddings"},
+                max_position_embeddings=256,
+                original_max_position_embeddings=8,
+                sliding_window=None,
+                tie_word_embeddings=True,
+                pad_token_id=0,
+                bos_token_id=0,
+                eos_token_id=2,
+                rope_parameters=longrope(8),
+            ),
+            transformers.Phi3ForCausalLM,
+        ),
+        (
+            # The same kind of model served within its original context: the short
+            # factors, no attention factor.
+            "phi3-longrope-short",
+            "phi3",
+            "gpt2",
+            transformers.Phi3Config(
+                **{k: v for k, v in common.items() if k != "max_position_embeddings"},
+                max_position_embeddings=256,
+                original_max_position_embeddings=256,
+                sliding_window=None,
+                tie_word_embeddings=False,
+                pad_token_id=0,
+                bos_token_id=0,
+                eos_token_id=2,
+                rope_parameters=longrope(256),
+            ),
+            transformers.Phi3ForCausalLM,
+        ),
     ]
+
+
+def longrope(original: int) -> dict:
+    """Phi-3's LongRoPE over 12 of the 16 head dimensions: six frequency divisors for
+    contexts past `original` and six within it (uneven, so that a set read in the
+    wrong order or the wrong set shows)."""
+    return {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.75,
+        "original_max_position_embeddings": original,
+        "long_factor": [1.0, 1.7, 3.1, 5.3, 9.7, 16.0],
+        "short_factor": [1.0, 1.1, 1.3, 1.2, 1.6, 2.1],
+    }
 
 
 def rope_theta(cfg) -> float:
@@ -257,10 +316,21 @@ def write_gguf(path: Path, arch: str, pre: str, cfg, tensors: dict[str, np.ndarr
     if head_dim != cfg.hidden_size // cfg.num_attention_heads:
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    w.add_rope_dimension_count(head_dim)
+    rope = cfg.rope_parameters
+    rope = rope.get("full_attention", rope)
+    # As llama.cpp's converter counts them: int(fraction · hidden) // heads.
+    rot = int(rope.get("partial_rotary_factor", 1.0) * cfg.hidden_size) // cfg.num_attention_heads
+    w.add_rope_dimension_count(rot if rope.get("rope_type") == "longrope" else head_dim)
     w.add_rope_freq_base(rope_theta(cfg))
+    if rope.get("rope_type") == "longrope":
+        # The converter's LongRoPE keys: the original context and the attention factor.
+        original = rope["original_max_position_embeddings"]
+        scale = cfg.max_position_embeddings / original
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0)
     if arch in ("gemma3", "phi3"):
-        w.add_sliding_window(cfg.sliding_window)
+        # A model without a window writes 0, as the converter does for Phi-4.
+        w.add_sliding_window(cfg.sliding_window or 0)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(VOCAB)
     tokens, types, merges = vocabulary()
@@ -312,6 +382,9 @@ def gguf_tensors(arch: str, model, cfg) -> dict[str, np.ndarray]:
         out[name] = arr
     if cfg.rope_parameters.get("rope_type") == "llama3":
         out["rope_freqs.weight"] = llama3_rope_factors(cfg)
+    if cfg.rope_parameters.get("rope_type") == "longrope":
+        out["rope_factors_long.weight"] = np.array(cfg.rope_parameters["long_factor"], dtype=np.float32)
+        out["rope_factors_short.weight"] = np.array(cfg.rope_parameters["short_factor"], dtype=np.float32)
     return out
 
 

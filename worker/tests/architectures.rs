@@ -1,7 +1,9 @@
 //! Every supported architecture against Hugging Face `transformers`: tiny random-weight
 //! models (`llama3` with llama3 RoPE scaling and a wide head, `mistral`, `qwen2` with
 //! Q/K/V biases, `qwen3` with per-head Q/K norms, `gemma3` with GeGLU, post norms and
-//! sliding-window layers, `phi3` with fused matrices and a window on every layer), written to GGUF as F32 and as Q8_0 by
+//! sliding-window layers, `phi3` with fused matrices and a window on every layer, and two
+//! Phi-4-mini-style `phi3` models with LongRoPE over partial rotary embeddings, one
+//! serving past its original context and one within it), written to GGUF as F32 and as Q8_0 by
 //! `scripts/arch_fixtures.py`, which also recorded what `transformers` computes for them:
 //! the logits at the last prompt position and 24 greedy tokens.
 //!
@@ -187,7 +189,16 @@ fn every_architecture_matches_transformers() {
     let names: Vec<&str> = fixture.models.iter().map(|m| m.name.as_str()).collect();
     assert_eq!(
         names,
-        ["llama3", "mistral", "qwen2", "qwen3", "gemma3", "phi3"]
+        [
+            "llama3",
+            "mistral",
+            "qwen2",
+            "qwen3",
+            "gemma3",
+            "phi3",
+            "phi3-longrope",
+            "phi3-longrope-short"
+        ]
     );
     for m in &fixture.models {
         let r = &m.reference;
@@ -308,8 +319,33 @@ fn the_preflight_reads_each_family_from_its_metadata() {
             "qwen3" => (32, false, true, false, true),
             "gemma3" => (32, false, true, false, true),
             "phi3" => (16, false, false, false, false),
+            "phi3-longrope" => (16, false, false, false, true),
+            "phi3-longrope-short" => (16, false, false, false, false),
             other => panic!("unexpected model {other}"),
         };
+        // LongRoPE over 12 of 16 dimensions; the long factors (and the attention
+        // factor √(1 + ln 32 / ln 8)) where the context served passes the original.
+        let (rope_dims, long_rope, long_factors, attn_factor) = match m.name.as_str() {
+            "phi3-longrope" => (12, true, true, (1.0 + 32f32.ln() / 8f32.ln()).sqrt()),
+            "phi3-longrope-short" => (12, true, false, 1.0),
+            _ => (head_dim, false, false, 1.0),
+        };
+        assert_eq!(c.rope_dims, rope_dims, "{}: rotary dims", m.name);
+        assert_eq!(plan.long_rope, long_rope, "{}: LongRoPE", m.name);
+        if long_rope {
+            assert_eq!(
+                c.long_rope_factors(),
+                long_factors,
+                "{}: long factors",
+                m.name
+            );
+        }
+        assert!(
+            (c.rope_attn_factor - attn_factor).abs() < 1e-6,
+            "{}: attention factor {}",
+            m.name,
+            c.rope_attn_factor
+        );
         assert_eq!(c.head_dim, head_dim, "{}: head size", m.name);
         assert_eq!(plan.qkv_bias, bias, "{}: biases", m.name);
         assert_eq!(plan.qk_norm, qk_norm, "{}: q/k norms", m.name);

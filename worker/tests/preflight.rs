@@ -15,7 +15,13 @@ use baton_worker::{
 use tempfile::TempDir;
 
 fn source() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/arch/qwen2.q8_0.gguf")
+    fixture("qwen2.q8_0.gguf")
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/arch")
+        .join(name)
 }
 
 /// One change to the source file.
@@ -26,10 +32,18 @@ enum Edit<'a> {
     Retype(GgmlType),
     /// Adds an F32 tensor of `n` values.
     AddTensor(&'a str, u64),
+    /// Leaves a tensor out.
+    Drop(&'a str),
+    /// Stores a tensor with `n` F32 values of 1 in place of its own.
+    Resize(&'a str, u64),
 }
 
 fn variant(dir: &TempDir, name: &str, edit: Edit<'_>) -> PathBuf {
-    let src = GgufFile::open(&source()).expect("fixture opens");
+    variant_of(&source(), dir, name, edit)
+}
+
+fn variant_of(source: &Path, dir: &TempDir, name: &str, edit: Edit<'_>) -> PathBuf {
+    let src = GgufFile::open(source).expect("fixture opens");
     let mut w = GgufWriter::new();
     let mut set = match &edit {
         Edit::Set(k, v) => Some((*k, v.clone())),
@@ -50,6 +64,20 @@ fn variant(dir: &TempDir, name: &str, edit: Edit<'_>) -> PathBuf {
         w.add_metadata(k, v).expect("new key");
     }
     for t in src.tensors() {
+        match &edit {
+            Edit::Drop(n) if *n == t.name => continue,
+            Edit::Resize(n, len) if *n == t.name => {
+                w.add_tensor(
+                    t.name.clone(),
+                    &[*len],
+                    GgmlType::F32,
+                    &vec![1.0; *len as usize],
+                )
+                .expect("tensor");
+                continue;
+            }
+            _ => {}
+        }
         if let (Edit::Retype(ty), "blk.0.attn_q.weight") = (&edit, t.name.as_str()) {
             let size = ty.bytes_for(t.dims.iter().product()).expect("known size") as usize;
             w.add_tensor_bytes(t.name.clone(), &t.dims, *ty, vec![0; size])
@@ -142,6 +170,18 @@ fn settings_the_forward_pass_does_not_implement_are_named() {
             &["qwen2.rope.dimension_count", "8", "partial"],
         ),
         (
+            "attn-factor",
+            Edit::Set("qwen2.rope.scaling.attn_factor", MetaValue::F32(1.25)),
+            "unsupported_key",
+            &["qwen2.rope.scaling.attn_factor", "1.25"],
+        ),
+        (
+            "longrope-elsewhere",
+            Edit::AddTensor("rope_factors_long.weight", 8),
+            "unused_tensor",
+            &["rope_factors_long.weight", "qwen2"],
+        ),
+        (
             "values",
             Edit::Set("qwen2.attention.value_length", MetaValue::U32(32)),
             "unsupported_key",
@@ -168,6 +208,60 @@ fn settings_the_forward_pass_does_not_implement_are_named() {
     ];
     for (name, edit, kind, words) in cases {
         let path = variant(&dir, &format!("{name}.gguf"), edit);
+        let (k, text) = refused(&path);
+        assert_eq!(k, kind, "{name}: {text}");
+        for w in words {
+            assert!(text.contains(w), "{name}: {text:?} does not name {w:?}");
+        }
+    }
+}
+
+/// A Phi-3 file with LongRoPE over partial rotary embeddings that the forward pass
+/// could not follow: each refused, naming the key or tensor.
+#[test]
+fn longrope_files_that_cannot_run_are_named() {
+    let dir = TempDir::new().expect("tempdir");
+    let source = fixture("phi3-longrope.q8_0.gguf");
+    let cases: Vec<(&str, Edit<'_>, &str, &[&str])> = vec![
+        (
+            "odd-dims",
+            Edit::Set("phi3.rope.dimension_count", MetaValue::U32(13)),
+            "invalid_config",
+            &["rope.dimension_count", "13"],
+        ),
+        (
+            "wide-dims",
+            Edit::Set("phi3.rope.dimension_count", MetaValue::U32(32)),
+            "invalid_config",
+            &["rope.dimension_count", "32", "16"],
+        ),
+        (
+            "no-short",
+            Edit::Drop("rope_factors_short.weight"),
+            "missing_tensor",
+            &["rope_factors_short.weight"],
+        ),
+        (
+            "factors-for-all-dims",
+            Edit::Resize("rope_factors_long.weight", 8),
+            "tensor_shape",
+            &["rope_factors_long.weight"],
+        ),
+        (
+            "and-rope-freqs",
+            Edit::AddTensor("rope_freqs.weight", 6),
+            "invalid_config",
+            &["rope_freqs.weight", "rope_factors_long"],
+        ),
+        (
+            "zero-attn-factor",
+            Edit::Set("phi3.rope.scaling.attn_factor", MetaValue::F32(0.0)),
+            "invalid_config",
+            &["rope.scaling.attn_factor", "0"],
+        ),
+    ];
+    for (name, edit, kind, words) in cases {
+        let path = variant_of(&source, &dir, &format!("{name}.gguf"), edit);
         let (k, text) = refused(&path);
         assert_eq!(k, kind, "{name}: {text}");
         for w in words {

@@ -515,10 +515,7 @@ impl<B: Backend> Engine<B> {
 
     /// Longest sequence (prompt and output) the engine runs.
     pub fn context_length(&self) -> usize {
-        self.model
-            .config()
-            .context_length
-            .min(super::llama::load::MAX_CONTEXT)
+        self.model.config().served_context()
     }
 
     /// Renders and tokenizes a prompt.

@@ -16,8 +16,9 @@ pub enum Arch {
     /// attention and after the feed-forward block, Q/K norms, and sliding-window layers
     /// with their own RoPE base.
     Gemma3,
-    /// `phi3`: Phi-3 and Phi-3.5 (without LongRoPE), with fused Q/K/V and gate/up
-    /// matrices and a sliding window on every layer.
+    /// `phi3`: Phi-3, Phi-3.5 and Phi-4-mini, with fused Q/K/V and gate/up matrices, a
+    /// sliding window on every layer (when the file gives one), partial rotary
+    /// embeddings and LongRoPE.
     Phi3,
 }
 
@@ -116,6 +117,16 @@ pub struct LlamaConfig {
     /// Positions are multiplied by this before rotation: `1 / rope.scaling.factor` for
     /// linear RoPE scaling, else 1. Local (sliding-window) layers are never scaled.
     pub rope_scale: f32,
+    /// Dimensions of each head that rotate (`rope.dimension_count`): the head size,
+    /// or fewer with partial rotary embeddings (Phi-3.5, Phi-4).
+    pub rope_dims: usize,
+    /// Cosines and sines are multiplied by this (`rope.scaling.attn_factor`: LongRoPE's
+    /// `√(1 + ln s / ln original)` for a context stretched `s` times), else 1.
+    pub rope_attn_factor: f32,
+    /// The context the model was trained with before its RoPE was stretched
+    /// (`rope.scaling.original_context_length`, else `context_length`): a LongRoPE
+    /// model serving more than this rotates with its long factors, else its short ones.
+    pub rope_original_context: usize,
     /// The feed-forward gate's activation.
     pub activation: Activation,
     /// The token embedding is multiplied by this (Gemma: √hidden), else 1.
@@ -192,6 +203,19 @@ impl LlamaConfig {
             _ => None,
         };
         let n_layers = get("block_count")?;
+        let context_length = get("context_length")?;
+        let rope_dims = match gguf.get(&key("rope.dimension_count")) {
+            Some(_) => get("rope.dimension_count")?,
+            None => head_dim,
+        };
+        let rope_attn_factor = match gguf.get(&key("rope.scaling.attn_factor")) {
+            Some(_) => gguf.get_f64(&key("rope.scaling.attn_factor"))? as f32,
+            None => 1.0,
+        };
+        let rope_original_context = match gguf.get(&key("rope.scaling.original_context_length")) {
+            Some(_) => get("rope.scaling.original_context_length")?,
+            None => context_length,
+        };
         // Gemma 3 27B scales queries by hidden / heads instead of the head size (llama.cpp
         // and gemma_pytorch tell it by its 62 layers; the file has no key for it).
         let scale_dim = if gemma && n_layers == 62 {
@@ -202,6 +226,9 @@ impl LlamaConfig {
         Ok(Self {
             arch,
             rope_scale,
+            rope_dims,
+            rope_attn_factor,
+            rope_original_context,
             activation: if gemma {
                 Activation::GeluTanh
             } else {
@@ -217,7 +244,7 @@ impl LlamaConfig {
             n_kv_heads,
             head_dim,
             vocab,
-            context_length: get("context_length")?,
+            context_length,
             rope_theta,
             rms_eps: gguf.get_f64(&key("attention.layer_norm_rms_epsilon"))? as f32,
         })
@@ -272,7 +299,35 @@ impl LlamaConfig {
                 1.0 / self.rope_scale
             ));
         }
+        if self.rope_dims == 0
+            || !self.rope_dims.is_multiple_of(2)
+            || self.rope_dims > self.head_dim
+        {
+            return Err(format!(
+                "rope.dimension_count {} is not an even count of at most the head size {}",
+                self.rope_dims, self.head_dim
+            ));
+        }
+        if !(self.rope_attn_factor.is_finite() && self.rope_attn_factor > 0.0) {
+            return Err(format!(
+                "rope.scaling.attn_factor {} is not positive",
+                self.rope_attn_factor
+            ));
+        }
         Ok(())
+    }
+
+    /// Longest sequence (prompt and output) the engine runs: the model's context, at
+    /// most [`super::load::MAX_CONTEXT`].
+    pub fn served_context(&self) -> usize {
+        self.context_length.min(super::load::MAX_CONTEXT)
+    }
+
+    /// Whether a LongRoPE model rotates with its long factors: when the context served
+    /// is longer than the one it was trained with before stretching (llama.cpp's rule,
+    /// for the whole of a sequence, so that cached keys never mix the two).
+    pub fn long_rope_factors(&self) -> bool {
+        self.served_context() > self.rope_original_context
     }
 
     /// Whether layer `layer` attends over a sliding window.

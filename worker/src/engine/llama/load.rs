@@ -400,18 +400,28 @@ pub fn load_planned<B: Backend>(
         });
     }
     let norm = l.norm("output_norm.weight", hd, config.rms_eps)?;
+    let rope_dims = config.rope_dims;
     let freqs = if plan.rope_freqs {
-        Some(l.read("rope_freqs.weight", &[d / 2])?)
+        Some(l.read("rope_freqs.weight", &[rope_dims / 2])?)
+    } else if plan.long_rope {
+        let name = if config.long_rope_factors() {
+            "rope_factors_long.weight"
+        } else {
+            "rope_factors_short.weight"
+        };
+        Some(l.read(name, &[rope_dims / 2])?)
     } else {
         None
     };
-    let positions = config.context_length.min(MAX_CONTEXT);
+    let positions = config.served_context();
     let rope = Rope::new(
         RopeSpec {
             head_dim: d,
+            dims: rope_dims,
             base: config.rope_theta,
             scale: config.rope_scale,
             freq_factors: freqs.as_deref(),
+            mscale: config.rope_attn_factor,
         },
         positions,
         device,

@@ -5,9 +5,10 @@
 //! refuses, with one error that names the key or tensor:
 //! - an architecture other than those of [`Arch`];
 //! - any `<arch>.*` metadata key the forward pass does not implement, with its value
-//!   (sliding windows, soft-caps, experts, RoPE scaling other than linear, partial
-//!   rotary, …): a key that changes the arithmetic and were ignored would run the model
-//!   silently wrong, so keys are known or refused, never skipped;
+//!   (sliding windows outside gemma3 and phi3, soft-caps, experts, RoPE scaling other
+//!   than linear, llama3 and Phi-3's LongRoPE, partial rotary outside phi3, …): a key
+//!   that changes the arithmetic and were ignored would run the model silently wrong,
+//!   so keys are known or refused, never skipped;
 //! - a tensor the forward pass would not use (`blk.0.attn_post_norm.weight`, an
 //!   `attn_output.bias`, …), for the same reason;
 //! - a tensor of a type that cannot be read, or of the wrong shape;
@@ -36,6 +37,10 @@ pub struct Plan {
     /// `rope_freqs.weight` is present: per-frequency divisors of the RoPE angles (Llama
     /// 3.1 and later write their "llama3" RoPE scaling this way).
     pub rope_freqs: bool,
+    /// `rope_factors_long.weight` and `rope_factors_short.weight` are present (Phi-3's
+    /// LongRoPE): per-frequency divisors, one set for contexts past the original
+    /// ([`LlamaConfig::long_rope_factors`]) and one for those within it.
+    pub long_rope: bool,
     /// No `output.weight`: the output projection is the token embedding.
     pub tied: bool,
 }
@@ -70,7 +75,7 @@ fn known_for(arch: Arch, key: &str) -> bool {
             key,
             "attention.sliding_window" | "attention.sliding_window_pattern" | "rope.freq_base_swa"
         ),
-        Arch::Phi3 => key == "attention.sliding_window",
+        Arch::Phi3 => matches!(key, "attention.sliding_window" | "rope.scaling.attn_factor"),
         Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => false,
     }
 }
@@ -162,7 +167,12 @@ pub fn expected_tensors(plan: &Plan) -> Vec<(String, Vec<usize>)> {
         out.push(("output.weight".to_owned(), vec![c.hidden, c.vocab]));
     }
     if plan.rope_freqs {
-        out.push(("rope_freqs.weight".to_owned(), vec![c.head_dim / 2]));
+        out.push(("rope_freqs.weight".to_owned(), vec![c.rope_dims / 2]));
+    }
+    if plan.long_rope {
+        for name in ["rope_factors_long.weight", "rope_factors_short.weight"] {
+            out.push((name.to_owned(), vec![c.rope_dims / 2]));
+        }
     }
     for n in 0..c.n_layers {
         out.extend(block_tensors(c, plan, n));
@@ -220,12 +230,15 @@ pub fn preflight(gguf: &GgufFile) -> Result<Plan, LoadError> {
         }
     }
     if let Some(v) = gguf.get(&key("rope.dimension_count")) {
-        if v.as_u64() != Some(config.head_dim as u64) {
+        // Partial rotary embeddings, as Phi-3.5 and Phi-4 rotate: the first dimensions
+        // of each head in halves. Other families' files would need llama.cpp's row
+        // permutation undone over part of a head, which no converter writes.
+        if v.as_u64() != Some(config.head_dim as u64) && arch != Arch::Phi3 {
             return Err(unsupported_key(
                 key("rope.dimension_count"),
                 v,
                 &format!(
-                    "partial rotary embeddings are not implemented (heads are {} wide)",
+                    "partial rotary embeddings are implemented for phi3 only (heads are {} wide)",
                     config.head_dim
                 ),
             ));
@@ -248,9 +261,18 @@ pub fn preflight(gguf: &GgufFile) -> Result<Plan, LoadError> {
         qk_norm: arch == Arch::Gemma3 || has("blk.0.attn_q_norm.weight"),
         post_norms: arch == Arch::Gemma3,
         rope_freqs: has("rope_freqs.weight"),
+        long_rope: arch == Arch::Phi3
+            && (has("rope_factors_long.weight") || has("rope_factors_short.weight")),
         tied: !has("output.weight"),
         config,
     };
+    if plan.rope_freqs && plan.long_rope {
+        return Err(LoadError::Config(
+            "the file has both rope_freqs.weight and LongRoPE factors \
+             (rope_factors_long/short.weight): which divides the frequencies is ambiguous"
+                .to_owned(),
+        ));
+    }
     let expected = expected_tensors(&plan);
     for (name, dims) in &expected {
         let info = gguf
