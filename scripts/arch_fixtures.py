@@ -198,48 +198,30 @@ def families():
             ),
             transformers.Phi3ForCausalLM,
         ),
-        (
-            # Phi-4-mini-style: LongRoPE over partial rotary embeddings (12 of 16 head
-            # dimensions), no window, tied output. Trained for 8 positions, stretched to
-            # 256: every sequence here is longer than 8, so transformers rotates with
-            # the long factors and the attention factor √(1 + ln 32 / ln 8), as a worker
-            # serving more than the original context does.
-            "phi3-longrope",
-            "phi3",
-            "gpt2",
-            transformers.Phi3Config(
-                **{k: v for k, v in common.items() if k != "max_position_embeddings"},
-                max_position_embeddings=256,
-                original_max_position_embeddings=8,
-                sliding_window=None,
-                tie_word_embeddings=True,
-                pad_token_id=0,
-                bos_token_id=0,
-                eos_token_id=2,
-                rope_parameters=longrope(8),
-            ),
-            transformers.Phi3ForCausalLM,
-        ),
-        (
-            # The same kind of model served within its original context: the short
-            # factors, no attention factor.
-            "phi3-longrope-short",
-            "phi3",
-            "gpt2",
-            transformers.Phi3Config(
-                **{k: v for k, v in common.items() if k != "max_position_embeddings"},
-                max_position_embeddings=256,
-                original_max_position_embeddings=256,
-                sliding_window=None,
-                tie_word_embeddings=False,
-                pad_token_id=0,
-                bos_token_id=0,
-                eos_token_id=2,
-                rope_parameters=longrope(256),
-            ),
-            transformers.Phi3ForCausalLM,
-        ),
+        # Phi-4-mini-style: LongRoPE over partial rotary embeddings (12 of 16 head
+        # dimensions), no window. Trained for 8 positions, stretched to 256: every
+        # sequence here is longer than 8, so transformers rotates with the long factors
+        # and the attention factor √(1 + ln 32 / ln 8), as a worker serving more than
+        # the original context does. Then the same kind of model served within its
+        # original context: the short factors, no attention factor.
+        ("phi3-longrope", "phi3", "gpt2", longrope_config(common, 8, tied=True), transformers.Phi3ForCausalLM),
+        ("phi3-longrope-short", "phi3", "gpt2", longrope_config(common, 256, tied=False), transformers.Phi3ForCausalLM),
     ]
+
+
+def longrope_config(common: dict, original: int, tied: bool):
+    """A Phi-3 configuration with LongRoPE (see `longrope`), its context 256."""
+    return transformers.Phi3Config(
+        **{k: v for k, v in common.items() if k != "max_position_embeddings"},
+        max_position_embeddings=256,
+        original_max_position_embeddings=original,
+        sliding_window=None,
+        tie_word_embeddings=tied,
+        pad_token_id=0,
+        bos_token_id=0,
+        eos_token_id=2,
+        rope_parameters=longrope(original),
+    )
 
 
 def longrope(original: int) -> dict:

@@ -50,6 +50,30 @@ pub mod kind {
     }
 }
 
+/// The first `bytes` (below 128) of the two 64-byte lines at `p`, zeros past them: a
+/// partial quad read without touching memory beyond its last block.
+///
+/// # Safety
+/// Needs AVX-512 BW; `bytes` readable bytes at `p`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+unsafe fn masked_lines(p: *const u8, bytes: usize) -> (__m512i, __m512i) {
+    let mask = |n: usize| -> u64 {
+        if n >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << n) - 1
+        }
+    };
+    // SAFETY: the masks load no byte at or past `bytes`, readable by the contract.
+    unsafe {
+        (
+            _mm512_maskz_loadu_epi8(mask(bytes), p.cast()),
+            _mm512_maskz_loadu_epi8(mask(bytes.saturating_sub(64)), p.add(64).cast()),
+        )
+    }
+}
+
 /// A quad of packed blocks (`blocks` of them, 1..=4, from `p`) as the four vectors
 /// of 32 i16 of the quad layout: 128-bit lane `i` holds element group `g` of block
 /// `i` in vector `g`, as [`crate::engine::cpu::packed`]'s AVX2 widening puts block
@@ -99,18 +123,7 @@ unsafe fn widen_packed<const K: u8>(p: *const u8, blocks: usize) -> [__m512i; 4]
             };
             (_mm512_loadu_si512(p.cast()), tail)
         } else {
-            let bytes = bb * blocks;
-            let mask = |n: usize| -> u64 {
-                if n >= 64 {
-                    u64::MAX
-                } else {
-                    (1u64 << n) - 1
-                }
-            };
-            (
-                _mm512_maskz_loadu_epi8(mask(bytes), p.cast()),
-                _mm512_maskz_loadu_epi8(mask(bytes.saturating_sub(64)), p.add(64).cast()),
-            )
+            masked_lines(p, bb * blocks)
         };
         if K == kind::SIX {
             // Block i: nibble bytes in qwords 3i and 3i + 1, high bit pairs in 3i + 2.
@@ -291,21 +304,7 @@ unsafe fn dot_int_quad<const K: u8, const R: usize, const W: usize, S: WideScale
                             _mm512_loadu_si512(p.add(64).cast()),
                         )
                     } else {
-                        let bytes = 32 * blocks;
-                        let mask = |n: usize| -> u64 {
-                            if n >= 64 {
-                                u64::MAX
-                            } else {
-                                (1u64 << n) - 1
-                            }
-                        };
-                        (
-                            _mm512_maskz_loadu_epi8(mask(bytes), p.cast()),
-                            _mm512_maskz_loadu_epi8(
-                                mask(bytes.saturating_sub(64)),
-                                p.add(64).cast(),
-                            ),
-                        )
+                        masked_lines(p, 32 * blocks)
                     };
                     let f = _mm512_permutex2var_epi64(v0, byte_first, v1);
                     let s = _mm512_permutex2var_epi64(v0, byte_second, v1);
