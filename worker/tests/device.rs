@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use baton_worker::engine::{
     llama::{
         synthetic::{write_synthetic_llama, SyntheticSpec},
-        Llama, SeqInput, WeightDtype,
+        Fetch, Llama, SeqInput, WeightDtype, HEAD,
     },
-    sampler::argmax,
+    sampler::{argmax, SamplingParams},
     Engine, GenerateParams, Prompt, TokenEvent,
 };
 use burn_tensor::backend::Backend;
@@ -116,6 +116,10 @@ fn a_batch_of_eight_decodes_what_each_decodes_alone<B: Backend>() {
         if i % 2 == 1 {
             p.sampling.temperature = 0.8;
             p.sampling.seed = 100 + i;
+        }
+        if i % 4 == 3 {
+            // Drawn from the rows' heads on the device.
+            p.sampling.top_k = 20;
         }
         p
     };
@@ -255,6 +259,104 @@ fn device_argmax_is_the_host_argmax<B: Backend>() {
     }
 }
 
+/// Sampled steps download each row's head (its `HEAD` largest logits and their ids)
+/// instead of the row; where a head decides a draw, it is the draw the whole row gives
+/// for the same (seed, position), and a `top_k` below the head is always decided.
+fn device_heads_draw_what_the_rows_draw<B: Backend>(heads: bool) {
+    let dir = TempDir::new().expect("tempdir");
+    let engine = engine::<B>(&tiny(&dir, 16));
+    let model = engine.model();
+    let vocab = model.config().vocab;
+    assert!(vocab > HEAD, "the head is a part of the row");
+    assert_eq!(model.fetches_heads(), heads);
+    if !heads {
+        // flex: the rows are host memory already, and it has no top-k.
+        let mut cache = model.new_cache();
+        let mut inputs = [SeqInput {
+            tokens: &prompt(0, 3),
+            cache: &mut cache,
+        }];
+        let out = model
+            .forward_fetch(&mut inputs, Fetch::Heads)
+            .expect("forward");
+        assert!(out.heads.is_none() && out.logits.len() == vocab);
+        return;
+    }
+    let draws = [
+        (0.8, 20, 1.0),
+        (1.0, 40, 0.9),
+        (0.6, 63, 1.0),
+        (1.0, 0, 1.0),
+        (0.05, 0, 1.0),
+    ];
+    let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt(i, 3 + 2 * i as usize)).collect();
+    let mut with: Vec<_> = prompts.iter().map(|_| model.new_cache()).collect();
+    let mut without: Vec<_> = prompts.iter().map(|_| model.new_cache()).collect();
+    let mut next: Vec<Vec<u32>> = prompts.clone();
+    let (mut decided, mut cut) = (0, 0);
+    for step in 0..10u64 {
+        let mut inputs: Vec<SeqInput<'_, B>> = next
+            .iter()
+            .zip(with.iter_mut())
+            .map(|(t, c)| SeqInput {
+                tokens: t,
+                cache: c,
+            })
+            .collect();
+        let out = model
+            .forward_fetch(&mut inputs, Fetch::Heads)
+            .expect("forward");
+        assert!(out.logits.is_empty(), "the rows were downloaded");
+        let heads = out.heads.expect("heads found on the device");
+        let mut inputs: Vec<SeqInput<'_, B>> = next
+            .iter()
+            .zip(without.iter_mut())
+            .map(|(t, c)| SeqInput {
+                tokens: t,
+                cache: c,
+            })
+            .collect();
+        let (rows, _) = model.forward_greedy(&mut inputs, true).expect("forward");
+        for (head, row) in heads.iter().zip(rows.chunks_exact(vocab)) {
+            assert!(head.finite);
+            assert_eq!(head.top.len(), HEAD);
+            // The head holds the row's largest logits, at their ids.
+            let least = head.top.iter().map(|t| t.1).fold(f32::INFINITY, f32::min);
+            let held: std::collections::HashSet<u32> = head.top.iter().map(|t| t.0).collect();
+            assert_eq!(held.len(), HEAD);
+            for &(id, v) in &head.top {
+                assert_eq!(v, row[id as usize], "the value at {id}");
+            }
+            for (id, &v) in row.iter().enumerate() {
+                assert!(held.contains(&(id as u32)) || v <= least, "{id} left out");
+            }
+            for (d, &(temperature, top_k, top_p)) in draws.iter().enumerate() {
+                let p = SamplingParams {
+                    temperature,
+                    top_k,
+                    top_p,
+                    seed: 40 + d as u64,
+                    ..Default::default()
+                };
+                for pos in step * 16..step * 16 + 16 {
+                    if let Some(id) = p.pick_from_top(&head.top, vocab, pos) {
+                        assert_eq!(id, p.pick(row, pos), "T {temperature}, top_k {top_k}");
+                        decided += 1;
+                    } else {
+                        assert!(top_k == 0, "top_k {top_k} not decided by the head");
+                    }
+                    cut += usize::from(top_k > 0);
+                }
+            }
+        }
+        next = rows.chunks_exact(vocab).map(|r| vec![argmax(r)]).collect();
+    }
+    assert!(
+        decided >= cut && cut > 0,
+        "{decided} draws decided, {cut} cut to top_k"
+    );
+}
+
 fn events<B: Backend>(engine: &Engine<B>, ids: &[u32], params: &GenerateParams) -> Vec<TokenEvent> {
     let mut out = Vec::new();
     engine
@@ -280,7 +382,10 @@ fn a_resumed_stream_goes_on_identically<B: Backend>() {
     sampled.sampling.temperature = 1.1;
     sampled.sampling.top_p = 0.9;
     sampled.sampling.seed = 77;
-    for params in [&greedy, &sampled] {
+    // Drawn from the rows' heads on the device.
+    let mut cut = sampled.clone();
+    cut.sampling.top_k = 30;
+    for params in [&greedy, &sampled, &cut] {
         let original = events(&engine, &ids, params);
         for cut in [1, 7, 19] {
             let done: Vec<u32> = original[..cut].iter().map(|e| e.id).collect();
@@ -353,9 +458,9 @@ fn the_prefix_cache_serves_the_device_engine<B: Backend>() {
     assert_eq!(rest, cold[1][4..]);
 }
 
-/// The suite, for one backend.
+/// The suite, for one backend (`$heads`: whether it finds rows' heads on the device).
 macro_rules! device_suite {
-    ($name:ident, $backend:ty) => {
+    ($name:ident, $backend:ty, $heads:expr) => {
         mod $name {
             #[test]
             fn chunked_prefill_equals_whole() {
@@ -374,6 +479,10 @@ macro_rules! device_suite {
                 super::device_argmax_is_the_host_argmax::<$backend>();
             }
             #[test]
+            fn device_heads_draw_what_the_rows_draw() {
+                super::device_heads_draw_what_the_rows_draw::<$backend>($heads);
+            }
+            #[test]
             fn the_prefix_cache_serves_the_device_engine() {
                 super::the_prefix_cache_serves_the_device_engine::<$backend>();
             }
@@ -385,6 +494,6 @@ macro_rules! device_suite {
     };
 }
 
-device_suite!(flex, baton_worker::backend::CpuBackend);
+device_suite!(flex, baton_worker::backend::CpuBackend, false);
 #[cfg(feature = "wgpu")]
-device_suite!(wgpu, baton_worker::backend::WgpuBackend);
+device_suite!(wgpu, baton_worker::backend::WgpuBackend, true);

@@ -33,8 +33,8 @@ use super::{
     gguf::{GgufError, GgufFile},
     guide::{apply_mask, Guide, Guides},
     llama::{
-        load::load_planned, model::ForwardError, preflight::preflight, KvCache, KvDtype, Llama,
-        LoadError, SeqInput, WeightDtype,
+        load::load_planned, model::ForwardError, preflight::preflight, Fetch, KvCache, KvDtype,
+        Llama, LoadError, SeqInput, WeightDtype,
     },
     prefix::{PrefixCache, PrefixStats, BLOCK_TOKENS},
     sampler::{SamplingError, SamplingParams},
@@ -390,15 +390,30 @@ impl<B: Backend> Engine<B> {
             // token through the network (which compiles the forward pass's kernels now,
             // not at the first request) are run where such a panic becomes the error.
             let run = || -> Result<Llama<B>, EngineError> {
-                let model = load_planned::<B>(&gguf, &plan, dtype, device, &mut progress)?;
-                let mut cache = model.new_cache();
-                model.forward_greedy(
-                    &mut [SeqInput {
+                let mut model = load_planned::<B>(&gguf, &plan, dtype, device, &mut progress)?;
+                let warm = |model: &Llama<B>, fetch| {
+                    let mut cache = model.new_cache();
+                    let mut one = [SeqInput {
                         tokens: &[0],
                         cache: &mut cache,
-                    }],
-                    false,
-                )?;
+                    }];
+                    model.forward_fetch(&mut one, fetch).map(drop)
+                };
+                warm(&model, Fetch::Ids)?;
+                // The heads' kernels (top-k, gather) compile now too; a backend whose
+                // top-k fails here downloads whole rows instead of refusing to serve.
+                model.choose_heads();
+                if model.fetches_heads() {
+                    let tried = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        warm(&model, Fetch::Heads)
+                    }));
+                    if !matches!(tried, Ok(Ok(()))) {
+                        tracing::warn!(
+                            "the device's top-k did not run: sampled steps download whole rows"
+                        );
+                        model.heads = false;
+                    }
+                }
                 Ok(model)
             };
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).map_err(|panic| {
@@ -868,10 +883,22 @@ impl<B: Backend> Engine<B> {
             let prompts = runs.iter().filter(|r| r.1 > 1).count();
             tracing::debug!(rows, generating, prompts, "forward");
         }
-        // Where every row that draws is greedy, the device engine downloads ids only.
+        // Where every row that draws is greedy, the device engine downloads ids only;
+        // where the others draw from the model's logits as they are, the heads of the
+        // rows first (the rest stays on the device unless a head does not decide a draw).
         let scored: Vec<bool> = runs.iter().map(|&(i, _)| seqs[i].scoring()).collect();
-        let want_logits =
-            scored.iter().any(|&s| s) || runs.iter().any(|&(i, _)| !seqs[i].plain_greedy());
+        let fetch = if scored.iter().any(|&s| s) {
+            Fetch::Logits
+        } else if runs.iter().all(|&(i, _)| seqs[i].plain_greedy()) {
+            Fetch::Ids
+        } else if runs
+            .iter()
+            .all(|&(i, _)| seqs[i].plain_greedy() || seqs[i].plain_draw())
+        {
+            Fetch::Heads
+        } else {
+            Fetch::Logits
+        };
         // The grammar masks of the rows that draw are computed on a thread of their own
         // while the forward pass runs: they depend on the tokens so far only.
         let (forward, computed) = {
@@ -892,10 +919,7 @@ impl<B: Backend> Engine<B> {
                 });
             }
             if guides.is_empty() {
-                (
-                    self.model.forward_greedy(&mut inputs, want_logits),
-                    Vec::new(),
-                )
+                (self.model.forward_fetch(&mut inputs, fetch), Vec::new())
             } else {
                 std::thread::scope(|scope| {
                     let masker = scope.spawn(move || {
@@ -904,7 +928,7 @@ impl<B: Backend> Engine<B> {
                             .map(|(r, g)| (r, g.mask()))
                             .collect::<Vec<_>>()
                     });
-                    let forward = self.model.forward_greedy(&mut inputs, want_logits);
+                    let forward = self.model.forward_fetch(&mut inputs, fetch);
                     let masks = masker
                         .join()
                         .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
@@ -912,7 +936,32 @@ impl<B: Backend> Engine<B> {
                 })
             }
         };
-        let (mut logits, greedy) = forward?;
+        let mut forward = forward?;
+        // Draws at a temperature decided by their rows' heads alone (see
+        // `SamplingParams::pick_from_top`); any other needs every logit of the step.
+        let count = self.model.config().vocab;
+        let from_heads: Vec<Option<u32>> = runs
+            .iter()
+            .enumerate()
+            .map(|(r, &(i, take))| {
+                let s = &*seqs[i];
+                let head = forward.heads.as_ref()?.get(r).filter(|h| h.finite)?;
+                if take < s.pending.len() || s.plain_greedy() {
+                    return None;
+                }
+                let position = (s.prompt_ids.len() + s.generated.len()) as u64;
+                s.params.sampling.pick_from_top(&head.top, count, position)
+            })
+            .collect();
+        if forward.heads.is_some()
+            && runs.iter().zip(&from_heads).any(|(&(i, take), drawn)| {
+                let s = &*seqs[i];
+                drawn.is_none() && take == s.pending.len() && !s.plain_greedy()
+            })
+        {
+            forward.fetch_logits();
+        }
+        let (mut logits, greedy) = (forward.logits, forward.argmax);
         let mut masks: Vec<Option<Result<toktrie::SimpleVob, String>>> =
             runs.iter().map(|_| None).collect();
         for (r, mask) in computed {
@@ -964,7 +1013,8 @@ impl<B: Backend> Engine<B> {
                     let known = greedy
                         .as_ref()
                         .filter(|_| s.plain_greedy())
-                        .and_then(|g| g.get(r).copied());
+                        .and_then(|g| g.get(r).copied())
+                        .or(from_heads[r]);
                     Draw {
                         seq: i,
                         params: &s.params,
@@ -1265,6 +1315,17 @@ impl<B: Backend> Sequence<B> {
     /// Whether its next draw is the argmax of the logits as the model gives them.
     fn plain_greedy(&self) -> bool {
         self.params.sampling.plain_greedy()
+            && self.guide.is_none()
+            && self.params.logprobs.is_none()
+            && self.generated.len() >= self.params.min_tokens
+    }
+
+    /// Whether its next draw is at a temperature from the logits as the model gives
+    /// them (no penalty, bias, grammar, ban or logprobs): its row's head may decide it.
+    fn plain_draw(&self) -> bool {
+        let p = &self.params.sampling;
+        p.temperature > 0.0
+            && !p.adjusts()
             && self.guide.is_none()
             && self.params.logprobs.is_none()
             && self.generated.len() >= self.params.min_tokens

@@ -171,6 +171,27 @@ impl SamplingParams {
         let Some(ranked) = self.ranked(logits) else {
             return 0;
         };
+        self.pick_ranked(&ranked, position)
+            .expect("a ranking of the whole row knows its last candidate")
+    }
+
+    /// The draw [`SamplingParams::pick`] makes at `position` from a row of `count`
+    /// logits, all finite, given only some of its largest: `top`, `(id, logit)` in any
+    /// order, which holds every logit above the least of them (a device's top-k
+    /// selection, which may part ties at its edge either way). `None` when those do not
+    /// decide the draw: the candidates within 42 of the largest, or the first `top_k`,
+    /// reach past what `top` surely holds, or the draw runs past every candidate (whose
+    /// last one `top` cannot name). Temperature must be above 0, and the row as the
+    /// model gave it (nothing for [`SamplingParams::adjust`] to change).
+    pub fn pick_from_top(&self, top: &[(u32, f32)], count: usize, position: u64) -> Option<u32> {
+        debug_assert!(self.temperature > 0.0 && !self.adjusts());
+        let ranked = self.ranked_from_top(top, count)?;
+        self.pick_ranked(&ranked, position)
+    }
+
+    /// The draw from the candidates `ranked` at `position`; `None` only when it runs
+    /// past every candidate and the ranking does not know the last one.
+    fn pick_ranked(&self, ranked: &Ranked, position: u64) -> Option<u32> {
         let cands = &ranked.head;
         let max = cands[0].1;
         let mut probs: Vec<f64> = cands.iter().map(|c| ((c.1 - max) as f64).exp()).collect();
@@ -206,13 +227,13 @@ impl SamplingParams {
         for (c, p) in cands[..in_head].iter().zip(&probs[..in_head]) {
             acc += p;
             if target < acc {
-                return c.0;
+                return Some(c.0);
             }
         }
         if keep == ranked.len {
             ranked.last
         } else {
-            cands[keep - 1].0
+            Some(cands[keep - 1].0)
         }
     }
 }
@@ -270,8 +291,8 @@ struct Ranked {
     head: Vec<(u32, f32)>,
     /// How many candidates there are in all (after `top_k`).
     len: usize,
-    /// The id of the last candidate in the full order.
-    last: u32,
+    /// The id of the last candidate in the full order, where it is known.
+    last: Option<u32>,
 }
 
 /// How far below the largest scaled logit a candidate may be and still be summed.
@@ -311,9 +332,64 @@ impl SamplingParams {
         Some(Ranked {
             head: keys.iter().map(|&k| (k as u32, scaled(k as u32))).collect(),
             len,
-            last: last as u32,
+            last: Some(last as u32),
         })
     }
+
+    /// [`SamplingParams::ranked`] of a row of `count` finite logits from `top`, some of
+    /// its largest (see [`SamplingParams::pick_from_top`]); `None` unless `top` surely
+    /// holds every candidate the ranking sums.
+    ///
+    /// Every logit left out of `top` is at most the least logit in it, and dividing by
+    /// the temperature and subtracting the largest keep that order (rounding never
+    /// reverses it). So the first `top_k` of the full order are the first `top_k` of
+    /// `top` when the `top_k`-th scaled value is strictly above the least one in `top`
+    /// (ties at the edge of `top` then lie below it), and the head within 42 of the
+    /// largest lies inside `top` when the least scaled value is more than 42 below the
+    /// largest. Comparing values, not keys, keeps −0 and +0 together as a device's
+    /// selection does.
+    fn ranked_from_top(&self, top: &[(u32, f32)], count: usize) -> Option<Ranked> {
+        let mut keys: Vec<u64> = top
+            .iter()
+            .map(|&(id, l)| (u64::from(descending(l / self.temperature)) << 32) | u64::from(id))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let whole = keys.len() == count;
+        let max = scaled_of(*keys.first()?);
+        let least = scaled_of(*keys.last()?);
+        let cut = self.top_k > 0 && self.top_k < count;
+        if cut {
+            if !whole && (keys.len() <= self.top_k || scaled_of(keys[self.top_k - 1]) <= least) {
+                return None;
+            }
+            keys.truncate(self.top_k);
+        } else if !whole && least - max >= -NEGLIGIBLE_BELOW {
+            return None;
+        }
+        // The last candidate in the full order is in `top` only when `top_k` cut there
+        // or `top` is the whole row.
+        let last = (whole || cut).then(|| *keys.last().expect("not empty") as u32);
+        keys.retain(|&k| {
+            (scaled_of(k) - max).partial_cmp(&-NEGLIGIBLE_BELOW) != Some(std::cmp::Ordering::Less)
+        });
+        Some(Ranked {
+            head: keys.iter().map(|&k| (k as u32, scaled_of(k))).collect(),
+            len: if cut { self.top_k } else { count },
+            last,
+        })
+    }
+}
+
+/// The scaled logit a ranking key holds in its high half (the inverse of
+/// [`descending`]).
+fn scaled_of(key: u64) -> f32 {
+    let ascending = !((key >> 32) as u32);
+    f32::from_bits(if ascending & 0x8000_0000 != 0 {
+        ascending & 0x7FFF_FFFF
+    } else {
+        !ascending
+    })
 }
 
 /// A key that orders floats as `f32::total_cmp` does, reversed: the largest first.
@@ -637,6 +713,88 @@ mod tests {
         }
     }
 
+    /// The `k` largest logits of `row` as a device's top-k gives them: ties at the edge
+    /// parted at random, the order shuffled.
+    fn device_top(row: &[f32], k: usize, rng: &mut ChaCha8Rng) -> Vec<(u32, f32)> {
+        let mut all: Vec<(u32, f32, u32)> = row
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l, rng.random::<u32>()))
+            .collect();
+        // Numeric order (−0 and +0 equal), random among equals.
+        all.sort_by(|a, b| b.1.partial_cmp(&a.1).expect("finite").then(a.2.cmp(&b.2)));
+        all.truncate(k);
+        let mut top: Vec<(u32, f32)> = all.into_iter().map(|(i, l, _)| (i, l)).collect();
+        for i in (1..top.len()).rev() {
+            top.swap(i, rng.random_range(0..=i));
+        }
+        top
+    }
+
+    #[test]
+    fn a_draw_from_the_top_logits_is_the_full_rows_draw_or_none() {
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        let (mut decided, mut total) = (0usize, 0usize);
+        for case in 0..60 {
+            let n = [5, 64, 300, 2000][case % 4];
+            // Wide rows (a short head), narrow ones (a head of the whole row), and
+            // rows of few distinct values (ties everywhere, both zeros).
+            let spread = [200.0f32, 20.0, 0.0][case % 3];
+            let row: Vec<f32> = (0..n)
+                .map(|_| {
+                    if spread == 0.0 {
+                        [0.0, -0.0, 1.0, -3.0, 7.5][rng.random_range(0..5)]
+                    } else {
+                        rng.random_range(-spread..spread)
+                    }
+                })
+                .collect();
+            for (temperature, top_k, top_p, min_p) in [
+                (1.0, 0, 1.0, 0.0),
+                (0.7, 0, 0.9, 0.0),
+                (1.0, 40, 1.0, 0.0),
+                (0.3, 20, 0.95, 0.0),
+                (1.0, 1, 1.0, 0.0),
+                (2.0, 0, 0.8, 0.3),
+                (0.9, 63, 1.0, 0.01),
+                (1.0, n, 1.0, 0.0),
+            ] {
+                let p = SamplingParams {
+                    temperature,
+                    top_k,
+                    top_p,
+                    min_p,
+                    seed: case as u64,
+                    ..Default::default()
+                };
+                for k in [1, 16, 64] {
+                    let top = device_top(&row, k.min(n), &mut rng);
+                    for pos in 0..20 {
+                        total += 1;
+                        if let Some(id) = p.pick_from_top(&top, n, pos) {
+                            decided += 1;
+                            assert_eq!(
+                                id,
+                                p.pick(&row, pos),
+                                "case {case}, T {temperature}, top_k {top_k}, k {k}, pos {pos}"
+                            );
+                        }
+                    }
+                }
+                // A top_k below the selection, on distinct values, is always decided.
+                if spread > 0.0 && top_k > 0 && top_k < 64 && n > 64 {
+                    let top = device_top(&row, 64, &mut rng);
+                    assert!((0..20).all(|pos| p.pick_from_top(&top, n, pos).is_some()));
+                }
+            }
+        }
+        // Neither always nor never: both answers are exercised.
+        assert!(
+            decided > total / 5 && decided < total,
+            "{decided} of {total}"
+        );
+    }
+
     #[test]
     fn the_negligible_tail_is_counted_but_not_summed() {
         // Only the head is sorted and summed; the tail's size and its last candidate in
@@ -649,7 +807,7 @@ mod tests {
         };
         let ranked = p.ranked(&logits).expect("candidates");
         assert_eq!(ranked.head.len(), 1);
-        assert_eq!((ranked.len, ranked.last), (4, 3));
+        assert_eq!((ranked.len, ranked.last), (4, Some(3)));
         for pos in 0..2000 {
             assert_eq!(
                 p.sample(&mut logits.clone(), &[], &[], pos),

@@ -441,6 +441,7 @@ pub fn load_planned<B: Backend>(
         rope,
         device: device.clone(),
         force_burn: false,
+        heads: false,
         kv_dtype: Default::default(),
     })
 }

@@ -31,4 +31,4 @@ pub mod synthetic;
 pub use cache::{KvCache, KvDtype};
 pub use config::{Arch, LlamaConfig};
 pub use load::{LoadError, WeightDtype};
-pub use model::{Llama, SeqInput};
+pub use model::{Fetch, Head, Llama, SeqInput, StepLogits, HEAD};

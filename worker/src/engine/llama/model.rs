@@ -114,6 +114,8 @@ pub struct Llama<B: Backend> {
     pub(crate) force_burn: bool,
     /// How new caches keep keys and values on the host.
     pub(crate) kv_dtype: KvDtype,
+    /// Whether the backend finds rows' heads ([`Fetch::Heads`]); found out at load.
+    pub(crate) heads: bool,
 }
 
 impl<B: Backend> Llama<B> {
@@ -168,6 +170,21 @@ impl<B: Backend> Llama<B> {
         !self.force_burn && self.host_weights().is_some()
     }
 
+    /// Whether [`Fetch::Heads`] downloads rows' heads on the device path (see
+    /// [`Llama::choose_heads`]; elsewhere it downloads the rows).
+    pub fn fetches_heads(&self) -> bool {
+        self.heads
+    }
+
+    /// Decides whether [`Fetch::Heads`] finds rows' heads on this backend: on cubecl's
+    /// (CUDA, wgpu), whose logits live in device memory and which have a top-k kernel;
+    /// not on flex, whose rows are host memory already (and which has no top-k).
+    pub(crate) fn choose_heads(&mut self) {
+        self.heads = !self.host_path()
+            && self.config.vocab > HEAD
+            && B::name(&self.device).contains("cubecl<");
+    }
+
     /// How new caches keep keys and values on the host path.
     pub fn kv_dtype(&self) -> KvDtype {
         self.kv_dtype
@@ -208,10 +225,50 @@ impl<B: Backend> Llama<B> {
         seqs: &mut [SeqInput<'_, B>],
         logits: bool,
     ) -> Result<(Vec<f32>, Option<Vec<u32>>), ForwardError> {
+        let fetch = if logits { Fetch::Logits } else { Fetch::Ids };
+        let out = self.forward_fetch(seqs, fetch)?;
+        Ok((out.logits, out.argmax))
+    }
+
+    /// [`Llama::forward`], handing back what `fetch` asks of the logits. The host path
+    /// has every row on the host and gives the logits and the argmax whatever is asked;
+    /// the device path downloads only what is asked, and with [`Fetch::Heads`] keeps
+    /// the logits on the device for [`StepLogits::fetch_logits`].
+    pub fn forward_fetch(
+        &self,
+        seqs: &mut [SeqInput<'_, B>],
+        fetch: Fetch,
+    ) -> Result<StepLogits<B>, ForwardError> {
         Ok(match self.forward_any(seqs)? {
-            Logits::Host(HostLogits { logits, argmax }) => (logits, Some(argmax)),
-            Logits::Device(t) if !logits => (Vec::new(), Some(device_argmax(t))),
-            Logits::Device(t) => (to_host(t), None),
+            Logits::Host(HostLogits { logits, argmax }) => StepLogits {
+                logits,
+                argmax: Some(argmax),
+                heads: None,
+                device: None,
+            },
+            Logits::Device(t) => match fetch {
+                Fetch::Ids => StepLogits {
+                    logits: Vec::new(),
+                    argmax: Some(device_argmax(t)),
+                    heads: None,
+                    device: None,
+                },
+                Fetch::Heads if self.heads => {
+                    let (argmax, heads) = device_heads(t.clone());
+                    StepLogits {
+                        logits: Vec::new(),
+                        argmax: Some(argmax),
+                        heads: Some(heads),
+                        device: Some(t),
+                    }
+                }
+                Fetch::Heads | Fetch::Logits => StepLogits {
+                    logits: to_host(t),
+                    argmax: None,
+                    heads: None,
+                    device: None,
+                },
+            },
         })
     }
 
@@ -350,6 +407,94 @@ pub(crate) fn device_argmax<B: Backend>(logits: Tensor<B, 2>) -> Vec<u32> {
         .into_iter()
         .map(|i| i as u32)
         .collect()
+}
+
+/// How many of each row's largest logits [`Fetch::Heads`] downloads. Draws cut to a
+/// `top_k` below it are decided by them alone, as are draws whose candidates within
+/// 42 of the largest (at their temperature) are fewer. The device's top-k is a kernel
+/// whose size is fixed at compile time, unrolled over the selection, so it stays small.
+pub const HEAD: usize = 64;
+
+/// What a forward pass hands back of each row's logits ([`Llama::forward_fetch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fetch {
+    /// Each row's argmax: the device path downloads the ids alone.
+    Ids,
+    /// The argmax, and each row's [`HEAD`] largest logits with their ids
+    /// ([`StepLogits::heads`]); the device path leaves the rest on the device.
+    Heads,
+    /// Every logit.
+    Logits,
+}
+
+/// Some of a row's largest logits, as [`crate::engine::sampler::SamplingParams::pick_from_top`]
+/// takes them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Head {
+    /// `(id, logit)` of the row's [`HEAD`] largest logits, in no particular order (ties
+    /// at the edge parted either way).
+    pub top: Vec<(u32, f32)>,
+    /// Whether every logit of the row is finite (the draw from `top` assumes it).
+    pub finite: bool,
+}
+
+/// A step's logits, as [`Llama::forward_fetch`] hands them back.
+#[derive(Debug)]
+pub struct StepLogits<B: Backend> {
+    /// `[sequences × vocab]`, row-major; empty where they were not downloaded.
+    pub logits: Vec<f32>,
+    /// Each row's largest logit's index (the lowest among equals), where found.
+    pub argmax: Option<Vec<u32>>,
+    /// Each row's head, where [`Fetch::Heads`] downloaded them.
+    pub heads: Option<Vec<Head>>,
+    /// The logits still on the device, for [`StepLogits::fetch_logits`].
+    device: Option<Tensor<B, 2>>,
+}
+
+impl<B: Backend> StepLogits<B> {
+    /// Downloads every row's logits into [`StepLogits::logits`] if they are not there
+    /// yet (a draw its head did not decide needs the whole row).
+    pub fn fetch_logits(&mut self) {
+        if let Some(t) = self.device.take().filter(|_| self.logits.is_empty()) {
+            self.logits = to_host(t);
+        }
+    }
+}
+
+/// Each row's argmax and its [`HEAD`] largest logits and ids, found on the device
+/// (`logits` has more than [`HEAD`] columns): one download of ids (with a count of the
+/// row's non-finite logits) and one of values.
+fn device_heads<B: Backend>(logits: Tensor<B, 2>) -> (Vec<u32>, Vec<Head>) {
+    let [n, _] = logits.dims();
+    let ids = logits.clone().argtopk(HEAD, 1);
+    let values = logits.clone().gather(1, ids.clone());
+    let argmax = logits.clone().argmax(1);
+    let odd = logits.is_finite().bool_not().int().sum_dim(1);
+    let ints = Tensor::cat(vec![ids, odd, argmax], 1)
+        .into_data()
+        .convert::<i64>()
+        .to_vec::<i64>()
+        .expect("head ids");
+    let values = to_host(values);
+    let width = HEAD + 2;
+    let argmax = ints
+        .chunks_exact(width)
+        .map(|r| r[HEAD + 1] as u32)
+        .collect();
+    let heads = ints
+        .chunks_exact(width)
+        .zip(values.chunks_exact(HEAD))
+        .map(|(row, values)| Head {
+            top: row[..HEAD]
+                .iter()
+                .zip(values)
+                .map(|(&id, &v)| (id as u32, v))
+                .collect(),
+            finite: row[HEAD] == 0,
+        })
+        .collect();
+    debug_assert_eq!(ints.len(), n * width);
+    (argmax, heads)
 }
 
 /// Logits where a forward pass left them.
