@@ -170,8 +170,8 @@ impl<B: Backend> Llama<B> {
         !self.force_burn && self.host_weights().is_some()
     }
 
-    /// Whether [`Fetch::Heads`] downloads rows' heads on the device path (see
-    /// [`Llama::choose_heads`]; elsewhere it downloads the rows).
+    /// Whether [`Fetch::Heads`] downloads rows' heads on the device path: on cubecl's
+    /// backends once their kernels compiled at load; elsewhere it downloads the rows.
     pub fn fetches_heads(&self) -> bool {
         self.heads
     }
