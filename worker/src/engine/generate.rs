@@ -402,7 +402,7 @@ impl<B: Backend> Engine<B> {
                 warm(&model, Fetch::Ids)?;
                 // The heads' kernels (top-k, gather) compile now too; a backend whose
                 // top-k fails here downloads whole rows instead of refusing to serve.
-                model.choose_heads();
+                model.choose_heads(true);
                 if model.fetches_heads() {
                     let tried = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         warm(&model, Fetch::Heads)
@@ -411,7 +411,7 @@ impl<B: Backend> Engine<B> {
                         tracing::warn!(
                             "the device's top-k did not run: sampled steps download whole rows"
                         );
-                        model.heads = false;
+                        model.choose_heads(false);
                     }
                 }
                 Ok(model)

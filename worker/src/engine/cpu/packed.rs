@@ -775,7 +775,11 @@ mod tests {
         for (kind, range) in [(QKind::Five, 32u32), (QKind::Six, 64), (QKind::FiveMin, 32)] {
             for seed in 0..50u32 {
                 let q: [u8; BLOCK] = std::array::from_fn(|i| {
-                    ((i as u32 * 2654435761).wrapping_add(seed * 40503) >> 7) as u8 % range as u8
+                    ((i as u32)
+                        .wrapping_mul(2654435761)
+                        .wrapping_add(seed * 40503)
+                        >> 7) as u8
+                        % range as u8
                 });
                 let mut packed = Vec::new();
                 pack(kind, &q, &mut packed);

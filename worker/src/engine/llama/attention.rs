@@ -5,7 +5,7 @@ use burn_tensor::{
 };
 
 use super::{
-    cache::{KvCache, LayerKv},
+    cache::{DeviceKvCache, LayerKv},
     linear::Linear,
     model::RmsNorm,
     rope::Rope,
@@ -14,10 +14,8 @@ use super::{
 /// A bias added to a product's outputs (Qwen2's Q/K/V biases).
 #[derive(Debug, Clone)]
 pub struct Bias<B: Backend> {
-    /// `[1, width]`, for the burn path.
+    /// `[1, width]`.
     pub(crate) tensor: Tensor<B, 2>,
-    /// The same values on the host.
-    pub(crate) host: Vec<f32>,
 }
 
 impl<B: Backend> Bias<B> {
@@ -25,8 +23,7 @@ impl<B: Backend> Bias<B> {
     pub fn new(values: Vec<f32>, device: &B::Device) -> Self {
         let width = values.len();
         Self {
-            tensor: Tensor::from_data(TensorData::new(values.clone(), [1, width]), device),
-            host: values,
+            tensor: Tensor::from_data(TensorData::new(values, [1, width]), device),
         }
     }
 }
@@ -79,7 +76,7 @@ impl<B: Backend> Attention<B> {
         layer: usize,
         x: Tensor<B, 2>,
         spans: &[SeqSpan],
-        caches: &mut [&mut KvCache<B>],
+        caches: &mut [&mut DeviceKvCache<B>],
         how: &AttendWith<'_, B>,
     ) -> Tensor<B, 2> {
         let rope = how.rope;

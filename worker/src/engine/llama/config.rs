@@ -336,6 +336,21 @@ impl LlamaConfig {
             .is_some_and(|s| s.pattern == 0 || layer % s.pattern < s.pattern - 1)
     }
 
+    /// The rotations layer `layer` takes of an engine's two (`local`: those of
+    /// sliding-window layers, when they have a base of their own), and its window when
+    /// it is a sliding-window layer.
+    pub(crate) fn layer_rope<'r, R>(
+        &self,
+        layer: usize,
+        global: &'r R,
+        local: &'r Option<R>,
+    ) -> (&'r R, Option<usize>) {
+        match self.sliding {
+            Some(s) if self.is_local(layer) => (local.as_ref().unwrap_or(global), Some(s.window)),
+            _ => (global, None),
+        }
+    }
+
     /// Query heads that share one key/value head.
     pub fn group_size(&self) -> usize {
         self.n_heads / self.n_kv_heads

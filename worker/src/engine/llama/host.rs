@@ -3,9 +3,9 @@
 //! Every matrix is a [`QMatrix`] multiplied on the host, so activations never need to be
 //! burn tensors: the residual stream, norms, RoPE, attention and the SwiGLU product run
 //! as plain f32 loops over host vectors, and keys and values are appended in place to the
-//! host store of each sequence's [`KvCache`]. Only the logits become a tensor.
+//! host store of each sequence's [`HostKvCache`]. Only the logits become a tensor.
 
-use burn_tensor::backend::Backend;
+use std::sync::Arc;
 
 use crate::engine::cpu::{
     activation::{geglu, rms_norm, swiglu},
@@ -18,99 +18,92 @@ use crate::engine::sampler::{first_max, merge_first_max};
 
 use super::{
     attention::SeqSpan,
-    cache::{KvCache, KvDtype, KvElem},
-    config::Activation,
-    linear::Linear,
-    model::{Embedding, Llama},
+    cache::{HostKvCache, KvDtype, KvElem},
+    config::{Activation, LlamaConfig},
+    rope::RopeTables,
 };
 
 /// One block's weights, all in block form.
-pub(crate) struct HostBlock<'a> {
-    attn_norm: &'a [f32],
-    qkv: &'a QMatrix,
+#[derive(Debug, Clone)]
+pub(crate) struct HostBlock {
+    pub(crate) attn_norm: Vec<f32>,
+    pub(crate) qkv: Arc<QMatrix>,
     /// Added to the QKV outputs (in their order), when the model has biases.
-    qkv_bias: Option<&'a [f32]>,
+    pub(crate) qkv_bias: Option<Vec<f32>>,
     /// Per-head RMSNorm weights of queries and keys, when the model has them.
-    q_norm: Option<&'a [f32]>,
-    k_norm: Option<&'a [f32]>,
+    pub(crate) q_norm: Option<Vec<f32>>,
+    pub(crate) k_norm: Option<Vec<f32>>,
     /// Norms of the attention's and the feed-forward block's outputs (Gemma 3).
-    post_attn_norm: Option<&'a [f32]>,
-    post_ffn_norm: Option<&'a [f32]>,
-    out: &'a QMatrix,
-    ffn_norm: &'a [f32],
-    gate_up: &'a QMatrix,
-    down: &'a QMatrix,
+    pub(crate) post_attn_norm: Option<Vec<f32>>,
+    pub(crate) post_ffn_norm: Option<Vec<f32>>,
+    pub(crate) out: Arc<QMatrix>,
+    pub(crate) ffn_norm: Vec<f32>,
+    pub(crate) gate_up: Arc<QMatrix>,
+    pub(crate) down: Arc<QMatrix>,
 }
 
-/// The whole network's weights, when every matrix is in block form.
-pub(crate) struct HostWeights<'a> {
-    embed: &'a QMatrix,
-    lm_head: &'a QMatrix,
-    blocks: Vec<HostBlock<'a>>,
-    norm: &'a [f32],
+/// The whole network's weights in block form.
+#[derive(Debug, Clone)]
+pub(crate) struct HostWeights {
+    pub(crate) embed: Arc<QMatrix>,
+    /// The output projection; the embedding itself for tied models.
+    pub(crate) lm_head: Arc<QMatrix>,
+    pub(crate) blocks: Vec<HostBlock>,
+    pub(crate) norm: Vec<f32>,
 }
 
-impl HostWeights<'_> {
+impl HostWeights {
     /// Every matrix, the embedding first.
     pub(crate) fn matrices(&self) -> impl Iterator<Item = &QMatrix> + '_ {
-        [self.embed, self.lm_head].into_iter().chain(
+        [&*self.embed, &*self.lm_head].into_iter().chain(
             self.blocks
                 .iter()
-                .flat_map(|b| [b.qkv, b.out, b.gate_up, b.down]),
+                .flat_map(|b| [&*b.qkv, &*b.out, &*b.gate_up, &*b.down]),
         )
     }
 }
 
-fn quant<B: Backend>(l: &Linear<B>) -> Option<&QMatrix> {
-    match l {
-        Linear::Quant { matrix, .. } => Some(matrix),
-        Linear::Dense { .. } => None,
-    }
+/// The host engine's network: every matrix in the file's blocks, multiplied by Baton's
+/// CPU kernels; its caches are [`HostKvCache`]s.
+#[derive(Debug, Clone)]
+pub struct HostLlama {
+    pub(crate) config: LlamaConfig,
+    pub(crate) weights: HostWeights,
+    pub(crate) rope: RopeTables,
+    /// The rotations of sliding-window layers, when they have a base of their own.
+    pub(crate) rope_local: Option<RopeTables>,
 }
 
-impl<B: Backend> Llama<B> {
-    /// The weights as block matrices and host vectors, when every matrix is in block
-    /// form; `None` sends the forward pass down the burn path.
-    pub(crate) fn host_weights(&self) -> Option<HostWeights<'_>> {
-        let embed = match &self.embed {
-            Embedding::Quant(q) => &**q,
-            Embedding::Dense(_) => return None,
-        };
-        let blocks = self
-            .blocks
-            .iter()
-            .map(|b| {
-                Some(HostBlock {
-                    attn_norm: &b.attn_norm.host,
-                    qkv: quant(&b.attn.qkv)?,
-                    qkv_bias: b.attn.qkv_bias.as_ref().map(|b| b.host.as_slice()),
-                    q_norm: b.attn.q_norm.as_ref().map(|n| n.host.as_slice()),
-                    k_norm: b.attn.k_norm.as_ref().map(|n| n.host.as_slice()),
-                    post_attn_norm: b.post_attn_norm.as_ref().map(|n| n.host.as_slice()),
-                    post_ffn_norm: b.post_ffn_norm.as_ref().map(|n| n.host.as_slice()),
-                    out: quant(&b.attn.out)?,
-                    ffn_norm: &b.ffn_norm.host,
-                    gate_up: quant(&b.mlp.gate_up)?,
-                    down: quant(&b.mlp.down)?,
-                })
-            })
-            .collect::<Option<Vec<_>>>()?;
-        Some(HostWeights {
-            embed,
-            lm_head: quant(&self.lm_head)?,
-            blocks,
-            norm: &self.norm.host,
-        })
+impl HostLlama {
+    /// Bytes of weights one decode step reads: every matrix but the embedding once.
+    pub(crate) fn decode_weight_bytes(&self) -> usize {
+        self.weights.matrices().skip(1).map(QMatrix::bytes).sum()
     }
 
-    /// The forward pass of [`Llama::forward`] on the host; inputs already checked.
+    /// Each distinct sequence of block formats the matrices are kept in (runs of a
+    /// stack in order), sorted, joined by commas.
+    pub(crate) fn held_formats(&self) -> String {
+        let mut all: Vec<String> = self
+            .weights
+            .matrices()
+            .map(|m| {
+                let kinds: Vec<String> = m.kinds().iter().map(|k| format!("{k:?}")).collect();
+                kinds.join("+")
+            })
+            .collect();
+        all.sort();
+        all.dedup();
+        all.join(",")
+    }
+
+    /// The forward pass of [`super::Llama::forward`] on the host; inputs already checked.
     ///
     /// A step of generated tokens only, at least [`SPLIT_ROWS`] of them for every thread
     /// of the rayon pool, is split by sequence: each thread runs the whole network for
     /// its share of the sequences alone, with no barrier between phases (each weight is
     /// then read once a thread instead of once a step, which at that many rows costs
     /// less than the threads waiting for each other five times a layer). Any other step
-    /// runs as one parallel region over the pool ([`Llama::forward_rows`]). A row's
+    /// runs as one parallel region over the pool ([`HostLlama::forward_rows`]). A row's
     /// arithmetic is the same either way, so its results are too.
     ///
     /// In a split step a thread that is through its layers goes straight on to the
@@ -118,13 +111,13 @@ impl<B: Backend> Llama<B> {
     /// the chunks left of the other threads' sequences once theirs are through: the
     /// threads rarely end their layers together (the machine slows one or the other),
     /// and the projection, a fifth of a step's multiply-adds, fills the wait.
-    pub(crate) fn forward_host(
+    pub(crate) fn forward(
         &self,
-        w: &HostWeights<'_>,
         ids: &[i32],
         spans: &[SeqSpan],
-        caches: &mut [&mut KvCache<B>],
+        caches: &mut [&mut HostKvCache],
     ) -> HostLogits {
+        let w = &self.weights;
         let threads = rayon::current_num_threads();
         let Some(groups) = split_by_sequence(spans, threads) else {
             let out = self.forward_rows_any(w, ids, spans, caches, true, true);
@@ -138,7 +131,7 @@ impl<B: Backend> Llama<B> {
         let mut logits = vec![0.0f32; spans.len() * vocab];
         let mut maxima = vec![None; spans.len() * chunks];
         let mut parts = Vec::with_capacity(groups.len());
-        let mut rest: &mut [&mut KvCache<B>] = caches;
+        let mut rest: &mut [&mut HostKvCache] = caches;
         let mut rest_logits: &mut [f32] = &mut logits;
         let mut rest_maxima: &mut [ChunkMax] = &mut maxima;
         for g in groups {
@@ -167,7 +160,7 @@ impl<B: Backend> Llama<B> {
             });
         }
         let counters = Counters::new(parts.len());
-        let eps = self.norm.eps;
+        let eps = self.config.rms_eps;
         rayon::broadcast(|ctx| {
             let t = ctx.index();
             if let Some(part) = parts.get(t) {
@@ -208,7 +201,7 @@ impl<B: Backend> Llama<B> {
     /// The forward pass of `ids` as one region: on every thread of the rayon pool
     /// (`pool`), or on the calling thread alone. Returns the logits (`with_output`), or
     /// else the last row of every sequence before the final norm, for
-    /// [`Llama::output`]; and which of those rows are generated tokens.
+    /// [`HostLlama::output`]; and which of those rows are generated tokens.
     ///
     /// Per layer:
     /// each thread normalises the residual stream into its own buffer; the QKV product,
@@ -218,10 +211,10 @@ impl<B: Backend> Llama<B> {
     /// from a counter and meet at a barrier after it: five barriers a layer.
     fn forward_rows_any(
         &self,
-        w: &HostWeights<'_>,
+        w: &HostWeights,
         ids: &[i32],
         spans: &[SeqSpan],
-        caches: &mut [&mut KvCache<B>],
+        caches: &mut [&mut HostKvCache],
         pool: bool,
         with_output: bool,
     ) -> RowsOut {
@@ -233,14 +226,14 @@ impl<B: Backend> Llama<B> {
         }
     }
 
-    /// [`Llama::forward_rows_any`] for caches whose host store holds `E` (all of them:
+    /// [`HostLlama::forward_rows_any`] for caches whose host store holds `E` (all of them:
     /// the model makes every cache with its own KV dtype).
     fn forward_rows<E: KvElem>(
         &self,
-        w: &HostWeights<'_>,
+        w: &HostWeights,
         ids: &[i32],
         spans: &[SeqSpan],
-        caches: &mut [&mut KvCache<B>],
+        caches: &mut [&mut HostKvCache],
         pool: bool,
         with_output: bool,
     ) -> RowsOut {
@@ -250,7 +243,7 @@ impl<B: Backend> Llama<B> {
         let width = qd + 2 * kvd;
         let group = heads / kvh;
         let scale = c.attn_scale;
-        let eps = self.norm.eps;
+        let eps = self.config.rms_eps;
         let layers = w.blocks.len();
         let post_norms = w.blocks.iter().any(|b| b.post_attn_norm.is_some());
         // Each layer's phases: QKV, attention, output, gate/up, down, and with post norms
@@ -289,7 +282,7 @@ impl<B: Backend> Llama<B> {
         for (span, cache) in spans.iter().zip(caches.iter_mut()) {
             let expected = cache.expected_positions() * kvd;
             for kv in cache
-                .host_layers::<E>()
+                .layers::<E>()
                 .expect("every cache of a step in one KV dtype")
             {
                 kv.grow((span.pos + span.len) * kvd, expected);
@@ -297,7 +290,7 @@ impl<B: Backend> Llama<B> {
         }
         let kv: Vec<(Shared<'_, E>, Shared<'_, E>)> = caches
             .iter_mut()
-            .flat_map(|c| c.host_layers::<E>().expect("checked above").iter_mut())
+            .flat_map(|c| c.layers::<E>().expect("checked above").iter_mut())
             .map(|kv| (Shared::new(&mut kv.k), Shared::new(&mut kv.v)))
             .collect();
 
@@ -339,14 +332,14 @@ impl<B: Backend> Llama<B> {
             let mut head_scratch = vec![0.0f32; d];
             let mut phase = 0;
             for (layer, b) in w.blocks.iter().enumerate() {
-                let (rope, window) = self.layer_rope(layer);
+                let (rope, window) = c.layer_rope(layer, &self.rope, &self.rope_local);
                 // SAFETY (all `Shared` accesses below): each phase writes only the
                 // elements of the chunks or items this thread claimed from the phase's
                 // counter, which no other thread touches in that phase, and reads only
                 // what earlier phases wrote, after the barrier that ended them.
                 rms_norm(
                     unsafe { xs.get(0..rows * hidden) },
-                    b.attn_norm,
+                    &b.attn_norm,
                     eps,
                     &mut h,
                 );
@@ -358,10 +351,10 @@ impl<B: Backend> Llama<B> {
                         .product_rows(&h, rows, &xsum, r0, r1, &mut tile, &mut yt);
                     transpose(&yt, d, rows, &mut tt);
                     // Per head: the bias, the head's norm, then RoPE (queries and keys).
-                    let bias = b.qkv_bias.map(|bias| &bias[r0..r1]);
+                    let bias = b.qkv_bias.as_deref().map(|bias| &bias[r0..r1]);
                     let norm = match r0 {
-                        r if r < qd => b.q_norm,
-                        r if r < qd + kvd => b.k_norm,
+                        r if r < qd => b.q_norm.as_deref(),
+                        r if r < qd + kvd => b.k_norm.as_deref(),
                         _ => None,
                     };
                     for (j, head) in tt.chunks_exact_mut(d).enumerate() {
@@ -377,7 +370,7 @@ impl<B: Backend> Llama<B> {
                             rms_norm(&head_scratch, w, eps, head);
                         }
                         if r0 < qd + kvd {
-                            rope.apply_host(head, pos);
+                            rope.apply(head, pos);
                         }
                         if r0 < qd {
                             unsafe { qs.get_mut(j * qd + r0..j * qd + r1) }.copy_from_slice(head);
@@ -456,13 +449,18 @@ impl<B: Backend> Llama<B> {
                 }
                 phase += 1;
                 barrier.wait();
-                if let Some(norm) = b.post_attn_norm {
+                if let Some(norm) = b.post_attn_norm.as_deref() {
                     add_normed_rows(&counters, phase, (&os, &xs), norm, eps, &mut h);
                     phase += 1;
                     barrier.wait();
                 }
 
-                rms_norm(unsafe { xs.get(0..rows * hidden) }, b.ffn_norm, eps, &mut h);
+                rms_norm(
+                    unsafe { xs.get(0..rows * hidden) },
+                    &b.ffn_norm,
+                    eps,
+                    &mut h,
+                );
                 b.gate_up.prepare(&h, &row_int, &mut xsum);
                 while let Some((r0, r1)) = chunk(&counters, phase, ffn, threads) {
                     let n = (r1 - r0) * rows;
@@ -506,7 +504,7 @@ impl<B: Backend> Llama<B> {
                 }
                 phase += 1;
                 barrier.wait();
-                if let Some(norm) = b.post_ffn_norm {
+                if let Some(norm) = b.post_ffn_norm.as_deref() {
                     add_normed_rows(&counters, phase, (&os, &xs), norm, eps, &mut h);
                     phase += 1;
                     barrier.wait();
@@ -556,15 +554,15 @@ impl<B: Backend> Llama<B> {
     }
 }
 
-/// One thread's share of a step split by sequence ([`Llama::forward_host`]): its
+/// One thread's share of a step split by sequence ([`HostLlama::forward`]): its
 /// tokens and spans (rows counted from its first), its sequences' caches (taken by the
 /// thread that runs it), its rows of the logits, and the last hidden row of each of its
 /// sequences with which rows are generated tokens, once its layers are through; its
 /// rows of the chunk maxima.
-struct SplitPart<'a, 'c, B: Backend> {
+struct SplitPart<'a, 'c> {
     ids: &'a [i32],
     spans: Vec<SeqSpan>,
-    caches: std::sync::Mutex<Option<&'a mut [&'c mut KvCache<B>]>>,
+    caches: std::sync::Mutex<Option<&'a mut [&'c mut HostKvCache]>>,
     logits: Shared<'a>,
     maxima: Shared<'a, ChunkMax>,
     last: Latch<(Vec<f32>, Vec<bool>)>,
@@ -587,7 +585,7 @@ type OutputScratch<'a> = (
 /// (greedy decoding then needs no pass over the logits: [`merge_maxima`]).
 #[allow(clippy::too_many_arguments)]
 fn output_part(
-    w: &HostWeights<'_>,
+    w: &HostWeights,
     eps: f32,
     last: &[f32],
     last_int: &[bool],
@@ -602,7 +600,7 @@ fn output_part(
     let nseq = last_int.len();
     let vocab = w.lm_head.rows();
     h.resize(last.len(), 0.0);
-    rms_norm(last, w.norm, eps, h);
+    rms_norm(last, &w.norm, eps, h);
     w.lm_head.prepare(h, last_int, prep);
     while let Some((r0, r1)) = chunk(counters, phase, vocab, threads) {
         yt.resize((r1 - r0) * nseq, 0.0);
@@ -665,7 +663,7 @@ fn merge_maxima(maxima: &[ChunkMax], chunks: usize) -> Vec<u32> {
         .collect()
 }
 
-/// What [`Llama::forward_rows_any`] gives: the logits (with the output projection) or
+/// What [`HostLlama::forward_rows_any`] gives: the logits (with the output projection) or
 /// the last row of every sequence before the final norm (without), which of those
 /// rows are generated tokens, and (with the output projection) each sequence's
 /// greedy token.
@@ -683,7 +681,7 @@ pub(crate) struct HostLogits {
 }
 
 /// Generated tokens a thread takes, at least, when a step is split by sequence (see
-/// [`Llama::forward_host`]): below this the weights read again by every thread cost more
+/// [`HostLlama::forward`]): below this the weights read again by every thread cost more
 /// than the barriers they save.
 pub(crate) const SPLIT_ROWS: usize = 4;
 

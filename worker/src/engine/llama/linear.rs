@@ -1,11 +1,7 @@
 //! A weight matrix kept in the format the worker chose for weights.
 
-use std::sync::Arc;
-
 use burn_tensor::{backend::Backend, DType, Tensor, TensorData};
 use half::f16;
-
-use crate::engine::cpu::qmatrix::QMatrix;
 
 /// The format weights are kept in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -93,28 +89,19 @@ pub fn weight_tensor<B: Backend>(
     }
 }
 
-/// `y = x · Wᵀ` for a weight stored as `[out, in]` rows, as GGUF stores it.
+/// `y = x · Wᵀ` for a weight stored as `[out, in]` rows, as GGUF stores it, as a burn
+/// tensor on the device (the device engine's; the host engine keeps its matrices in
+/// block form, `QMatrix`).
 ///
-/// Activations stay f32. A dense weight kept in f16 gets its input cast to f16 for the
-/// product and the result cast back; a block-quantized weight is multiplied on the host
-/// by the CPU kernels.
+/// Activations stay f32. A weight kept in f16 gets its input cast to f16 for the product
+/// and the result cast back.
 #[derive(Debug, Clone)]
-pub enum Linear<B: Backend> {
-    /// A burn tensor on the device.
-    Dense {
-        /// `[in, out]`: a transposed view of the `[out, in]` rows, so no copy is made
-        /// and a one-row product reads each output's weights contiguously.
-        weight_t: Tensor<B, 2>,
-        /// The tensor's dtype.
-        dtype: WeightDtype,
-    },
-    /// GGUF blocks in host memory.
-    Quant {
-        /// The blocks (shared: a tied output projection is the embedding itself).
-        matrix: Arc<QMatrix>,
-        /// Where results go.
-        device: B::Device,
-    },
+pub struct Linear<B: Backend> {
+    /// `[in, out]`: a transposed view of the `[out, in]` rows, so no copy is made and a
+    /// one-row product reads each output's weights contiguously.
+    weight_t: Tensor<B, 2>,
+    /// The tensor's dtype.
+    dtype: WeightDtype,
 }
 
 impl<B: Backend> Linear<B> {
@@ -132,52 +119,30 @@ impl<B: Backend> Linear<B> {
 
     /// Wraps an existing `[out, in]` tensor of the given dtype.
     pub fn from_rows(rows: Tensor<B, 2>, dtype: WeightDtype) -> Self {
-        Linear::Dense {
+        Linear {
             weight_t: rows.transpose(),
             dtype,
         }
     }
 
-    /// Wraps block-quantized rows.
-    pub fn quant(matrix: Arc<QMatrix>, device: &B::Device) -> Self {
-        Linear::Quant {
-            matrix,
-            device: device.clone(),
-        }
-    }
-
     /// Output width.
     pub fn out_features(&self) -> usize {
-        match self {
-            Linear::Dense { weight_t, .. } => weight_t.dims()[1],
-            Linear::Quant { matrix, .. } => matrix.rows(),
-        }
+        self.weight_t.dims()[1]
     }
 
     /// Bytes of weights one product reads.
     pub fn weight_bytes(&self) -> usize {
-        match self {
-            Linear::Dense { weight_t, dtype } => {
-                weight_t.shape().num_elements() * if *dtype == WeightDtype::F16 { 2 } else { 4 }
-            }
-            Linear::Quant { matrix, .. } => matrix.bytes(),
-        }
+        self.weight_t.shape().num_elements() * if self.dtype == WeightDtype::F16 { 2 } else { 4 }
     }
 
     /// `x: [n, in]` → `[n, out]`.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        match self {
-            Linear::Dense {
-                weight_t,
-                dtype: WeightDtype::F16,
-            } => x.cast(DType::F16).matmul(weight_t.clone()).cast(DType::F32),
-            Linear::Dense { weight_t, .. } => x.matmul(weight_t.clone()),
-            Linear::Quant { matrix, device } => {
-                let [n, _] = x.dims();
-                let host = to_host(x);
-                let y = matrix.matmul(&host, n);
-                Tensor::from_data(TensorData::new(y, [n, matrix.rows()]), device)
-            }
+        if self.dtype == WeightDtype::F16 {
+            x.cast(DType::F16)
+                .matmul(self.weight_t.clone())
+                .cast(DType::F32)
+        } else {
+            x.matmul(self.weight_t.clone())
         }
     }
 }

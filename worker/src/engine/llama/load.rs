@@ -9,15 +9,17 @@
 pub use super::linear::WeightDtype;
 use super::{
     attention::{Attention, Bias},
+    config::LlamaConfig,
+    host::{HostBlock, HostLlama, HostWeights},
     linear::{weight_tensor, Linear},
     mlp::Mlp,
-    model::{Block, Embedding, Llama, RmsNorm},
+    model::{Block, BurnLlama, Llama, Net, RmsNorm},
     preflight::{expected_tensors, preflight, Plan},
-    rope::{Rope, RopeSpec},
+    rope::{Rope, RopeSpec, RopeTables},
 };
 use crate::engine::cpu::qmatrix::QMatrix;
 use crate::engine::gguf::{GgufError, GgufFile, TensorInfo};
-use burn_tensor::{backend::Backend, Tensor, TensorData};
+use burn_tensor::{backend::Backend, Tensor};
 use std::sync::Arc;
 
 /// Why a model could not be built from a file.
@@ -95,22 +97,61 @@ impl LoadError {
 /// tables' memory for models that advertise huge contexts.
 pub const MAX_CONTEXT: usize = 32_768;
 
-/// A weight matrix between reading and placing: dense values or GGUF blocks.
+/// A weight matrix between reading and placing: dense values (the device engine's
+/// formats) or GGUF blocks (the host engine's).
 enum Matrix {
     Dense(Vec<f32>),
     Quant(QMatrix),
 }
 
-struct Loader<'a, B: Backend> {
+impl Matrix {
+    /// The values, row-major (blocks only come from native formats, which the host
+    /// engine takes; they are dequantized here for completeness).
+    fn into_dense(self) -> Vec<f32> {
+        match self {
+            Matrix::Dense(v) => v,
+            Matrix::Quant(q) => (0..q.rows()).flat_map(|r| q.row(r)).collect(),
+        }
+    }
+
+    /// The blocks for the host engine, with integer inputs for generated rows when
+    /// `int` (native formats always read as blocks; dense rows of `cols` values, which
+    /// they never are, would become 8-bit blocks).
+    fn into_quant(self, cols: usize, int: bool) -> Arc<QMatrix> {
+        let q = match self {
+            Matrix::Quant(q) => q,
+            Matrix::Dense(v) => {
+                QMatrix::quantize_q8(&v, v.len() / cols, cols).expect("width checked when read")
+            }
+        };
+        Arc::new(q.with_int_inputs(int))
+    }
+}
+
+/// One block's weights between reading and placing.
+struct BlockParts {
+    attn_norm: Vec<f32>,
+    qkv: Matrix,
+    qkv_bias: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    out: Matrix,
+    post_attn_norm: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    gate_up: Matrix,
+    down: Matrix,
+    post_ffn_norm: Option<Vec<f32>>,
+}
+
+struct Loader<'a> {
     gguf: &'a GgufFile,
     dtype: WeightDtype,
-    device: &'a B::Device,
     done: usize,
     total: usize,
     progress: &'a mut dyn FnMut(usize, usize),
 }
 
-impl<B: Backend> Loader<'_, B> {
+impl Loader<'_> {
     /// The tensor `name` after checking its dims (GGUF order).
     fn info(&self, name: &str, dims: &[usize]) -> Result<&TensorInfo, LoadError> {
         let info = self
@@ -164,22 +205,147 @@ impl<B: Backend> Loader<'_, B> {
         Ok(Matrix::Quant(q))
     }
 
-    fn norm(&mut self, name: &str, hidden: usize, eps: f32) -> Result<RmsNorm<B>, LoadError> {
-        let w = self.read(name, &[hidden])?;
-        Ok(RmsNorm {
-            host: w.clone(),
-            weight: Tensor::from_data(TensorData::new(w, [1, hidden]), self.device),
-            eps,
-        })
+    /// The scale of a norm over `width` values.
+    fn norm(&mut self, name: &str, width: usize) -> Result<Vec<f32>, LoadError> {
+        self.read(name, &[width])
     }
 
-    fn linear(&self, m: Matrix, out: usize, inp: usize) -> Linear<B> {
-        match m {
-            Matrix::Dense(v) => Linear::new(v, out, inp, self.dtype, self.device),
-            Matrix::Quant(q) => Linear::quant(
-                Arc::new(q.with_int_inputs(self.dtype == WeightDtype::NativeI16)),
-                self.device,
-            ),
+    /// Reads block `n`'s weights.
+    fn block(&mut self, plan: &Plan, n: usize) -> Result<BlockParts, LoadError> {
+        let config = &plan.config;
+        let (hd, d, kvd, ffn) = (config.hidden, config.head_dim, config.kv_dim(), config.ffn);
+        let qd = config.n_heads * d;
+        let permuted = config.arch.rope_rows_permuted();
+        let name = |t: &str| format!("blk.{n}.{t}.weight");
+        let bias = |t: &str| format!("blk.{n}.{t}.bias");
+        let attn_norm = self.norm(&name("attn_norm"), hd)?;
+        let qkv = if config.arch.fused() {
+            self.matrix(&name("attn_qkv"), hd, qd + 2 * kvd)?
+        } else {
+            let mut q = self.matrix(&name("attn_q"), hd, qd)?;
+            let mut k = self.matrix(&name("attn_k"), hd, kvd)?;
+            if permuted {
+                q = unpermute(q, config.n_heads, d, hd);
+                k = unpermute(k, config.n_kv_heads, d, hd);
+            }
+            let v = self.matrix(&name("attn_v"), hd, kvd)?;
+            stack(vec![q, k, v], hd)
+        };
+        let qkv_bias = if plan.qkv_bias {
+            let (mut bq, mut bk) = (
+                self.read(&bias("attn_q"), &[qd])?,
+                self.read(&bias("attn_k"), &[kvd])?,
+            );
+            if permuted {
+                bq = unpermute_rope_rows(&bq, config.n_heads, d, 1);
+                bk = unpermute_rope_rows(&bk, config.n_kv_heads, d, 1);
+            }
+            let mut all = bq;
+            all.extend(bk);
+            all.extend(self.read(&bias("attn_v"), &[kvd])?);
+            Some(all)
+        } else {
+            None
+        };
+        let (q_norm, k_norm) = if plan.qk_norm {
+            // Norms of whole heads, before RoPE. The converter leaves them in the Hugging
+            // Face order, which is the order of the rows after `unpermute`.
+            (
+                Some(self.norm(&name("attn_q_norm"), d)?),
+                Some(self.norm(&name("attn_k_norm"), d)?),
+            )
+        } else {
+            (None, None)
+        };
+        let out = self.matrix(&name("attn_output"), qd, hd)?;
+        let post_attn_norm = if plan.post_norms {
+            Some(self.norm(&name("post_attention_norm"), hd)?)
+        } else {
+            None
+        };
+        let ffn_norm = self.norm(&name("ffn_norm"), hd)?;
+        let gate_up = if config.arch.fused() {
+            self.matrix(&name("ffn_up"), hd, 2 * ffn)?
+        } else {
+            let gate = self.matrix(&name("ffn_gate"), hd, ffn)?;
+            let up = self.matrix(&name("ffn_up"), hd, ffn)?;
+            stack(vec![gate, up], hd)
+        };
+        let down = self.matrix(&name("ffn_down"), ffn, hd)?;
+        let post_ffn_norm = if plan.post_norms {
+            Some(self.norm(&name("post_ffw_norm"), hd)?)
+        } else {
+            None
+        };
+        Ok(BlockParts {
+            attn_norm,
+            qkv,
+            qkv_bias,
+            q_norm,
+            k_norm,
+            out,
+            post_attn_norm,
+            ffn_norm,
+            gate_up,
+            down,
+            post_ffn_norm,
+        })
+    }
+}
+
+impl BlockParts {
+    /// The host engine's block: blocks and host vectors.
+    fn host(self, config: &LlamaConfig, int: bool) -> HostBlock {
+        let (hd, qd, ffn) = (config.hidden, config.n_heads * config.head_dim, config.ffn);
+        HostBlock {
+            attn_norm: self.attn_norm,
+            qkv: self.qkv.into_quant(hd, int),
+            qkv_bias: self.qkv_bias,
+            q_norm: self.q_norm,
+            k_norm: self.k_norm,
+            post_attn_norm: self.post_attn_norm,
+            post_ffn_norm: self.post_ffn_norm,
+            out: self.out.into_quant(qd, int),
+            ffn_norm: self.ffn_norm,
+            gate_up: self.gate_up.into_quant(hd, int),
+            down: self.down.into_quant(ffn, int),
+        }
+    }
+
+    /// The device engine's block: tensors in `dtype` on `device`.
+    fn device<B: Backend>(
+        self,
+        config: &LlamaConfig,
+        dtype: WeightDtype,
+        device: &B::Device,
+    ) -> Block<B> {
+        let (hd, d, kvd, ffn) = (config.hidden, config.head_dim, config.kv_dim(), config.ffn);
+        let qd = config.n_heads * d;
+        let norm = |w: Vec<f32>| RmsNorm::new(w, config.rms_eps, device);
+        let linear = |m: Matrix, out: usize, inp: usize| {
+            Linear::new(m.into_dense(), out, inp, dtype, device)
+        };
+        Block {
+            attn_norm: norm(self.attn_norm),
+            attn: Attention {
+                qkv: linear(self.qkv, qd + 2 * kvd, hd),
+                qkv_bias: self.qkv_bias.map(|b| Bias::new(b, device)),
+                q_norm: self.q_norm.map(norm),
+                k_norm: self.k_norm.map(norm),
+                out: linear(self.out, hd, qd),
+                n_heads: config.n_heads,
+                n_kv_heads: config.n_kv_heads,
+                head_dim: d,
+            },
+            post_attn_norm: self.post_attn_norm.map(norm),
+            ffn_norm: norm(self.ffn_norm),
+            mlp: Mlp {
+                gate_up: linear(self.gate_up, 2 * ffn, hd),
+                down: linear(self.down, hd, ffn),
+                ffn,
+                activation: config.activation,
+            },
+            post_ffn_norm: self.post_ffn_norm.map(norm),
         }
     }
 }
@@ -266,140 +432,51 @@ pub fn load_planned<B: Backend>(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Llama<B>, LoadError> {
     let config = plan.config.clone();
-    let tied = plan.tied;
     let total = expected_tensors(plan).len();
-    let mut l = Loader::<B> {
+    let mut l = Loader {
         gguf,
         dtype,
-        device,
         done: 0,
         total,
         progress,
     };
-    let (hd, d, kvd, ffn, vocab) = (
-        config.hidden,
-        config.head_dim,
-        config.kv_dim(),
-        config.ffn,
-        config.vocab,
-    );
-    let qd = config.n_heads * d;
-    let permuted = config.arch.rope_rows_permuted();
+    let (hd, d, vocab) = (config.hidden, config.head_dim, config.vocab);
+    let int = dtype == WeightDtype::NativeI16;
 
-    let (embed, lm_head) = match l.matrix("token_embd.weight", hd, vocab)? {
-        Matrix::Dense(values) => {
-            let table = weight_tensor::<B>(values, vocab, hd, dtype, device);
-            let head = if tied {
-                // Tied embeddings: the output projection is the embedding matrix itself.
-                Linear::from_rows(table.clone(), dtype)
-            } else {
-                let w = l.matrix("output.weight", hd, vocab)?;
-                l.linear(w, vocab, hd)
-            };
-            (Embedding::Dense(table), head)
+    // Each part goes to its engine's form as soon as it is read, so the dense values of
+    // one matrix at a time are held on the host.
+    let embed = l.matrix("token_embd.weight", hd, vocab)?;
+    let head = match plan.tied {
+        // Tied embeddings: the output projection is the embedding matrix itself.
+        true => None,
+        false => Some(l.matrix("output.weight", hd, vocab)?),
+    };
+    let mut placed = if dtype.is_native() {
+        let embed = embed.into_quant(hd, int);
+        Placed::Host {
+            lm_head: head.map_or_else(|| embed.clone(), |m| m.into_quant(hd, int)),
+            embed,
+            blocks: Vec::with_capacity(config.n_layers),
         }
-        Matrix::Quant(q) => {
-            let table = Arc::new(q);
-            let head = if tied {
-                Linear::quant(table.clone(), device)
-            } else {
-                let w = l.matrix("output.weight", hd, vocab)?;
-                l.linear(w, vocab, hd)
-            };
-            (Embedding::Quant(table), head)
+    } else {
+        let table = weight_tensor::<B>(embed.into_dense(), vocab, hd, dtype, device);
+        Placed::Device {
+            lm_head: match head {
+                None => Linear::from_rows(table.clone(), dtype),
+                Some(m) => Linear::new(m.into_dense(), vocab, hd, dtype, device),
+            },
+            embed: table,
+            blocks: Vec::with_capacity(config.n_layers),
         }
     };
-
-    let mut blocks = Vec::with_capacity(config.n_layers);
     for n in 0..config.n_layers {
-        let name = |t: &str| format!("blk.{n}.{t}.weight");
-        let bias = |t: &str| format!("blk.{n}.{t}.bias");
-        let attn_norm = l.norm(&name("attn_norm"), hd, config.rms_eps)?;
-        let qkv = if config.arch.fused() {
-            l.matrix(&name("attn_qkv"), hd, qd + 2 * kvd)?
-        } else {
-            let mut q = l.matrix(&name("attn_q"), hd, qd)?;
-            let mut k = l.matrix(&name("attn_k"), hd, kvd)?;
-            if permuted {
-                q = unpermute(q, config.n_heads, d, hd);
-                k = unpermute(k, config.n_kv_heads, d, hd);
-            }
-            let v = l.matrix(&name("attn_v"), hd, kvd)?;
-            stack(vec![q, k, v], hd)
-        };
-        let qkv = l.linear(qkv, qd + 2 * kvd, hd);
-        let qkv_bias = if plan.qkv_bias {
-            let (mut bq, mut bk) = (
-                l.read(&bias("attn_q"), &[qd])?,
-                l.read(&bias("attn_k"), &[kvd])?,
-            );
-            if permuted {
-                bq = unpermute_rope_rows(&bq, config.n_heads, d, 1);
-                bk = unpermute_rope_rows(&bk, config.n_kv_heads, d, 1);
-            }
-            let mut all = bq;
-            all.extend(bk);
-            all.extend(l.read(&bias("attn_v"), &[kvd])?);
-            Some(Bias::new(all, device))
-        } else {
-            None
-        };
-        let (q_norm, k_norm) = if plan.qk_norm {
-            // Norms of whole heads, before RoPE. The converter leaves them in the Hugging
-            // Face order, which is the order of the rows after `unpermute`.
-            let qn = l.norm(&name("attn_q_norm"), d, config.rms_eps)?;
-            let kn = l.norm(&name("attn_k_norm"), d, config.rms_eps)?;
-            (Some(qn), Some(kn))
-        } else {
-            (None, None)
-        };
-        let out = l.matrix(&name("attn_output"), qd, hd)?;
-        let out = l.linear(out, hd, qd);
-        let post_attn_norm = if plan.post_norms {
-            Some(l.norm(&name("post_attention_norm"), hd, config.rms_eps)?)
-        } else {
-            None
-        };
-        let ffn_norm = l.norm(&name("ffn_norm"), hd, config.rms_eps)?;
-        let gate_up = if config.arch.fused() {
-            l.matrix(&name("ffn_up"), hd, 2 * ffn)?
-        } else {
-            let gate = l.matrix(&name("ffn_gate"), hd, ffn)?;
-            let up = l.matrix(&name("ffn_up"), hd, ffn)?;
-            stack(vec![gate, up], hd)
-        };
-        let gate_up = l.linear(gate_up, 2 * ffn, hd);
-        let down = l.matrix(&name("ffn_down"), ffn, hd)?;
-        let down = l.linear(down, hd, ffn);
-        let post_ffn_norm = if plan.post_norms {
-            Some(l.norm(&name("post_ffw_norm"), hd, config.rms_eps)?)
-        } else {
-            None
-        };
-        blocks.push(Block {
-            attn_norm,
-            post_attn_norm,
-            post_ffn_norm,
-            attn: Attention {
-                qkv,
-                qkv_bias,
-                q_norm,
-                k_norm,
-                out,
-                n_heads: config.n_heads,
-                n_kv_heads: config.n_kv_heads,
-                head_dim: d,
-            },
-            ffn_norm,
-            mlp: Mlp {
-                gate_up,
-                down,
-                ffn,
-                activation: config.activation,
-            },
-        });
+        let parts = l.block(plan, n)?;
+        match &mut placed {
+            Placed::Host { blocks, .. } => blocks.push(parts.host(&config, int)),
+            Placed::Device { blocks, .. } => blocks.push(parts.device(&config, dtype, device)),
+        }
     }
-    let norm = l.norm("output_norm.weight", hd, config.rms_eps)?;
+    let norm = l.norm("output_norm.weight", hd)?;
     let rope_dims = config.rope_dims;
     let freqs = if plan.rope_freqs {
         Some(l.read("rope_freqs.weight", &[rope_dims / 2])?)
@@ -414,7 +491,7 @@ pub fn load_planned<B: Backend>(
         None
     };
     let positions = config.served_context();
-    let rope = Rope::new(
+    let rope = RopeTables::new(
         RopeSpec {
             head_dim: d,
             dims: rope_dims,
@@ -424,26 +501,63 @@ pub fn load_planned<B: Backend>(
             mscale: config.rope_attn_factor,
         },
         positions,
-        device,
     );
     // Sliding-window layers with a base of their own rotate with it, never scaled.
     let rope_local = config
         .sliding
         .and_then(|s| s.rope_theta)
-        .map(|theta| Rope::new(RopeSpec::plain(d, theta), positions, device));
+        .map(|theta| RopeTables::new(RopeSpec::plain(d, theta), positions));
+    let net = match placed {
+        Placed::Host {
+            embed,
+            lm_head,
+            blocks,
+        } => Net::Host(HostLlama {
+            weights: HostWeights {
+                embed,
+                lm_head,
+                blocks,
+                norm,
+            },
+            config,
+            rope,
+            rope_local,
+        }),
+        Placed::Device {
+            embed,
+            lm_head,
+            blocks,
+        } => Net::Device(BurnLlama {
+            norm: RmsNorm::new(norm, config.rms_eps, device),
+            config,
+            embed,
+            lm_head,
+            blocks,
+            rope: Rope::new(rope, device),
+            rope_local: rope_local.map(|t| Rope::new(t, device)),
+            device: device.clone(),
+            heads: false,
+        }),
+    };
     Ok(Llama {
-        rope_local,
-        config,
-        embed,
-        lm_head,
-        blocks,
-        norm,
-        rope,
+        net,
         device: device.clone(),
-        force_burn: false,
-        heads: false,
         kv_dtype: Default::default(),
     })
+}
+
+/// The weights read so far, in the form of the engine that will run them.
+enum Placed<B: Backend> {
+    Host {
+        embed: Arc<QMatrix>,
+        lm_head: Arc<QMatrix>,
+        blocks: Vec<HostBlock>,
+    },
+    Device {
+        embed: Tensor<B, 2>,
+        lm_head: Linear<B>,
+        blocks: Vec<Block<B>>,
+    },
 }
 
 #[cfg(test)]

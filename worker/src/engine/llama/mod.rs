@@ -1,5 +1,6 @@
-//! The Llama family forward pass (`llama`, `qwen2`, `qwen3`, `gemma3`, `phi3`), generic over the burn
-//! backend.
+//! The Llama family forward pass (`llama`, `qwen2`, `qwen3`, `gemma3`, `phi3`), on the
+//! host engine ([`host::HostLlama`]) or the device engine ([`model::BurnLlama`], generic
+//! over the burn backend), one chosen at load ([`model::Llama`]).
 //!
 //! # Layout
 //! - [`config`]: the architecture and hyper-parameters read from the GGUF metadata.
@@ -7,13 +8,15 @@
 //!   is read.
 //! - [`load`]: builds the model from a GGUF file (tensor naming, RoPE row order, tied
 //!   embeddings).
-//! - [`linear`]: a weight matrix in the dtype the worker keeps in memory.
+//! - [`linear`]: a device engine's weight matrix, in the dtype the worker keeps.
 //! - [`rope`]: rotary position embeddings.
-//! - [`attention`]: grouped-query self-attention against a [`cache::KvCache`].
-//! - [`host`]: the forward pass on host vectors, for weights kept in block form.
+//! - [`attention`]: the device engine's grouped-query self-attention against a
+//!   [`cache::DeviceKvCache`].
+//! - [`host`]: the host engine: the forward pass on host vectors, for weights kept in
+//!   block form.
 //! - [`mlp`]: the SwiGLU feed-forward block.
-//! - [`cache`]: the per-sequence KV cache.
-//! - [`model`]: the whole network and its batched forward pass.
+//! - [`cache`]: the per-sequence KV cache, one store per engine.
+//! - [`model`]: the whole network on its engine, and its batched forward pass.
 //! - [`synthetic`]: random-weight Llama files for tests and speed measurements.
 
 pub mod attention;
@@ -28,7 +31,7 @@ pub mod preflight;
 pub mod rope;
 pub mod synthetic;
 
-pub use cache::{KvCache, KvDtype};
+pub use cache::{DeviceKvCache, HostKvCache, KvCache, KvDtype};
 pub use config::{Arch, LlamaConfig};
 pub use load::{LoadError, WeightDtype};
 pub use model::{Fetch, Head, Llama, SeqInput, StepLogits, HEAD};

@@ -1,19 +1,22 @@
-//! The Llama network and its batched forward pass.
-
-use std::sync::Arc;
+//! The Llama network and its batched forward pass, on one of two engines chosen at
+//! load: the host engine ([`HostLlama`]: the file's blocks and Baton's CPU kernels,
+//! host KV vectors) for weights kept in block form, and the device engine
+//! ([`BurnLlama`]: burn tensors on the backend's device, a device KV store) for weights
+//! kept as tensors. [`Llama`] holds one of them; each makes and takes caches of its own
+//! store ([`KvCache`]). An enum rather than a type parameter: the serving stack above
+//! stays one type per backend, and the choice is still made once.
 
 use burn_tensor::{backend::Backend, Int, Tensor, TensorData};
 
 use super::{
     attention::{AttendWith, Attention, SeqSpan},
-    cache::{KvCache, KvDtype},
+    cache::{DeviceKvCache, HostKvCache, KvCache, KvDtype},
     config::LlamaConfig,
-    host::HostLogits,
+    host::{HostLlama, HostLogits},
     linear::{to_host, Linear},
     mlp::Mlp,
     rope::Rope,
 };
-use crate::engine::cpu::qmatrix::QMatrix;
 
 /// Why a forward pass was refused. Checked before any tensor work.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -39,6 +42,10 @@ pub enum ForwardError {
         /// Vocabulary size.
         vocab: usize,
     },
+    /// A sequence's cache was made by the other engine (its keys and values are not
+    /// where this one keeps them).
+    #[error("sequence {0} brought a cache of the other engine")]
+    ForeignCache(usize),
 }
 
 /// Root-mean-square layer norm.
@@ -46,12 +53,19 @@ pub enum ForwardError {
 pub struct RmsNorm<B: Backend> {
     /// `[1, hidden]` scale.
     pub(crate) weight: Tensor<B, 2>,
-    /// The same scale on the host, for the host forward path.
-    pub(crate) host: Vec<f32>,
     pub(crate) eps: f32,
 }
 
 impl<B: Backend> RmsNorm<B> {
+    /// A norm scaling by `weight`.
+    pub fn new(weight: Vec<f32>, eps: f32, device: &B::Device) -> Self {
+        let hidden = weight.len();
+        Self {
+            weight: Tensor::from_data(TensorData::new(weight, [1, hidden]), device),
+            eps,
+        }
+    }
+
     /// `x: [rows, hidden]` → normalised rows scaled by the weight.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let inv_rms = x
@@ -78,15 +92,6 @@ pub struct Block<B: Backend> {
     pub(crate) post_ffn_norm: Option<RmsNorm<B>>,
 }
 
-/// The token embedding table, `[vocab, hidden]`.
-#[derive(Debug, Clone)]
-pub enum Embedding<B: Backend> {
-    /// A tensor on the device, in the weight dtype.
-    Dense(Tensor<B, 2>),
-    /// GGUF blocks in host memory; looked-up rows are dequantized.
-    Quant(Arc<QMatrix>),
-}
-
 /// New tokens of one sequence and the cache holding what came before them.
 pub struct SeqInput<'a, B: Backend> {
     /// Tokens to run, at positions `cache.len()..`.
@@ -95,12 +100,12 @@ pub struct SeqInput<'a, B: Backend> {
     pub cache: &'a mut KvCache<B>,
 }
 
-/// A Llama-family network whose weights are shared by every sequence it serves.
+/// The device engine's network: every weight a burn tensor on `device`.
 #[derive(Debug, Clone)]
-pub struct Llama<B: Backend> {
+pub struct BurnLlama<B: Backend> {
     pub(crate) config: LlamaConfig,
-    /// The token embedding.
-    pub(crate) embed: Embedding<B>,
+    /// The token embedding, `[vocab, hidden]`, in the weight dtype.
+    pub(crate) embed: Tensor<B, 2>,
     /// The output projection. Tied models (SmolLM2 among them) have no `output.weight`:
     /// this is then a transposed view of `embed`, sharing its memory.
     pub(crate) lm_head: Linear<B>,
@@ -110,18 +115,37 @@ pub struct Llama<B: Backend> {
     /// The rotations of sliding-window layers, when they have a base of their own.
     pub(crate) rope_local: Option<Rope<B>>,
     pub(crate) device: B::Device,
-    /// Run block-form weights through the burn path too (tests compare the two paths).
-    pub(crate) force_burn: bool,
-    /// How new caches keep keys and values on the host.
-    pub(crate) kv_dtype: KvDtype,
-    /// Whether the backend finds rows' heads ([`Fetch::Heads`]); found out at load.
+    /// Whether [`Fetch::Heads`] finds rows' heads on the device; found out at load.
     pub(crate) heads: bool,
+}
+
+/// The engine a [`Llama`] runs on.
+#[derive(Debug, Clone)]
+pub(crate) enum Net<B: Backend> {
+    /// Block weights and the CPU kernels.
+    Host(HostLlama),
+    /// Burn tensors on the backend's device.
+    Device(BurnLlama<B>),
+}
+
+/// A Llama-family network whose weights are shared by every sequence it serves, on the
+/// engine its weight format chose at load.
+#[derive(Debug, Clone)]
+pub struct Llama<B: Backend> {
+    pub(crate) net: Net<B>,
+    /// Where the device engine's tensors live, and the logits [`Llama::forward`] returns.
+    pub(crate) device: B::Device,
+    /// How new caches keep keys and values.
+    pub(crate) kv_dtype: KvDtype,
 }
 
 impl<B: Backend> Llama<B> {
     /// The network's shape.
     pub fn config(&self) -> &LlamaConfig {
-        &self.config
+        match &self.net {
+            Net::Host(m) => &m.config,
+            Net::Device(m) => &m.config,
+        }
     }
 
     /// The device the weights live on.
@@ -132,60 +156,56 @@ impl<B: Backend> Llama<B> {
     /// Bytes of weights one decode step reads: every matrix once (the embedding lookup
     /// reads one row and is not counted).
     pub fn decode_weight_bytes(&self) -> usize {
-        self.lm_head.weight_bytes()
-            + self
-                .blocks
-                .iter()
-                .map(|b| {
-                    b.attn.qkv.weight_bytes()
-                        + b.attn.out.weight_bytes()
-                        + b.mlp.gate_up.weight_bytes()
-                        + b.mlp.down.weight_bytes()
-                })
-                .sum::<usize>()
+        match &self.net {
+            Net::Host(m) => m.decode_weight_bytes(),
+            Net::Device(m) => {
+                m.lm_head.weight_bytes()
+                    + m.blocks
+                        .iter()
+                        .map(|b| {
+                            b.attn.qkv.weight_bytes()
+                                + b.attn.out.weight_bytes()
+                                + b.mlp.gate_up.weight_bytes()
+                                + b.mlp.down.weight_bytes()
+                        })
+                        .sum::<usize>()
+            }
+        }
     }
 
-    /// How the host path keeps its matrices: each distinct sequence of block formats
-    /// (runs of a stack in order), sorted; empty off the host path. Part of the
+    /// How the host engine keeps its matrices: each distinct sequence of block formats
+    /// (runs of a stack in order), sorted; empty on the device engine. Part of the
     /// numerics fingerprint: the same file kept in other forms runs other arithmetic.
     pub fn held_formats(&self) -> String {
-        let Some(w) = self.host_weights() else {
-            return String::new();
-        };
-        let mut all: Vec<String> = w
-            .matrices()
-            .map(|m| {
-                let kinds: Vec<String> = m.kinds().iter().map(|k| format!("{k:?}")).collect();
-                kinds.join("+")
-            })
-            .collect();
-        all.sort();
-        all.dedup();
-        all.join(",")
+        match &self.net {
+            Net::Host(m) => m.held_formats(),
+            Net::Device(_) => String::new(),
+        }
     }
 
-    /// Whether the forward pass runs on the host (every matrix in block form): its KV
-    /// caches are then host vectors, which the prefix cache can copy.
+    /// Whether the host engine runs the model (every matrix in block form): its KV
+    /// caches are then host vectors.
     pub fn host_path(&self) -> bool {
-        !self.force_burn && self.host_weights().is_some()
+        matches!(self.net, Net::Host(_))
     }
 
-    /// Whether [`Fetch::Heads`] downloads rows' heads on the device path: on cubecl's
+    /// Whether [`Fetch::Heads`] downloads rows' heads on the device engine: on cubecl's
     /// backends once their kernels compiled at load; elsewhere it downloads the rows.
     pub fn fetches_heads(&self) -> bool {
-        self.heads
+        matches!(&self.net, Net::Device(m) if m.heads)
     }
 
     /// Decides whether [`Fetch::Heads`] finds rows' heads on this backend: on cubecl's
     /// (CUDA, wgpu), whose logits live in device memory and which have a top-k kernel;
-    /// not on flex, whose rows are host memory already (and which has no top-k).
-    pub(crate) fn choose_heads(&mut self) {
-        self.heads = !self.host_path()
-            && self.config.vocab > HEAD
-            && B::name(&self.device).contains("cubecl<");
+    /// not on flex, whose rows are host memory already (and which has no top-k); never
+    /// on the host engine, whose rows are on the host.
+    pub(crate) fn choose_heads(&mut self, on: bool) {
+        if let Net::Device(m) = &mut self.net {
+            m.heads = on && m.config.vocab > HEAD && B::name(&self.device).contains("cubecl<");
+        }
     }
 
-    /// How new caches keep keys and values on the host path.
+    /// How new caches keep keys and values.
     pub fn kv_dtype(&self) -> KvDtype {
         self.kv_dtype
     }
@@ -196,9 +216,13 @@ impl<B: Backend> Llama<B> {
         self.kv_dtype = dtype;
     }
 
-    /// A fresh cache for one sequence.
+    /// A fresh cache for one sequence, in the store of the engine that runs the model.
     pub fn new_cache(&self) -> KvCache<B> {
-        KvCache::new(self.config.n_layers, self.kv_dtype)
+        let (layers, dtype) = (self.config().n_layers, self.kv_dtype);
+        match self.net {
+            Net::Host(_) => KvCache::Host(HostKvCache::new(layers, dtype)),
+            Net::Device(_) => KvCache::Device(DeviceKvCache::new(layers, dtype)),
+        }
     }
 
     /// Runs the new tokens of every sequence in one pass — linear layers over all rows
@@ -207,18 +231,21 @@ impl<B: Backend> Llama<B> {
     pub fn forward(&self, seqs: &mut [SeqInput<'_, B>]) -> Result<Tensor<B, 2>, ForwardError> {
         Ok(match self.forward_any(seqs)? {
             Logits::Host(HostLogits { logits: flat, .. }) => {
-                let n = flat.len() / self.config.vocab;
-                Tensor::from_data(TensorData::new(flat, [n, self.config.vocab]), &self.device)
+                let n = flat.len() / self.config().vocab;
+                Tensor::from_data(
+                    TensorData::new(flat, [n, self.config().vocab]),
+                    &self.device,
+                )
             }
             Logits::Device(t) => t,
         })
     }
 
     /// [`Llama::forward`], with the logits on the host: `[sequences × vocab]`, row-major
-    /// (the host path hands over its own buffer; nothing is copied), and the index of
+    /// (the host engine hands over its own buffer; nothing is copied), and the index of
     /// each row's largest logit (the lowest among equals, what
     /// [`crate::engine::sampler::argmax`] gives) where the forward pass found it as it
-    /// wrote the logits (the host path) or where `logits` is false (the device path
+    /// wrote the logits (the host engine) or where `logits` is false (the device engine
     /// then finds it on the device and downloads the ids alone: the logits are empty).
     pub fn forward_greedy(
         &self,
@@ -230,9 +257,9 @@ impl<B: Backend> Llama<B> {
         Ok((out.logits, out.argmax))
     }
 
-    /// [`Llama::forward`], handing back what `fetch` asks of the logits. The host path
+    /// [`Llama::forward`], handing back what `fetch` asks of the logits. The host engine
     /// has every row on the host and gives the logits and the argmax whatever is asked;
-    /// the device path downloads only what is asked, and with [`Fetch::Heads`] keeps
+    /// the device engine downloads only what is asked, and with [`Fetch::Heads`] keeps
     /// the logits on the device for [`StepLogits::fetch_logits`].
     pub fn forward_fetch(
         &self,
@@ -253,7 +280,7 @@ impl<B: Backend> Llama<B> {
                     heads: None,
                     device: None,
                 },
-                Fetch::Heads if self.heads => {
+                Fetch::Heads if self.fetches_heads() => {
                     let (argmax, heads) = device_heads(t.clone());
                     StepLogits {
                         logits: Vec::new(),
@@ -272,13 +299,27 @@ impl<B: Backend> Llama<B> {
         })
     }
 
+    /// Positions a sequence may reach: the model's context within its RoPE tables.
+    fn context(&self) -> usize {
+        let tables = match &self.net {
+            Net::Host(m) => m.rope.max_positions(),
+            Net::Device(m) => m.rope.max_positions(),
+        };
+        self.config().context_length.min(tables)
+    }
+
     fn forward_any(&self, seqs: &mut [SeqInput<'_, B>]) -> Result<Logits<B>, ForwardError> {
-        let context = self.config.context_length.min(self.rope.max_positions());
+        let context = self.context();
+        let vocab = self.config().vocab;
+        let host = self.host_path();
         let mut spans = Vec::with_capacity(seqs.len());
         let mut ids = Vec::new();
         for (i, s) in seqs.iter().enumerate() {
             if s.tokens.is_empty() {
                 return Err(ForwardError::Empty(i));
+            }
+            if s.cache.is_host() != host {
+                return Err(ForwardError::ForeignCache(i));
             }
             let needed = s.cache.len() + s.tokens.len();
             if needed > context {
@@ -289,11 +330,8 @@ impl<B: Backend> Llama<B> {
                 });
             }
             for &t in s.tokens {
-                if t as usize >= self.config.vocab {
-                    return Err(ForwardError::BadToken {
-                        id: t,
-                        vocab: self.config.vocab,
-                    });
+                if t as usize >= vocab {
+                    return Err(ForwardError::BadToken { id: t, vocab });
                 }
                 ids.push(t as i32);
             }
@@ -303,44 +341,56 @@ impl<B: Backend> Llama<B> {
                 pos: s.cache.len(),
             });
         }
-        let mut caches: Vec<&mut KvCache<B>> = seqs.iter_mut().map(|s| &mut *s.cache).collect();
-        let logits = match self.host_weights() {
-            Some(w) if !self.force_burn => {
-                Logits::Host(self.forward_host(&w, &ids, &spans, &mut caches))
+        // Every cache is of this engine: checked above.
+        Ok(match &self.net {
+            Net::Host(m) => {
+                let mut caches: Vec<&mut HostKvCache> =
+                    seqs.iter_mut().filter_map(|s| s.cache.host_mut()).collect();
+                let logits = m.forward(&ids, &spans, &mut caches);
+                for (cache, span) in caches.iter_mut().zip(&spans) {
+                    cache.advance(span.len);
+                }
+                Logits::Host(logits)
             }
-            _ => Logits::Device(self.forward_burn(ids, &spans, &mut caches)),
-        };
-        for (cache, span) in caches.iter_mut().zip(&spans) {
-            cache.advance(span.len);
-        }
-        Ok(logits)
+            Net::Device(m) => {
+                let mut caches: Vec<&mut DeviceKvCache<B>> = seqs
+                    .iter_mut()
+                    .filter_map(|s| s.cache.device_mut())
+                    .collect();
+                let logits = m.forward(ids, &spans, &mut caches);
+                for (cache, span) in caches.iter_mut().zip(&spans) {
+                    cache.advance(span.len);
+                }
+                Logits::Device(logits)
+            }
+        })
     }
 
-    /// The forward pass with burn tensor operations, for weights kept as tensors.
-    fn forward_burn(
+    /// Copies logits `[sequences, vocab]` to the host, one vector per sequence.
+    pub fn logits_to_host(logits: Tensor<B, 2>) -> Vec<Vec<f32>> {
+        let [n, vocab] = logits.dims();
+        let flat = to_host(logits);
+        (0..n)
+            .map(|i| flat.get(i * vocab..(i + 1) * vocab).unwrap_or(&[]).to_vec())
+            .collect()
+    }
+}
+
+impl<B: Backend> BurnLlama<B> {
+    /// The forward pass with burn tensor operations; inputs already checked.
+    fn forward(
         &self,
         ids: Vec<i32>,
         spans: &[SeqSpan],
-        caches: &mut [&mut KvCache<B>],
+        caches: &mut [&mut DeviceKvCache<B>],
     ) -> Tensor<B, 2> {
         let rows = ids.len();
-        let mut x = match &self.embed {
-            Embedding::Dense(table) => {
-                let ids =
-                    Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [rows]), &self.device);
-                table.clone().select(0, ids).cast(burn_tensor::DType::F32)
-            }
-            Embedding::Quant(table) => {
-                let mut values = Vec::with_capacity(rows * self.config.hidden);
-                for &id in &ids {
-                    values.extend(table.row(id as usize));
-                }
-                Tensor::from_data(
-                    TensorData::new(values, [rows, self.config.hidden]),
-                    &self.device,
-                )
-            }
-        };
+        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [rows]), &self.device);
+        let mut x = self
+            .embed
+            .clone()
+            .select(0, ids)
+            .cast(burn_tensor::DType::F32);
         if self.config.embed_scale != 1.0 {
             x = x.mul_scalar(self.config.embed_scale);
         }
@@ -350,7 +400,7 @@ impl<B: Backend> Llama<B> {
         };
         for (layer, block) in self.blocks.iter().enumerate() {
             let h = block.attn_norm.forward(x.clone());
-            let (rope, window) = self.layer_rope(layer);
+            let (rope, window) = self.config.layer_rope(layer, &self.rope, &self.rope_local);
             let how = AttendWith {
                 rope,
                 scale: self.config.attn_scale,
@@ -371,26 +421,6 @@ impl<B: Backend> Llama<B> {
             Tensor::cat(picked, 0)
         };
         self.lm_head.forward(self.norm.forward(last))
-    }
-
-    /// The rotations of layer `layer`, and its window when it is a sliding-window layer.
-    pub(crate) fn layer_rope(&self, layer: usize) -> (&Rope<B>, Option<usize>) {
-        match self.config.sliding {
-            Some(s) if self.config.is_local(layer) => (
-                self.rope_local.as_ref().unwrap_or(&self.rope),
-                Some(s.window),
-            ),
-            _ => (&self.rope, None),
-        }
-    }
-
-    /// Copies logits `[sequences, vocab]` to the host, one vector per sequence.
-    pub fn logits_to_host(logits: Tensor<B, 2>) -> Vec<Vec<f32>> {
-        let [n, vocab] = logits.dims();
-        let flat = to_host(logits);
-        (0..n)
-            .map(|i| flat.get(i * vocab..(i + 1) * vocab).unwrap_or(&[]).to_vec())
-            .collect()
     }
 }
 

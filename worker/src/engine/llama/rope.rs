@@ -11,18 +11,24 @@
 use burn_tensor::{backend::Backend, Tensor, TensorData};
 
 /// Precomputed cosines and sines for every position up to the context length, on the
-/// host; the burn path uploads the rows a step needs (a few KB) rather than keeping a
-/// second copy of every position on the device.
+/// host: the host engine rotates with them in place.
 #[derive(Debug, Clone)]
-pub struct Rope<B: Backend> {
+pub struct RopeTables {
     /// `[positions, dims / 2]`: `m · cos(p·θᵢ)`.
-    cos_host: Vec<f32>,
+    cos: Vec<f32>,
     /// `[positions, dims / 2]`: `m · sin(p·θᵢ)`.
-    sin_host: Vec<f32>,
+    sin: Vec<f32>,
     head_dim: usize,
     /// Dimensions that rotate (the first of each head).
     dims: usize,
     positions: usize,
+}
+
+/// The rotations of the device engine: the host tables, of which a step uploads the rows
+/// it needs (a few KB) rather than keeping a second copy of every position on the device.
+#[derive(Debug, Clone)]
+pub struct Rope<B: Backend> {
+    tables: RopeTables,
     device: B::Device,
 }
 
@@ -59,10 +65,10 @@ impl<'a> RopeSpec<'a> {
     }
 }
 
-impl<B: Backend> Rope<B> {
+impl RopeTables {
     /// Tables for `positions` positions: angle `p · scale · θ^(-2i/dims) / fᵢ`, cosine
     /// and sine times `mscale` (llama.cpp's and transformers' definition).
-    pub fn new(spec: RopeSpec<'_>, positions: usize, device: &B::Device) -> Self {
+    pub fn new(spec: RopeSpec<'_>, positions: usize) -> Self {
         let (head_dim, dims) = (spec.head_dim, spec.dims);
         assert!(
             dims > 0 && dims.is_multiple_of(2) && dims <= head_dim,
@@ -78,21 +84,50 @@ impl<B: Backend> Rope<B> {
                 }
             })
             .collect();
-        let mut cos_host = Vec::with_capacity(positions * half);
-        let mut sin_host = Vec::with_capacity(positions * half);
+        let mut cos = Vec::with_capacity(positions * half);
+        let mut sin = Vec::with_capacity(positions * half);
         for p in 0..positions {
             for f in &inv_freq {
                 let angle = p as f64 * spec.scale as f64 * f;
-                cos_host.push((angle.cos() * spec.mscale as f64) as f32);
-                sin_host.push((angle.sin() * spec.mscale as f64) as f32);
+                cos.push((angle.cos() * spec.mscale as f64) as f32);
+                sin.push((angle.sin() * spec.mscale as f64) as f32);
             }
         }
         Self {
-            cos_host,
-            sin_host,
+            cos,
+            sin,
             head_dim,
             dims,
             positions,
+        }
+    }
+
+    /// Rotates one head's `x` (`head_dim` values) in place for position `pos`:
+    /// `(x[i], x[i + h]) ← (x[i]·cos − x[i + h]·sin, x[i + h]·cos + x[i]·sin)` for
+    /// `h = dims / 2`, the same arithmetic as [`Rope::apply_pair`].
+    pub(crate) fn apply(&self, x: &mut [f32], pos: usize) {
+        let half = self.dims / 2;
+        let cos = &self.cos[pos * half..(pos + 1) * half];
+        let sin = &self.sin[pos * half..(pos + 1) * half];
+        let (x1, x2) = x[..self.dims].split_at_mut(half);
+        for (((a, b), c), s) in x1.iter_mut().zip(x2.iter_mut()).zip(cos).zip(sin) {
+            let (u, v) = (*a, *b);
+            *a = u * c - v * s;
+            *b = v * c + u * s;
+        }
+    }
+
+    /// Positions the tables cover.
+    pub fn max_positions(&self) -> usize {
+        self.positions
+    }
+}
+
+impl<B: Backend> Rope<B> {
+    /// Rotations with `tables`, uploaded to `device` a step's rows at a time.
+    pub fn new(tables: RopeTables, device: &B::Device) -> Self {
+        Self {
+            tables,
             device: device.clone(),
         }
     }
@@ -100,13 +135,14 @@ impl<B: Backend> Rope<B> {
     /// `[len, dims]` rows of `table` for positions `start..start + len`, each half
     /// repeated, as a tensor.
     fn rows(&self, table: &[f32], start: usize, len: usize) -> Tensor<B, 3> {
-        let half = self.dims / 2;
-        let mut v = Vec::with_capacity(len * self.dims);
+        let dims = self.tables.dims;
+        let half = dims / 2;
+        let mut v = Vec::with_capacity(len * dims);
         for row in table[start * half..(start + len) * half].chunks_exact(half) {
             v.extend_from_slice(row);
             v.extend_from_slice(row);
         }
-        Tensor::<B, 2>::from_data(TensorData::new(v, [len, self.dims]), &self.device)
+        Tensor::<B, 2>::from_data(TensorData::new(v, [len, dims]), &self.device)
             .unsqueeze_dim::<3>(1)
     }
 
@@ -119,8 +155,8 @@ impl<B: Backend> Rope<B> {
         start: usize,
     ) -> (Tensor<B, 3>, Tensor<B, 3>) {
         let len = q.dims()[0];
-        let cos = self.rows(&self.cos_host, start, len);
-        let sin = self.rows(&self.sin_host, start, len);
+        let cos = self.rows(&self.tables.cos, start, len);
+        let sin = self.rows(&self.tables.sin, start, len);
         (
             self.rotate(q, cos.clone(), sin.clone()),
             self.rotate(k, cos, sin),
@@ -131,8 +167,8 @@ impl<B: Backend> Rope<B> {
     /// rest as they are; the tables `[len, 1, dims]`.
     fn rotate(&self, x: Tensor<B, 3>, cos: Tensor<B, 3>, sin: Tensor<B, 3>) -> Tensor<B, 3> {
         let d = x.dims()[2];
-        debug_assert_eq!(d, self.head_dim);
-        let (dims, half) = (self.dims, self.dims / 2);
+        debug_assert_eq!(d, self.tables.head_dim);
+        let (dims, half) = (self.tables.dims, self.tables.dims / 2);
         let rot = if dims == d {
             x.clone()
         } else {
@@ -149,24 +185,9 @@ impl<B: Backend> Rope<B> {
         }
     }
 
-    /// Rotates one head's `x` (`head_dim` values) in place for position `pos`, on the
-    /// host: `(x[i], x[i + h]) ← (x[i]·cos − x[i + h]·sin, x[i + h]·cos + x[i]·sin)` for
-    /// `h = dims / 2`, the same arithmetic as [`Rope::apply_pair`].
-    pub(crate) fn apply_host(&self, x: &mut [f32], pos: usize) {
-        let half = self.dims / 2;
-        let cos = &self.cos_host[pos * half..(pos + 1) * half];
-        let sin = &self.sin_host[pos * half..(pos + 1) * half];
-        let (x1, x2) = x[..self.dims].split_at_mut(half);
-        for (((a, b), c), s) in x1.iter_mut().zip(x2.iter_mut()).zip(cos).zip(sin) {
-            let (u, v) = (*a, *b);
-            *a = u * c - v * s;
-            *b = v * c + u * s;
-        }
-    }
-
     /// Positions the tables cover.
     pub fn max_positions(&self) -> usize {
-        self.positions
+        self.tables.positions
     }
 }
 
@@ -191,11 +212,12 @@ mod tests {
             mscale,
         };
         let device = Default::default();
-        let rope = Rope::<B>::new(spec, 16, &device);
+        let tables = RopeTables::new(spec, 16);
+        let rope = Rope::<B>::new(tables.clone(), &device);
         let x: Vec<f32> = (0..head_dim).map(|i| 0.1 * i as f32 + 0.3).collect();
         let pos = 5;
         let mut host = x.clone();
-        rope.apply_host(&mut host, pos);
+        tables.apply(&mut host, pos);
         let half = dims / 2;
         for i in 0..half {
             let angle = pos as f64 * (base as f64).powf(-(2.0 * i as f64) / dims as f64)

@@ -1,6 +1,7 @@
 use super::super::{
+    cache::KvCache,
     load::load_llama,
-    model::SeqInput,
+    model::{ForwardError, Llama, SeqInput},
     synthetic::{write_synthetic_llama, SyntheticSpec},
     WeightDtype,
 };
@@ -49,11 +50,12 @@ fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// The host path and the burn path agree on prefill, cached decode, batches of
-/// sequences at different positions, and after a truncation: to rounding with an f32
-/// cache, within what rounding keys and values to f16 moves with an f16 one.
+/// The host engine (the file's blocks) and the device engine (the same file as f32
+/// tensors, here on flex) agree on prefill, cached decode, batches of sequences at
+/// different positions, and after a truncation: to rounding with an f32 cache, within
+/// what rounding keys and values to f16 moves with an f16 one.
 #[test]
-fn host_path_matches_burn_path() {
+fn the_host_engine_matches_the_device_engine() {
     for (ty, kv) in [
         GgmlType::Q4_1,
         GgmlType::Q8_0,
@@ -65,9 +67,9 @@ fn host_path_matches_burn_path() {
     {
         let (_dir, mut host) = native(ty, 11);
         host.set_kv_dtype(kv);
-        assert!(host.host_weights().is_some());
-        let mut burn = host.clone();
-        burn.force_burn = true;
+        let (_dense, mut burn) = load(ty, 11, WeightDtype::F32);
+        burn.set_kv_dtype(kv);
+        assert!(host.host_path() && !burn.host_path());
         let prompts: [&[u32]; 3] = [&[5, 70, 200, 3, 9, 41, 7], &[1, 2], &[300, 17, 17, 17, 99]];
         let mut results = Vec::new();
         for (m, model) in [&host, &burn].into_iter().enumerate() {
@@ -133,6 +135,61 @@ fn host_path_matches_burn_path() {
             );
         }
     }
+}
+
+/// Each engine makes caches of its own store and refuses the other's, before any work:
+/// the refused caches and the batch's other caches are left as they were.
+#[test]
+fn an_engine_refuses_the_other_engines_caches() {
+    let (_dir, host) = native(GgmlType::Q8_0, 5);
+    let (_dense, device) = load(GgmlType::Q8_0, 5, WeightDtype::F32);
+    let mut host_cache = host.new_cache();
+    let mut device_cache = device.new_cache();
+    assert!(matches!(host_cache, KvCache::Host(_)));
+    assert!(matches!(device_cache, KvCache::Device(_)));
+    for (model, own, other) in [
+        (&host, host.new_cache(), &mut device_cache),
+        (&device, device.new_cache(), &mut host_cache),
+    ] {
+        let mut own = own;
+        model
+            .forward(&mut [SeqInput {
+                tokens: &[3, 4],
+                cache: &mut own,
+            }])
+            .expect("its own cache");
+        let err = model
+            .forward(&mut [
+                SeqInput {
+                    tokens: &[5],
+                    cache: &mut own,
+                },
+                SeqInput {
+                    tokens: &[1, 2],
+                    cache: other,
+                },
+            ])
+            .expect_err("the other engine's cache");
+        assert_eq!(err, ForwardError::ForeignCache(1));
+        assert_eq!((own.len(), other.len()), (2, 0), "nothing ran");
+        assert_eq!(other.bytes(), 0);
+    }
+    // A prefix-cache block of one engine does not go into the other's cache.
+    let (mut a, mut b) = (host.new_cache(), device.new_cache());
+    for (model, cache) in [(&host, &mut a), (&device, &mut b)] {
+        model
+            .forward(&mut [SeqInput {
+                tokens: &[7, 8, 9, 10],
+                cache,
+            }])
+            .expect("forward");
+    }
+    let (from_host, from_device) = (a.span(0, 4).expect("host"), b.span(0, 4).expect("device"));
+    let (mut c, mut d) = (host.new_cache(), device.new_cache());
+    assert!(!c.push_span(4, 4, &from_device) && c.is_empty());
+    assert!(!d.push_span(4, 4, &from_host) && d.is_empty());
+    assert!(c.push_span(4, 4, &from_host) && c.len() == 4);
+    assert!(d.push_span(4, 4, &from_device) && d.len() == 4);
 }
 
 #[test]
