@@ -19,6 +19,31 @@ pub type CudaBackend = burn_cuda::Cuda;
 #[cfg(feature = "wgpu")]
 pub type WgpuBackend = burn_wgpu::Wgpu;
 
+/// What the kernels run on `device` are chosen from, as text: cubecl picks tilings,
+/// vector widths and reduction strategies from a device's hardware properties and
+/// features, so two devices alike in these run the same arithmetic, and two that differ
+/// may not (part of the device engine's fingerprint). Empty for flex, whose kernels
+/// depend on nothing of the host.
+pub fn device_identity<B: burn_tensor::backend::Backend>(device: &B::Device) -> String {
+    let any: &dyn std::any::Any = device;
+    #[cfg(feature = "cuda")]
+    if let Some(d) = any.downcast_ref::<burn_cuda::CudaDevice>() {
+        use cubecl::Runtime;
+        let client = cubecl::cuda::CudaRuntime::client(d);
+        let p = client.properties();
+        return format!("{:?} {:?}", p.hardware, p.features);
+    }
+    #[cfg(feature = "wgpu")]
+    if let Some(d) = any.downcast_ref::<burn_wgpu::WgpuDevice>() {
+        use cubecl::Runtime;
+        let client = burn_wgpu::WgpuRuntime::client(d);
+        let p = client.properties();
+        return format!("{:?} {:?}", p.hardware, p.features);
+    }
+    let _ = any;
+    String::new()
+}
+
 /// Which backend to run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendKind {

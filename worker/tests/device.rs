@@ -458,9 +458,24 @@ fn the_prefix_cache_serves_the_device_engine<B: Backend>() {
     assert_eq!(rest, cold[1][4..]);
 }
 
-/// The suite, for one backend (`$heads`: whether it finds rows' heads on the device).
+/// The fingerprint of the device engine names the hardware cubecl chooses its kernels
+/// for (what tilings and reductions, so what bits, a device computes); flex's kernels
+/// depend on nothing of the host, and its fingerprint names none.
+fn the_fingerprint_names_the_hardware<B: Backend>(cubecl: bool) {
+    let hardware = baton_worker::backend::device_identity::<B>(&Default::default());
+    if cubecl {
+        for field in ["plane_size_min", "max_shared_memory_size", "max_cube_dim"] {
+            assert!(hardware.contains(field), "{field} in {hardware}");
+        }
+    } else {
+        assert_eq!(hardware, "");
+    }
+}
+
+/// The suite, for one backend (`$cubecl`: whether it is one of cubecl's, which find rows'
+/// heads on the device and choose kernels by the hardware).
 macro_rules! device_suite {
-    ($name:ident, $backend:ty, $heads:expr) => {
+    ($name:ident, $backend:ty, $cubecl:expr) => {
         mod $name {
             #[test]
             fn chunked_prefill_equals_whole() {
@@ -480,7 +495,11 @@ macro_rules! device_suite {
             }
             #[test]
             fn device_heads_draw_what_the_rows_draw() {
-                super::device_heads_draw_what_the_rows_draw::<$backend>($heads);
+                super::device_heads_draw_what_the_rows_draw::<$backend>($cubecl);
+            }
+            #[test]
+            fn the_fingerprint_names_the_hardware() {
+                super::the_fingerprint_names_the_hardware::<$backend>($cubecl);
             }
             #[test]
             fn the_prefix_cache_serves_the_device_engine() {

@@ -343,16 +343,18 @@ fn numerics_fingerprint<B: Backend>(weights: u64, dtype: WeightDtype, model: &Ll
     if model.host_path() {
         hasher.update(format!(" held={}", model.held_formats()).as_bytes());
     } else {
-        // The device engine's arithmetic is its backend's kernels on its kind of device
-        // (the device's index left out: two alike devices compute alike).
+        // The device engine's arithmetic is its backend's kernels, chosen for the
+        // device's hardware (the device's index left out: two alike devices compute
+        // alike).
         let device: String = format!("{:?}", model.device())
             .chars()
             .filter(|c| !c.is_ascii_digit())
             .collect();
         hasher.update(
             format!(
-                " engine=device backend={} device={device}",
-                B::name(model.device())
+                " engine=device backend={} device={device} hardware={}",
+                B::name(model.device()),
+                crate::backend::device_identity::<B>(model.device())
             )
             .as_bytes(),
         );
