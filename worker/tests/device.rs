@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use baton_worker::engine::{
     llama::{
         synthetic::{write_synthetic_llama, SyntheticSpec},
-        Fetch, Llama, SeqInput, WeightDtype, HEAD,
+        Fetch, KvCache, Llama, SeqInput, WeightDtype, HEAD,
     },
     sampler::{argmax, SamplingParams},
     Engine, GenerateParams, Prompt, TokenEvent,
@@ -32,6 +32,18 @@ fn engine<B: Backend>(path: &Path) -> Engine<B> {
         "f32 weights run on the device engine"
     );
     engine
+}
+
+/// One input a sequence: `tokens[i]` against `caches[i]`.
+fn seqs<'a, B: Backend>(
+    tokens: &'a [Vec<u32>],
+    caches: &'a mut [KvCache<B>],
+) -> Vec<SeqInput<'a, B>> {
+    tokens
+        .iter()
+        .zip(caches.iter_mut())
+        .map(|(tokens, cache)| SeqInput { tokens, cache })
+        .collect()
 }
 
 fn logits<B: Backend>(model: &Llama<B>, seqs: &mut [SeqInput<'_, B>]) -> Vec<Vec<f32>> {
@@ -232,23 +244,9 @@ fn device_argmax_is_the_host_argmax<B: Backend>() {
     let mut without: Vec<_> = prompts.iter().map(|_| model.new_cache()).collect();
     let mut next: Vec<Vec<u32>> = prompts.clone();
     for _ in 0..12 {
-        let mut inputs: Vec<SeqInput<'_, B>> = next
-            .iter()
-            .zip(with.iter_mut())
-            .map(|(t, c)| SeqInput {
-                tokens: t,
-                cache: c,
-            })
-            .collect();
+        let mut inputs = seqs(&next, &mut with);
         let (rows, _) = model.forward_greedy(&mut inputs, true).expect("forward");
-        let mut inputs: Vec<SeqInput<'_, B>> = next
-            .iter()
-            .zip(without.iter_mut())
-            .map(|(t, c)| SeqInput {
-                tokens: t,
-                cache: c,
-            })
-            .collect();
+        let mut inputs = seqs(&next, &mut without);
         let (none, ids) = model.forward_greedy(&mut inputs, false).expect("forward");
         assert!(none.is_empty(), "logits were downloaded");
         let ids = ids.expect("ids found on the device");
@@ -295,27 +293,13 @@ fn device_heads_draw_what_the_rows_draw<B: Backend>(heads: bool) {
     let mut next: Vec<Vec<u32>> = prompts.clone();
     let (mut decided, mut cut) = (0, 0);
     for step in 0..10u64 {
-        let mut inputs: Vec<SeqInput<'_, B>> = next
-            .iter()
-            .zip(with.iter_mut())
-            .map(|(t, c)| SeqInput {
-                tokens: t,
-                cache: c,
-            })
-            .collect();
+        let mut inputs = seqs(&next, &mut with);
         let out = model
             .forward_fetch(&mut inputs, Fetch::Heads)
             .expect("forward");
         assert!(out.logits.is_empty(), "the rows were downloaded");
         let heads = out.heads.expect("heads found on the device");
-        let mut inputs: Vec<SeqInput<'_, B>> = next
-            .iter()
-            .zip(without.iter_mut())
-            .map(|(t, c)| SeqInput {
-                tokens: t,
-                cache: c,
-            })
-            .collect();
+        let mut inputs = seqs(&next, &mut without);
         let (rows, _) = model.forward_greedy(&mut inputs, true).expect("forward");
         for (head, row) in heads.iter().zip(rows.chunks_exact(vocab)) {
             assert!(head.finite);
