@@ -10,7 +10,7 @@ use baton_worker::engine::{
         synthetic::{write_synthetic_llama, SyntheticSpec},
         Fetch, KvCache, Llama, SeqInput, WeightDtype, HEAD,
     },
-    sampler::{argmax, SamplingParams},
+    sampler::{argmax, logprobs, logprobs_from_top, SamplingParams},
     Engine, GenerateParams, Prompt, TokenEvent,
 };
 use burn_tensor::backend::Backend;
@@ -258,8 +258,9 @@ fn device_argmax_is_the_host_argmax<B: Backend>() {
 }
 
 /// Sampled steps download each row's head (its `HEAD` largest logits and their ids)
-/// instead of the row; where a head decides a draw, it is the draw the whole row gives
-/// for the same (seed, position), and a `top_k` below the head is always decided.
+/// and the sum of the rest at the row's temperature instead of the row; where those
+/// decide a draw, it is the draw the whole row gives for the same (seed, position), and
+/// a `top_k` below the head is always decided.
 fn device_heads_draw_what_the_rows_draw<B: Backend>(heads: bool) {
     let dir = TempDir::new().expect("tempdir");
     let engine = engine::<B>(&tiny(&dir, 16));
@@ -275,37 +276,43 @@ fn device_heads_draw_what_the_rows_draw<B: Backend>(heads: bool) {
             cache: &mut cache,
         }];
         let out = model
-            .forward_fetch(&mut inputs, Fetch::Heads)
+            .forward_fetch(&mut inputs, Fetch::Heads(&[1.0]))
             .expect("forward");
         assert!(out.heads.is_none() && out.logits.len() == vocab);
         return;
     }
-    let draws = [
-        (0.8, 20, 1.0),
-        (1.0, 40, 0.9),
-        (0.6, 63, 1.0),
-        (1.0, 0, 1.0),
-        (0.05, 0, 1.0),
-    ];
+    // Cut to a top_k, decided by the head alone (any temperature).
+    let cuts = [(0.8, 20, 1.0), (1.0, 40, 0.9), (0.6, 63, 1.0)];
+    // Each row's own temperature, whose rest the device sums.
+    let temperatures = [1.0f32, 0.5, 0.25, 0.1];
     let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt(i, 3 + 2 * i as usize)).collect();
     let mut with: Vec<_> = prompts.iter().map(|_| model.new_cache()).collect();
     let mut without: Vec<_> = prompts.iter().map(|_| model.new_cache()).collect();
     let mut next: Vec<Vec<u32>> = prompts.clone();
-    let (mut decided, mut cut) = (0, 0);
+    let (mut decided, mut cut, mut free, mut scored) = (0, 0, 0, 0);
     for step in 0..10u64 {
         let mut inputs = seqs(&next, &mut with);
         let out = model
-            .forward_fetch(&mut inputs, Fetch::Heads)
+            .forward_fetch(&mut inputs, Fetch::Heads(&temperatures))
             .expect("forward");
         assert!(out.logits.is_empty(), "the rows were downloaded");
         let heads = out.heads.expect("heads found on the device");
         let mut inputs = seqs(&next, &mut without);
         let (rows, _) = model.forward_greedy(&mut inputs, true).expect("forward");
-        for (head, row) in heads.iter().zip(rows.chunks_exact(vocab)) {
+        for ((head, row), &t) in heads
+            .iter()
+            .zip(rows.chunks_exact(vocab))
+            .zip(&temperatures)
+        {
             assert!(head.finite);
             assert_eq!(head.top.len(), HEAD);
             // The head holds the row's largest logits, at their ids.
             let least = head.top.iter().map(|t| t.1).fold(f32::INFINITY, f32::min);
+            let max = head
+                .top
+                .iter()
+                .map(|t| t.1)
+                .fold(f32::NEG_INFINITY, f32::max);
             let held: std::collections::HashSet<u32> = head.top.iter().map(|t| t.0).collect();
             assert_eq!(held.len(), HEAD);
             for &(id, v) in &head.top {
@@ -314,7 +321,41 @@ fn device_heads_draw_what_the_rows_draw<B: Backend>(heads: bool) {
             for (id, &v) in row.iter().enumerate() {
                 assert!(held.contains(&(id as u32)) || v <= least, "{id} left out");
             }
-            for (d, &(temperature, top_k, top_p)) in draws.iter().enumerate() {
+            // The rest: the ties at the least counted, the logits below it summed.
+            assert_eq!(head.rest.ties, row.iter().filter(|&&l| l == least).count());
+            let below: f64 = row
+                .iter()
+                .filter(|&&l| l < least)
+                .map(|&l| f64::from((l - max) / t).exp())
+                .sum();
+            let off = (f64::from(head.rest.below) - below).abs();
+            assert!(
+                off <= 1e-4 * below,
+                "rest {} against {below}",
+                head.rest.below
+            );
+            // Log-probabilities from the head and the rest at temperature 1: those of
+            // the whole row, up to the device sum's rounding.
+            for (chosen, n) in [(argmax(row), 0), (argmax(row), 5), (head.top[7].0, 20)] {
+                let Some((lp, best)) =
+                    logprobs_from_top(&head.top, head.rest.ties, head.below_at_one, chosen, n)
+                else {
+                    continue;
+                };
+                let (want, want_best) = logprobs(row, chosen, n);
+                assert!((lp - want).abs() <= 1e-5, "logprob {lp} against {want}");
+                assert_eq!(best.len(), want_best.len());
+                for (a, b) in best.iter().zip(&want_best) {
+                    assert_eq!(a.0, b.0);
+                    assert!((a.1 - b.1).abs() <= 1e-5, "{a:?} against {b:?}");
+                }
+                scored += 1;
+            }
+            let draws = cuts
+                .iter()
+                .map(|&d| (d, false))
+                .chain([((t, 0, 1.0), true), ((t, 0, 0.9), true)]);
+            for (d, ((temperature, top_k, top_p), summed)) in draws.enumerate() {
                 let p = SamplingParams {
                     temperature,
                     top_k,
@@ -322,10 +363,12 @@ fn device_heads_draw_what_the_rows_draw<B: Backend>(heads: bool) {
                     seed: 40 + d as u64,
                     ..Default::default()
                 };
+                let rest = summed.then_some(&head.rest);
                 for pos in step * 16..step * 16 + 16 {
-                    if let Some(id) = p.pick_from_top(&head.top, vocab, pos) {
+                    if let Some(id) = p.pick_from_top(&head.top, vocab, rest, pos) {
                         assert_eq!(id, p.pick(row, pos), "T {temperature}, top_k {top_k}");
                         decided += 1;
+                        free += usize::from(top_k == 0);
                     } else {
                         assert!(top_k == 0, "top_k {top_k} not decided by the head");
                     }
@@ -336,8 +379,8 @@ fn device_heads_draw_what_the_rows_draw<B: Backend>(heads: bool) {
         next = rows.chunks_exact(vocab).map(|r| vec![argmax(r)]).collect();
     }
     assert!(
-        decided >= cut && cut > 0,
-        "{decided} draws decided, {cut} cut to top_k"
+        decided >= cut && cut > 0 && free > 0 && scored > 0,
+        "{decided} draws decided, {cut} cut to top_k, {free} not cut; {scored} scored"
     );
 }
 
@@ -369,8 +412,22 @@ fn a_resumed_stream_goes_on_identically<B: Backend>() {
     // Drawn from the rows' heads on the device.
     let mut cut = sampled.clone();
     cut.sampling.top_k = 30;
-    for params in [&greedy, &sampled, &cut] {
+    // With logprobs: the same tokens, and the log-probabilities the same on resuming.
+    let mut scored = sampled.clone();
+    scored.logprobs = Some(3);
+    let mut scored_greedy = greedy.clone();
+    scored_greedy.logprobs = Some(0);
+    let tokens = |events: &[TokenEvent]| events.iter().map(|e| e.id).collect::<Vec<_>>();
+    assert_eq!(
+        tokens(&events(&engine, &ids, &scored)),
+        tokens(&events(&engine, &ids, &sampled))
+    );
+    for params in [&greedy, &sampled, &cut, &scored, &scored_greedy] {
         let original = events(&engine, &ids, params);
+        assert_eq!(
+            original.iter().all(|e| e.logprobs.is_some()),
+            params.logprobs.is_some()
+        );
         for cut in [1, 7, 19] {
             let done: Vec<u32> = original[..cut].iter().map(|e| e.id).collect();
             let mut seq = engine

@@ -407,7 +407,7 @@ impl<B: Backend> Engine<B> {
                 model.choose_heads(true);
                 if model.fetches_heads() {
                     let tried = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        warm(&model, Fetch::Heads)
+                        warm(&model, Fetch::Heads(&[1.0]))
                     }));
                     if !matches!(tried, Ok(Ok(()))) {
                         tracing::warn!(
@@ -889,15 +889,22 @@ impl<B: Backend> Engine<B> {
         // where the others draw from the model's logits as they are, the heads of the
         // rows first (the rest stays on the device unless a head does not decide a draw).
         let scored: Vec<bool> = runs.iter().map(|&(i, _)| seqs[i].scoring()).collect();
+        let temperatures: Vec<f32> = runs
+            .iter()
+            .map(|&(i, _)| {
+                let s = &*seqs[i];
+                match s.params.sampling.temperature {
+                    t if t > 0.0 && s.plain() => t,
+                    _ => 1.0,
+                }
+            })
+            .collect();
         let fetch = if scored.iter().any(|&s| s) {
             Fetch::Logits
         } else if runs.iter().all(|&(i, _)| seqs[i].plain_greedy()) {
             Fetch::Ids
-        } else if runs
-            .iter()
-            .all(|&(i, _)| seqs[i].plain_greedy() || seqs[i].plain_draw())
-        {
-            Fetch::Heads
+        } else if runs.iter().all(|&(i, _)| seqs[i].plain()) {
+            Fetch::Heads(&temperatures)
         } else {
             Fetch::Logits
         };
@@ -939,20 +946,44 @@ impl<B: Backend> Engine<B> {
             }
         };
         let mut forward = forward?;
-        // Draws at a temperature decided by their rows' heads alone (see
-        // `SamplingParams::pick_from_top`); any other needs every logit of the step.
+        // Draws at a temperature, and logprobs, decided by their rows' heads (see
+        // `SamplingParams::pick_from_top`, `logprobs_from_top`); any other needs every
+        // logit of the step.
         let count = self.model.config().vocab;
-        let from_heads: Vec<Option<u32>> = runs
+        let from_heads: Vec<Option<(u32, Option<Logprobs>)>> = runs
             .iter()
             .enumerate()
             .map(|(r, &(i, take))| {
                 let s = &*seqs[i];
                 let head = forward.heads.as_ref()?.get(r).filter(|h| h.finite)?;
-                if take < s.pending.len() || s.plain_greedy() {
+                if take < s.pending.len() || s.plain_greedy() || !s.plain() {
                     return None;
                 }
                 let position = (s.prompt_ids.len() + s.generated.len()) as u64;
-                s.params.sampling.pick_from_top(&head.top, count, position)
+                let sampling = &s.params.sampling;
+                let id = if sampling.temperature == 0.0 {
+                    *forward.argmax.as_ref()?.get(r)?
+                } else {
+                    sampling.pick_from_top(&head.top, count, Some(&head.rest), position)?
+                };
+                let logprobs = match s.params.logprobs {
+                    None => None,
+                    Some(n) => {
+                        let (logprob, top) = super::sampler::logprobs_from_top(
+                            &head.top,
+                            head.rest.ties,
+                            head.below_at_one,
+                            id,
+                            n,
+                        )?;
+                        Some(Logprobs {
+                            logprob,
+                            top,
+                            text_offset: 0,
+                        })
+                    }
+                };
+                Some((id, logprobs))
             })
             .collect();
         if forward.heads.is_some()
@@ -1015,8 +1046,8 @@ impl<B: Backend> Engine<B> {
                     let known = greedy
                         .as_ref()
                         .filter(|_| s.plain_greedy())
-                        .and_then(|g| g.get(r).copied())
-                        .or(from_heads[r]);
+                        .and_then(|g| g.get(r).map(|&id| (id, None)))
+                        .or_else(|| from_heads[r].clone());
                     Draw {
                         seq: i,
                         params: &s.params,
@@ -1116,8 +1147,9 @@ struct Draw<'a> {
     /// Tokens that may not be drawn yet ([`GenerateParams::min_tokens`]).
     banned: Vec<u32>,
     row: &'a mut [f32],
-    /// The row's argmax, where the forward pass found it and nothing changes the row.
-    known: Option<u32>,
+    /// The draw (and its logprobs, where asked) where the forward pass found it: the
+    /// row's argmax, or what its head decided.
+    known: Option<(u32, Option<Logprobs>)>,
     /// The grammar's mask, where the sequence has one.
     mask: Option<Result<toktrie::SimpleVob, String>>,
 }
@@ -1126,8 +1158,8 @@ impl Draw<'_> {
     /// The grammar's mask and the bans, then the sampler's adjustments; the logprobs
     /// (when asked) from the row as the draw sees it.
     fn run(&mut self) -> (usize, Drawn) {
-        if let Some(id) = self.known {
-            return (self.seq, Ok((id, None)));
+        if let Some(known) = self.known.take() {
+            return (self.seq, Ok(known));
         }
         let constrained = self.mask.is_some() || !self.banned.is_empty();
         match &self.mask {
@@ -1314,23 +1346,18 @@ impl<B: Backend> Sequence<B> {
         &self.prompt_ids
     }
 
-    /// Whether its next draw is the argmax of the logits as the model gives them.
-    fn plain_greedy(&self) -> bool {
-        self.params.sampling.plain_greedy()
+    /// Whether its next draw is from the logits as the model gives them (no penalty,
+    /// bias, grammar or ban): its row's head may decide it and give its logprobs.
+    fn plain(&self) -> bool {
+        !self.params.sampling.adjusts()
             && self.guide.is_none()
-            && self.params.logprobs.is_none()
             && self.generated.len() >= self.params.min_tokens
     }
 
-    /// Whether its next draw is at a temperature from the logits as the model gives
-    /// them (no penalty, bias, grammar, ban or logprobs): its row's head may decide it.
-    fn plain_draw(&self) -> bool {
-        let p = &self.params.sampling;
-        p.temperature > 0.0
-            && !p.adjusts()
-            && self.guide.is_none()
-            && self.params.logprobs.is_none()
-            && self.generated.len() >= self.params.min_tokens
+    /// Whether its next draw is the argmax of the logits as the model gives them, and
+    /// nothing else is asked of the row.
+    fn plain_greedy(&self) -> bool {
+        self.plain() && self.params.sampling.temperature == 0.0 && self.params.logprobs.is_none()
     }
 
     /// The tokens its next draw may not pick: while the output is shorter than

@@ -178,15 +178,141 @@ impl SamplingParams {
     /// The draw [`SamplingParams::pick`] makes at `position` from a row of `count`
     /// logits, all finite, given only some of its largest: `top`, `(id, logit)` in any
     /// order, which holds every logit above the least of them (a device's top-k
-    /// selection, which may part ties at its edge either way). `None` when those do not
-    /// decide the draw: the candidates within 42 of the largest, or the first `top_k`,
-    /// reach past what `top` surely holds, or the draw runs past every candidate (whose
-    /// last one `top` cannot name). Temperature must be above 0, and the row as the
-    /// model gave it (nothing for [`SamplingParams::adjust`] to change).
-    pub fn pick_from_top(&self, top: &[(u32, f32)], count: usize, position: u64) -> Option<u32> {
+    /// selection, which may part ties at its edge either way), and, where the device
+    /// summed it at this temperature, the `rest` of the row. `None` when those do not
+    /// decide the draw: the first `top_k` reach past what `top` surely holds; or the
+    /// candidates within 42 of the largest do, and either no `rest` was summed or the
+    /// draw (or a `top_p` cut) lands in it or too near the edge of a candidate for the
+    /// bound on that sum to tell (see [`SamplingParams::pick_with_rest`]). Temperature
+    /// must be above 0, and the row as the model gave it (nothing for
+    /// [`SamplingParams::adjust`] to change).
+    pub fn pick_from_top(
+        &self,
+        top: &[(u32, f32)],
+        count: usize,
+        rest: Option<&Rest>,
+        position: u64,
+    ) -> Option<u32> {
         debug_assert!(self.temperature > 0.0 && !self.adjusts());
-        let ranked = self.ranked_from_top(top, count)?;
-        self.pick_ranked(&ranked, position)
+        match self.ranked_from_top(top, count) {
+            Some(ranked) => self.pick_ranked(&ranked, position),
+            None => self.pick_with_rest(top, count, rest?, position),
+        }
+    }
+
+    /// [`SamplingParams::pick_from_top`] where the candidates reach past `top`: the
+    /// decision the whole row's draw makes, from `top` and a bounded sum of the rest.
+    ///
+    /// Every comparison a draw makes is between partial sums of the candidates' terms
+    /// `e^(s − max)` (`s` a scaled logit) and a fraction of their total; only the total
+    /// needs the rest. The candidates above the least scaled value of `top` come first
+    /// in the full order and are summed here as the whole row's draw sums them; the
+    /// rest's total is the terms of `top` at that least value, the row's other logits
+    /// equal to it (`rest.ties` tells how many) and `rest.below`, the device's f32 sum
+    /// of the others. That sum is off by at most `count` roundings of its terms' total
+    /// plus each term's own error: its exponent is `(l − max) · (1/T)` in f32 where the
+    /// row's draw has `l/T − max/T`, and a GPU's `exp` may be off by `3 + 2|x|` units in
+    /// the last place (Vulkan's bound; CUDA's fast `exp` is within it); terms under
+    /// e^-42 that the draw leaves out, or that underflow on the device, are counted by
+    /// `count` too. A decision is taken only when it holds for every total within that
+    /// bound, by a margin ([`CLEAR`]) far above the rounding of the draw's own f64 sums.
+    fn pick_with_rest(
+        &self,
+        top: &[(u32, f32)],
+        count: usize,
+        rest: &Rest,
+        position: u64,
+    ) -> Option<u32> {
+        if self.top_k > 0 && self.top_k < count {
+            return None;
+        }
+        let t = self.temperature;
+        let lmax = top.iter().map(|x| x.1).fold(f32::NEG_INFINITY, f32::max);
+        let least = top.iter().map(|x| x.1).fold(f32::INFINITY, f32::min);
+        let (max, edge) = (lmax / t, least / t);
+        let below = f64::from(rest.below);
+        if !(below.is_finite() && below >= 0.0 && max.is_finite()) || edge - max < -NEGLIGIBLE_BELOW
+        {
+            return None;
+        }
+        let term = |s: f32| f64::from(s - max).exp();
+        // The candidates surely ahead of every logit outside `top`, in the full order.
+        let mut keys: Vec<u64> = top
+            .iter()
+            .filter(|&&(_, l)| l / t > edge)
+            .map(|&(id, l)| (u64::from(descending(l / t)) << 32) | u64::from(id))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        if keys.is_empty() {
+            return None;
+        }
+        let terms: Vec<f64> = keys.iter().map(|&k| term(scaled_of(k))).collect();
+        let ahead: f64 = terms.iter().sum();
+        let at_least_in_top = top.iter().filter(|x| x.1 == least).count();
+        let ties_outside = rest.ties.checked_sub(at_least_in_top)?;
+        let known = top
+            .iter()
+            .filter(|&&(_, l)| l / t <= edge)
+            .map(|&(_, l)| term(l / t))
+            .sum::<f64>()
+            + ties_outside as f64 * term(edge);
+        let unit = f64::from(f32::EPSILON) / 2.0;
+        let n = count as f64;
+        let relative = 1.01 * (unit * (2.0 * f64::from(max.abs()) + 1024.0) + n * unit);
+        let absolute = n * ((-f64::from(NEGLIGIBLE_BELOW)).exp() + 2f64.powi(-100));
+        let sum_lo = ahead + known + (below * (1.0 - relative) - absolute).max(0.0);
+        let sum_hi = ahead + known + below * (1.0 + relative) + absolute;
+        // min_p cuts where a term falls below it; within `terms`, or it cannot be told.
+        let mut keep: Option<usize> = None;
+        if self.min_p > 0.0 {
+            let min_p = f64::from(self.min_p);
+            let above = terms.iter().take_while(|&&p| p >= min_p).count();
+            if above == terms.len() {
+                return None;
+            }
+            keep = Some(above.max(1));
+        }
+        if self.top_p < 1.0 {
+            let top_p = f64::from(self.top_p);
+            let (surely, maybe) = (
+                top_p * sum_hi * (1.0 + CLEAR),
+                top_p * sum_lo * (1.0 - CLEAR),
+            );
+            let mut acc = 0.0;
+            let mut cut = None;
+            for (i, p) in terms[..keep.unwrap_or(terms.len())].iter().enumerate() {
+                acc += p;
+                if acc >= surely {
+                    cut = Some(i + 1);
+                    break;
+                }
+                if acc >= maybe {
+                    return None;
+                }
+            }
+            keep = cut.or(keep);
+            keep?;
+        }
+        let u = self.draw(position);
+        let (target_lo, target_hi) = match keep {
+            Some(k) => {
+                let target = u * terms[..k].iter().sum::<f64>();
+                (target * (1.0 - CLEAR), target * (1.0 + CLEAR))
+            }
+            None => (u * sum_lo * (1.0 - CLEAR), u * sum_hi * (1.0 + CLEAR)),
+        };
+        let mut acc = 0.0;
+        for (&k, p) in keys.iter().zip(&terms).take(keep.unwrap_or(terms.len())) {
+            acc += p;
+            if target_hi < acc {
+                return Some(k as u32);
+            }
+            if target_lo < acc {
+                return None;
+            }
+        }
+        None
     }
 
     /// The draw from the candidates `ranked` at `position`; `None` only when it runs
@@ -276,6 +402,56 @@ pub fn logprobs(logits: &[f32], chosen: u32, top: usize) -> (f32, Vec<(u32, f32)
     (chosen_lp, best)
 }
 
+/// [`logprobs`] of a row of `count` finite logits from some of its largest, `top`
+/// (as [`SamplingParams::pick_from_top`] takes them), `ties`, how many of the row's
+/// logits equal the least in `top`, and `below`, `Σ e^(l − max)` over those below it as
+/// a device summed them in f32. `None` unless `top` holds `chosen` and surely the `top`
+/// most likely (`n`). The normalizer is the one sum not made here, so the values are
+/// the whole row's up to that sum's rounding (a few units in the last place of a
+/// log-probability), not its bits.
+pub fn logprobs_from_top(
+    top: &[(u32, f32)],
+    ties: usize,
+    below: f32,
+    chosen: u32,
+    n: usize,
+) -> Option<(f32, Vec<(u32, f32)>)> {
+    let max = top.iter().map(|x| x.1).fold(f32::NEG_INFINITY, f32::max);
+    let least = top.iter().map(|x| x.1).fold(f32::INFINITY, f32::min);
+    let at_least = top.iter().filter(|x| x.1 == least).count();
+    let outside = ties.checked_sub(at_least)?;
+    if !(max.is_finite() && least.is_finite() && below.is_finite() && below >= 0.0) {
+        return None;
+    }
+    let term = |l: f32| f64::from(l - max).exp();
+    let sum = top.iter().map(|&(_, l)| term(l)).sum::<f64>()
+        + outside as f64 * term(least)
+        + f64::from(below);
+    let norm = f64::from(max) + sum.ln();
+    let of = |l: f32| (f64::from(l) - norm) as f32;
+    let chosen = top.iter().find(|t| t.0 == chosen)?.1;
+    let mut keys: Vec<u64> = top
+        .iter()
+        .map(|&(id, l)| (u64::from(descending(l)) << 32) | u64::from(id))
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    // Past the logits above the least, the order is sure only if no tie lies outside.
+    let sure = if outside == 0 {
+        keys.len()
+    } else {
+        top.iter().filter(|x| x.1 > least).count()
+    };
+    if n > sure {
+        return None;
+    }
+    let best = keys[..n]
+        .iter()
+        .map(|&k| (k as u32, of(scaled_of(k))))
+        .collect();
+    Some((of(chosen), best))
+}
+
 /// The candidates of one draw, most likely first.
 ///
 /// Sampling sums the candidates' probabilities in that order, in f64, starting from the
@@ -297,6 +473,23 @@ struct Ranked {
 
 /// How far below the largest scaled logit a candidate may be and still be summed.
 const NEGLIGIBLE_BELOW: f32 = 42.0;
+
+/// The relative margin by which a draw decided from a bounded sum
+/// ([`SamplingParams::pick_with_rest`]) clears each comparison: far above the rounding
+/// of the draw's own f64 sums (at most 2^18 terms, so under 2^-34 of them).
+const CLEAR: f64 = 1e-9;
+
+/// What a device found of a row beyond some of its largest logits (`top`), for
+/// [`SamplingParams::pick_from_top`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rest {
+    /// How many of the row's logits equal the least in `top`, those in `top` included.
+    pub ties: usize,
+    /// `Σ e^((l − max) · (1/T))` over the row's logits below the least in `top`: `max`
+    /// the row's largest, `1/T` the draw's temperature's inverse in f32, summed in f32
+    /// in any order.
+    pub below: f32,
+}
 
 impl SamplingParams {
     /// The candidates `(id, logit / temperature)`, cut to `top_k` when it is set; NaNs
@@ -771,7 +964,7 @@ mod tests {
                     let top = device_top(&row, k.min(n), &mut rng);
                     for pos in 0..20 {
                         total += 1;
-                        if let Some(id) = p.pick_from_top(&top, n, pos) {
+                        if let Some(id) = p.pick_from_top(&top, n, None, pos) {
                             decided += 1;
                             assert_eq!(
                                 id,
@@ -784,7 +977,7 @@ mod tests {
                 // A top_k below the selection, on distinct values, is always decided.
                 if spread > 0.0 && top_k > 0 && top_k < 64 && n > 64 {
                     let top = device_top(&row, 64, &mut rng);
-                    assert!((0..20).all(|pos| p.pick_from_top(&top, n, pos).is_some()));
+                    assert!((0..20).all(|pos| p.pick_from_top(&top, n, None, pos).is_some()));
                 }
             }
         }
@@ -793,6 +986,115 @@ mod tests {
             decided > total / 5 && decided < total,
             "{decided} of {total}"
         );
+    }
+
+    /// What a device sums of `row` beyond `top` at temperature `t` ([`Rest`]), in f32 in
+    /// a shuffled order, then moved by up to `skew` of itself (a device's rounding).
+    fn device_rest(
+        row: &[f32],
+        top: &[(u32, f32)],
+        t: f32,
+        skew: f64,
+        rng: &mut ChaCha8Rng,
+    ) -> Rest {
+        let least = top.iter().map(|x| x.1).fold(f32::INFINITY, f32::min);
+        let max = top.iter().map(|x| x.1).fold(f32::NEG_INFINITY, f32::max);
+        let inv = 1.0 / t;
+        let mut terms: Vec<f32> = row
+            .iter()
+            .filter(|&&l| l < least)
+            .map(|&l| ((l - max) * inv).exp())
+            .collect();
+        for i in (1..terms.len()).rev() {
+            terms.swap(i, rng.random_range(0..=i));
+        }
+        let below = terms.iter().sum::<f32>();
+        Rest {
+            ties: row.iter().filter(|&&l| l == least).count(),
+            below: (f64::from(below) * (1.0 + rng.random_range(-skew..=skew))) as f32,
+        }
+    }
+
+    /// Rows shaped like a language model's: noise, a few tokens far above it.
+    fn peaked_row(n: usize, peaks: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
+        let mut row: Vec<f32> = (0..n)
+            .map(|_| (0..4).map(|_| rng.random_range(-1.5f32..1.5)).sum())
+            .collect();
+        for _ in 0..peaks {
+            row[rng.random_range(0..n)] += rng.random_range(6.0f32..14.0);
+        }
+        row
+    }
+
+    #[test]
+    fn a_draw_from_the_top_logits_and_the_rests_sum_is_the_full_rows_draw_or_none() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let (mut decided, mut total) = (0usize, 0usize);
+        for case in 0..24 {
+            let n = [3000, 20000][case % 2];
+            let row = peaked_row(n, [1, 3, 12, 0][case % 4], &mut rng);
+            for (temperature, top_p, min_p) in [
+                (0.7, 1.0, 0.0),
+                (1.0, 1.0, 0.0),
+                (0.8, 0.95, 0.0),
+                (1.3, 0.9, 0.05),
+                (0.2, 1.0, 0.0),
+            ] {
+                let p = SamplingParams {
+                    temperature,
+                    top_p,
+                    min_p,
+                    seed: case as u64,
+                    ..Default::default()
+                };
+                let top = device_top(&row, 64, &mut rng);
+                // The largest error the bound allows for the sum alone.
+                let skew = n as f64 * f64::from(f32::EPSILON) / 2.0;
+                let rest = device_rest(&row, &top, temperature, skew, &mut rng);
+                for pos in 0..30 {
+                    total += 1;
+                    if let Some(id) = p.pick_from_top(&top, n, Some(&rest), pos) {
+                        decided += 1;
+                        assert_eq!(
+                            id,
+                            p.pick(&row, pos),
+                            "case {case}, T {temperature}, top_p {top_p}, pos {pos}"
+                        );
+                    }
+                }
+            }
+        }
+        // Most draws from rows like a model's are decided, not all (some land in the rest).
+        eprintln!("{decided} of {total}");
+        assert!(
+            decided > total * 3 / 5 && decided < total,
+            "{decided} of {total}"
+        );
+    }
+
+    #[test]
+    fn a_rest_summed_wrong_gives_other_draws() {
+        // The check above can fail: a sum of the rest three times too large moves draws.
+        let mut rng = ChaCha8Rng::seed_from_u64(12);
+        let mut wrong = 0;
+        for case in 0..8 {
+            let row = peaked_row(3000, 2, &mut rng);
+            let p = SamplingParams {
+                temperature: 1.0,
+                seed: case,
+                ..Default::default()
+            };
+            let top = device_top(&row, 64, &mut rng);
+            let mut rest = device_rest(&row, &top, 1.0, 0.0, &mut rng);
+            rest.below *= 3.0;
+            wrong += (0..40)
+                .filter(|&pos| {
+                    p.pick_from_top(&top, row.len(), Some(&rest), pos)
+                        .is_some_and(|id| id != p.pick(&row, pos))
+                })
+                .count();
+        }
+        assert!(wrong > 0);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 use burn_tensor::{backend::Backend, Int, Tensor, TensorData};
 
 use super::{
+    super::sampler::Rest,
     attention::{AttendWith, Attention, SeqSpan},
     cache::{DeviceKvCache, HostKvCache, KvCache, KvDtype},
     config::LlamaConfig,
@@ -264,7 +265,7 @@ impl<B: Backend> Llama<B> {
     pub fn forward_fetch(
         &self,
         seqs: &mut [SeqInput<'_, B>],
-        fetch: Fetch,
+        fetch: Fetch<'_>,
     ) -> Result<StepLogits<B>, ForwardError> {
         Ok(match self.forward_any(seqs)? {
             Logits::Host(HostLogits { logits, argmax }) => StepLogits {
@@ -280,8 +281,8 @@ impl<B: Backend> Llama<B> {
                     heads: None,
                     device: None,
                 },
-                Fetch::Heads if self.fetches_heads() => {
-                    let (argmax, heads) = device_heads(t.clone());
+                Fetch::Heads(temperatures) if self.fetches_heads() => {
+                    let (argmax, heads) = device_heads(t.clone(), temperatures);
                     StepLogits {
                         logits: Vec::new(),
                         argmax: Some(argmax),
@@ -289,7 +290,7 @@ impl<B: Backend> Llama<B> {
                         device: Some(t),
                     }
                 }
-                Fetch::Heads | Fetch::Logits => StepLogits {
+                Fetch::Heads(_) | Fetch::Logits => StepLogits {
                     logits: to_host(t),
                     argmax: None,
                     heads: None,
@@ -441,18 +442,21 @@ pub(crate) fn device_argmax<B: Backend>(logits: Tensor<B, 2>) -> Vec<u32> {
 
 /// How many of each row's largest logits [`Fetch::Heads`] downloads. Draws cut to a
 /// `top_k` below it are decided by them alone, as are draws whose candidates within
-/// 42 of the largest (at their temperature) are fewer. The device's top-k is a kernel
-/// whose size is fixed at compile time, unrolled over the selection, so it stays small.
+/// 42 of the largest (at their temperature) are fewer; the others by them and the sum
+/// of the rest ([`Head::rest`]) unless the draw lands in the rest. The device's top-k
+/// is a kernel whose size is fixed at compile time, unrolled over the selection, so it
+/// stays small.
 pub const HEAD: usize = 64;
 
 /// What a forward pass hands back of each row's logits ([`Llama::forward_fetch`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fetch {
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Fetch<'a> {
     /// Each row's argmax: the device path downloads the ids alone.
     Ids,
-    /// The argmax, and each row's [`HEAD`] largest logits with their ids
-    /// ([`StepLogits::heads`]); the device path leaves the rest on the device.
-    Heads,
+    /// The argmax, and each row's [`HEAD`] largest logits with their ids and the sum of
+    /// the rest at the row's temperature, one a row (1 where the row does not draw at
+    /// one) ([`StepLogits::heads`]); the device path leaves the logits on the device.
+    Heads(&'a [f32]),
     /// Every logit.
     Logits,
 }
@@ -466,6 +470,11 @@ pub struct Head {
     pub top: Vec<(u32, f32)>,
     /// Whether every logit of the row is finite (the draw from `top` assumes it).
     pub finite: bool,
+    /// The rest of the row, summed on the device at the temperature asked.
+    pub rest: Rest,
+    /// The rest of the row below the least in `top`, summed at temperature 1 (for
+    /// log-probabilities; see [`crate::engine::sampler::logprobs_from_top`]).
+    pub below_at_one: f32,
 }
 
 /// A step's logits, as [`Llama::forward_fetch`] hands them back.
@@ -491,29 +500,48 @@ impl<B: Backend> StepLogits<B> {
     }
 }
 
-/// Each row's argmax and its [`HEAD`] largest logits and ids, found on the device
-/// (`logits` has more than [`HEAD`] columns): one download of ids (with a count of the
-/// row's non-finite logits) and one of values.
-fn device_heads<B: Backend>(logits: Tensor<B, 2>) -> (Vec<u32>, Vec<Head>) {
-    let [n, _] = logits.dims();
+/// Each row's argmax, its [`HEAD`] largest logits and ids, and the rest of it
+/// ([`Rest`]: the logits equal to the least of those counted, those below it summed at
+/// the row's `temperatures`), found on the device (`logits` has more than [`HEAD`]
+/// columns): one download of ids and counts (the row's non-finite logits among them)
+/// and one of values and sums.
+fn device_heads<B: Backend>(logits: Tensor<B, 2>, temperatures: &[f32]) -> (Vec<u32>, Vec<Head>) {
+    let [n, vocab] = logits.dims();
+    assert_eq!(temperatures.len(), n, "a temperature a row");
+    let device = logits.device();
     let ids = logits.clone().argtopk(HEAD, 1);
     let values = logits.clone().gather(1, ids.clone());
+    let least = values.clone().min_dim(1).expand([n, vocab]);
+    let max = values.clone().max_dim(1).expand([n, vocab]);
+    let inverse: Vec<f32> = temperatures.iter().map(|t| 1.0 / t).collect();
+    let inverse = Tensor::<B, 1>::from_floats(inverse.as_slice(), &device)
+        .reshape([n, 1])
+        .expand([n, vocab]);
+    let outside = logits.clone().greater_equal(least.clone());
+    let shifted = logits.clone() - max;
+    let below = (shifted.clone() * inverse)
+        .exp()
+        .mask_fill(outside.clone(), 0.0)
+        .sum_dim(1);
+    let below_at_one = shifted.exp().mask_fill(outside, 0.0).sum_dim(1);
+    let ties = logits.clone().equal(least).int().sum_dim(1);
     let argmax = logits.clone().argmax(1);
     let odd = logits.is_finite().bool_not().int().sum_dim(1);
-    let ints = Tensor::cat(vec![ids, odd, argmax], 1)
+    let ints = Tensor::cat(vec![ids, odd, argmax, ties], 1)
         .into_data()
         .convert::<i64>()
         .to_vec::<i64>()
         .expect("head ids");
-    let values = to_host(values);
-    let width = HEAD + 2;
+    let floats = to_host(Tensor::cat(vec![values, below, below_at_one], 1));
+    let width = HEAD + 3;
+    debug_assert_eq!(ints.len(), n * width);
     let argmax = ints
         .chunks_exact(width)
         .map(|r| r[HEAD + 1] as u32)
         .collect();
     let heads = ints
         .chunks_exact(width)
-        .zip(values.chunks_exact(HEAD))
+        .zip(floats.chunks_exact(HEAD + 2))
         .map(|(row, values)| Head {
             top: row[..HEAD]
                 .iter()
@@ -521,9 +549,13 @@ fn device_heads<B: Backend>(logits: Tensor<B, 2>) -> (Vec<u32>, Vec<Head>) {
                 .map(|(&id, &v)| (id as u32, v))
                 .collect(),
             finite: row[HEAD] == 0,
+            rest: Rest {
+                ties: row[HEAD + 2] as usize,
+                below: values[HEAD],
+            },
+            below_at_one: values[HEAD + 1],
         })
         .collect();
-    debug_assert_eq!(ints.len(), n * width);
     (argmax, heads)
 }
 
