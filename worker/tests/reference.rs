@@ -264,3 +264,95 @@ fn native_i16_weights_match_the_reference() {
 fn native_i16_weights_with_an_f32_cache_match_the_reference() {
     check_against_reference(WeightDtype::NativeI16, KvDtype::F32);
 }
+
+/// On the default model's own rows (a chat decoded greedily on the host engine), a draw
+/// without `top_k` decided from the 64 largest logits and a device-like sum of the rest
+/// (f32, in a shuffled order, moved by the largest rounding the bound allows) is the
+/// whole row's draw; and most such draws are decided there. Prints the share decided at
+/// each temperature and `top_p`, and the share the 64 alone decide.
+#[test]
+fn draws_from_the_head_and_the_rest_on_the_default_models_rows() {
+    use baton_worker::engine::sampler::{Rest, SamplingParams};
+    let Some(model_file) = model_path() else {
+        return;
+    };
+    let engine =
+        Engine::<CpuBackend>::load(&model_file, WeightDtype::NativeI16, &Default::default())
+            .expect("load");
+    let model = engine.model();
+    let prompt = engine
+        .encode_prompt(&Prompt::Chat(
+            serde_json::from_str::<Vec<ChatMessage>>(
+                r#"[{"role": "user", "content": "Write a short story about a lighthouse keeper."}]"#,
+            )
+            .expect("messages"),
+        ))
+        .expect("encode");
+    let configs = [(0.7f32, 1.0f32), (0.7, 0.9), (1.0, 1.0), (1.0, 0.95)];
+    let (mut decided, mut alone) = ([0usize; 4], [0usize; 4]);
+    let (steps, positions) = (48u64, 8u64);
+    let mut cache = model.new_cache();
+    let mut tokens = prompt;
+    let mut shuffle = 0x9e37_79b9_7f4a_7c15u64;
+    for step in 0..steps {
+        let row = Llama::<CpuBackend>::logits_to_host(
+            model
+                .forward(&mut [SeqInput {
+                    tokens: &tokens,
+                    cache: &mut cache,
+                }])
+                .expect("forward"),
+        )
+        .remove(0);
+        let vocab = row.len();
+        let mut order: Vec<u32> = (0..vocab as u32).collect();
+        order.sort_unstable_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]));
+        let top: Vec<(u32, f32)> = order[..64].iter().map(|&i| (i, row[i as usize])).collect();
+        let least = top[63].1;
+        let max = top[0].1;
+        for (c, &(temperature, top_p)) in configs.iter().enumerate() {
+            let inverse = 1.0 / temperature;
+            let mut terms: Vec<f32> = row
+                .iter()
+                .filter(|&&l| l < least)
+                .map(|&l| ((l - max) * inverse).exp())
+                .collect();
+            for i in (1..terms.len()).rev() {
+                shuffle ^= shuffle << 13;
+                shuffle ^= shuffle >> 7;
+                shuffle ^= shuffle << 17;
+                terms.swap(i, (shuffle % (i as u64 + 1)) as usize);
+            }
+            let skew = 1.0 + vocab as f32 * f32::EPSILON / 2.0 * [1.0, -1.0][step as usize % 2];
+            let rest = Rest {
+                ties: row.iter().filter(|&&l| l == least).count(),
+                below: terms.iter().sum::<f32>() * skew,
+            };
+            let p = SamplingParams {
+                temperature,
+                top_p,
+                seed: 3,
+                ..Default::default()
+            };
+            for pos in step * positions..(step + 1) * positions {
+                if let Some(id) = p.pick_from_top(&top, vocab, Some(&rest), pos) {
+                    assert_eq!(id, p.pick(&row, pos), "T {temperature}, top_p {top_p}");
+                    decided[c] += 1;
+                }
+                alone[c] += usize::from(p.pick_from_top(&top, vocab, None, pos).is_some());
+            }
+        }
+        tokens = vec![argmax(&row)];
+    }
+    let total = (steps * positions) as usize;
+    for ((&(temperature, top_p), &d), &a) in configs.iter().zip(&decided).zip(&alone) {
+        eprintln!(
+            "T {temperature}, top_p {top_p}: {d} of {total} draws decided by the head and \
+             the rest ({a} by the head alone)"
+        );
+    }
+    assert!(
+        decided.iter().sum::<usize>() > 2 * total,
+        "{decided:?} of {total} each"
+    );
+}
