@@ -183,7 +183,7 @@ impl SamplingParams {
     /// decide the draw: the first `top_k` reach past what `top` surely holds; or the
     /// candidates within 42 of the largest do, and either no `rest` was summed or the
     /// draw (or a `top_p` cut) lands in it or too near the edge of a candidate for the
-    /// bound on that sum to tell (see [`SamplingParams::pick_with_rest`]). Temperature
+    /// bound on that sum to tell (see `pick_with_rest`). Temperature
     /// must be above 0, and the row as the model gave it (nothing for
     /// [`SamplingParams::adjust`] to change).
     pub fn pick_from_top(
@@ -259,7 +259,13 @@ impl SamplingParams {
             + ties_outside as f64 * term(edge);
         let unit = f64::from(f32::EPSILON) / 2.0;
         let n = count as f64;
-        let relative = 1.01 * (unit * (2.0 * f64::from(max.abs()) + 1024.0) + n * unit);
+        // A term's exponent off by δ makes it off by e^δ − 1 of itself; past a small δ
+        // (a tiny temperature on large logits) the bound says too little to decide on.
+        let exponent = unit * (2.0 * f64::from(max.abs()) + 1024.0);
+        if exponent > 1e-3 {
+            return None;
+        }
+        let relative = 1.01 * (exponent.exp_m1() + n * unit);
         let absolute = n * ((-f64::from(NEGLIGIBLE_BELOW)).exp() + 2f64.powi(-100));
         let sum_lo = ahead + known + (below * (1.0 - relative) - absolute).max(0.0);
         let sum_hi = ahead + known + below * (1.0 + relative) + absolute;
@@ -1095,6 +1101,36 @@ mod tests {
                 .count();
         }
         assert!(wrong > 0);
+    }
+
+    #[test]
+    fn a_tiny_temperature_on_large_logits_leaves_the_rest_undecided() {
+        // At T 1e-4 a logit of 30 scales to 3e5, where the device's exponent may be off
+        // by enough to move each term of the rest by several percent: nothing is decided
+        // from the sum. The same row moved down to 0 is decided as usual.
+        let mut rng = ChaCha8Rng::seed_from_u64(13);
+        let shape: Vec<f32> = (0..3000)
+            .map(|i| if i < 200 { -(i as f32) * 4e-6 } else { -1.0 })
+            .collect();
+        let p = SamplingParams {
+            temperature: 1e-4,
+            seed: 3,
+            ..Default::default()
+        };
+        let decided = |row: &[f32], rng: &mut ChaCha8Rng| {
+            let top = device_top(row, 64, rng);
+            let rest = device_rest(row, &top, p.temperature, 0.0, rng);
+            (0..40)
+                .filter_map(|pos| {
+                    let id = p.pick_from_top(&top, row.len(), Some(&rest), pos)?;
+                    assert_eq!(id, p.pick(row, pos), "pos {pos}");
+                    Some(id)
+                })
+                .count()
+        };
+        let high: Vec<f32> = shape.iter().map(|l| l + 30.0).collect();
+        assert_eq!(decided(&high, &mut rng), 0);
+        assert!(decided(&shape, &mut rng) > 20);
     }
 
     #[test]
