@@ -182,8 +182,8 @@ impl SamplingParams {
     /// summed it at this temperature, the `rest` of the row. `None` when those do not
     /// decide the draw: the first `top_k` reach past what `top` surely holds; or the
     /// candidates within 42 of the largest do, and either no `rest` was summed or the
-    /// draw (or a `top_p` cut) lands in it or too near the edge of a candidate for the
-    /// bound on that sum to tell (see `pick_with_rest`). Temperature
+    /// draw lands in it, or the draw or a `top_p` cut lands too near the edge of a
+    /// candidate for the bound on that sum to tell (see `pick_with_rest`). Temperature
     /// must be above 0, and the row as the model gave it (nothing for
     /// [`SamplingParams::adjust`] to change).
     pub fn pick_from_top(
@@ -216,6 +216,9 @@ impl SamplingParams {
     /// e^-42 that the draw leaves out, or that underflow on the device, are counted by
     /// `count` too. A decision is taken only when it holds for every total within that
     /// bound, by a margin ([`CLEAR`]) far above the rounding of the draw's own f64 sums.
+    /// A `top_p` cut past the candidates summed here keeps a sum that the total bounds
+    /// too: at least `top_p` of it, and less than that plus one term no larger than the
+    /// least value's, so a draw landing well inside those candidates is still decided.
     fn pick_with_rest(
         &self,
         top: &[(u32, f32)],
@@ -271,6 +274,8 @@ impl SamplingParams {
         let sum_hi = ahead + known + below * (1.0 + relative) + absolute;
         // min_p cuts where a term falls below it; within `terms`, or it cannot be told.
         let mut keep: Option<usize> = None;
+        // Bounds on the sum of the terms a draw keeps when that is more than `terms`.
+        let mut kept = (sum_lo, sum_hi);
         if self.min_p > 0.0 {
             let min_p = f64::from(self.min_p);
             let above = terms.iter().take_while(|&&p| p >= min_p).count();
@@ -297,8 +302,19 @@ impl SamplingParams {
                     return None;
                 }
             }
-            keep = cut.or(keep);
-            keep?;
+            match (cut, keep) {
+                (Some(_), _) => keep = cut,
+                (None, Some(_)) => {}
+                // The cut lies past `terms`: what it keeps sums to at least `top_p` of the
+                // total and passes that by less than its last term, which is at most the
+                // edge's (and never to more than the total).
+                (None, None) => {
+                    kept = (
+                        top_p * sum_lo * (1.0 - CLEAR),
+                        ((top_p * sum_hi + term(edge)) * (1.0 + CLEAR)).min(sum_hi),
+                    );
+                }
+            }
         }
         let u = self.draw(position);
         let (target_lo, target_hi) = match keep {
@@ -306,7 +322,7 @@ impl SamplingParams {
                 let target = u * terms[..k].iter().sum::<f64>();
                 (target * (1.0 - CLEAR), target * (1.0 + CLEAR))
             }
-            None => (u * sum_lo * (1.0 - CLEAR), u * sum_hi * (1.0 + CLEAR)),
+            None => (u * kept.0 * (1.0 - CLEAR), u * kept.1 * (1.0 + CLEAR)),
         };
         let mut acc = 0.0;
         for (&k, p) in keys.iter().zip(&terms).take(keep.unwrap_or(terms.len())) {
@@ -1045,6 +1061,8 @@ mod tests {
                 (0.8, 0.95, 0.0),
                 (1.3, 0.9, 0.05),
                 (0.2, 1.0, 0.0),
+                (1.0, 0.95, 0.0),
+                (1.0, 0.5, 0.0),
             ] {
                 let p = SamplingParams {
                     temperature,
