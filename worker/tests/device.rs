@@ -292,11 +292,11 @@ fn device_heads_draw_what_the_rows_draw<B: Backend>(heads: bool) {
     let (mut decided, mut cut, mut free, mut scored) = (0, 0, 0, 0);
     for step in 0..10u64 {
         let mut inputs = seqs(&next, &mut with);
-        let out = model
+        let mut out = model
             .forward_fetch(&mut inputs, Fetch::Heads(&temperatures))
             .expect("forward");
         assert!(out.logits.is_empty(), "the rows were downloaded");
-        let heads = out.heads.expect("heads found on the device");
+        let heads = out.heads.take().expect("heads found on the device");
         let mut inputs = seqs(&next, &mut without);
         let (rows, _) = model.forward_greedy(&mut inputs, true).expect("forward");
         for ((head, row), &t) in heads
@@ -374,6 +374,24 @@ fn device_heads_draw_what_the_rows_draw<B: Backend>(heads: bool) {
                     }
                     cut += usize::from(top_k > 0);
                 }
+            }
+        }
+        // The rows whose draws their heads left undecided come down, and only those.
+        let wanted: Vec<bool> = (0..prompts.len())
+            .map(|r| match step % 4 {
+                0 => true,
+                1 => false,
+                _ => (r + step as usize).is_multiple_of(3),
+            })
+            .collect();
+        out.fetch_rows(&wanted);
+        let fetched = out.rows_mut();
+        assert_eq!(fetched.len(), prompts.len());
+        for ((got, &w), row) in fetched.iter().zip(&wanted).zip(rows.chunks_exact(vocab)) {
+            if w {
+                assert_eq!(&**got, row, "step {step}");
+            } else {
+                assert!(got.is_empty(), "step {step}: a row not asked for came down");
             }
         }
         next = rows.chunks_exact(vocab).map(|r| vec![argmax(r)]).collect();

@@ -986,15 +986,19 @@ impl<B: Backend> Engine<B> {
                 Some((id, logprobs))
             })
             .collect();
-        if forward.heads.is_some()
-            && runs.iter().zip(&from_heads).any(|(&(i, take), drawn)| {
-                let s = &*seqs[i];
-                drawn.is_none() && take == s.pending.len() && !s.plain_greedy()
-            })
-        {
-            forward.fetch_logits();
+        if forward.heads.is_some() {
+            // Only the rows whose draw their head left undecided come down.
+            let wanted: Vec<bool> = runs
+                .iter()
+                .zip(&from_heads)
+                .map(|(&(i, take), drawn)| {
+                    let s = &*seqs[i];
+                    drawn.is_none() && take == s.pending.len() && !s.plain_greedy()
+                })
+                .collect();
+            forward.fetch_rows(&wanted);
         }
-        let (mut logits, greedy) = (forward.logits, forward.argmax);
+        let greedy = forward.argmax.take();
         let mut masks: Vec<Option<Result<toktrie::SimpleVob, String>>> =
             runs.iter().map(|_| None).collect();
         for (r, mask) in computed {
@@ -1006,12 +1010,7 @@ impl<B: Backend> Engine<B> {
                 }
             }));
         }
-        let vocab = logits.len() / runs.len();
-        let mut rows: Vec<&mut [f32]> = if vocab == 0 {
-            runs.iter().map(|_| &mut [][..]).collect()
-        } else {
-            logits.chunks_exact_mut(vocab).collect()
-        };
+        let mut rows = forward.rows_mut();
         // A scored prompt's row: the next prompt token's log-probability, from the logits
         // as the model gave them.
         for ((&(i, _), row), _) in runs.iter().zip(&rows).zip(&scored).filter(|x| *x.1) {

@@ -261,18 +261,21 @@ impl<B: Backend> Llama<B> {
     /// [`Llama::forward`], handing back what `fetch` asks of the logits. The host engine
     /// has every row on the host and gives the logits and the argmax whatever is asked;
     /// the device engine downloads only what is asked, and with [`Fetch::Heads`] keeps
-    /// the logits on the device for [`StepLogits::fetch_logits`].
+    /// the logits on the device for [`StepLogits::fetch_rows`].
     pub fn forward_fetch(
         &self,
         seqs: &mut [SeqInput<'_, B>],
         fetch: Fetch<'_>,
     ) -> Result<StepLogits<B>, ForwardError> {
+        let rows = seqs.len();
         Ok(match self.forward_any(seqs)? {
             Logits::Host(HostLogits { logits, argmax }) => StepLogits {
                 logits,
                 argmax: Some(argmax),
                 heads: None,
                 device: None,
+                held: None,
+                rows,
             },
             Logits::Device(t) => match fetch {
                 Fetch::Ids => StepLogits {
@@ -280,6 +283,8 @@ impl<B: Backend> Llama<B> {
                     argmax: Some(device_argmax(t)),
                     heads: None,
                     device: None,
+                    held: None,
+                    rows,
                 },
                 Fetch::Heads(temperatures) if self.fetches_heads() => {
                     let (argmax, heads) = device_heads(t.clone(), temperatures);
@@ -288,6 +293,8 @@ impl<B: Backend> Llama<B> {
                         argmax: Some(argmax),
                         heads: Some(heads),
                         device: Some(t),
+                        held: None,
+                        rows,
                     }
                 }
                 Fetch::Heads(_) | Fetch::Logits => StepLogits {
@@ -295,6 +302,8 @@ impl<B: Backend> Llama<B> {
                     argmax: None,
                     heads: None,
                     device: None,
+                    held: None,
+                    rows,
                 },
             },
         })
@@ -480,22 +489,68 @@ pub struct Head {
 /// A step's logits, as [`Llama::forward_fetch`] hands them back.
 #[derive(Debug)]
 pub struct StepLogits<B: Backend> {
-    /// `[sequences × vocab]`, row-major; empty where they were not downloaded.
+    /// `[sequences × vocab]`, row-major; empty where they were not downloaded, and only
+    /// the rows [`StepLogits::fetch_rows`] downloaded where it did
+    /// ([`StepLogits::rows_mut`] tells which).
     pub logits: Vec<f32>,
     /// Each row's largest logit's index (the lowest among equals), where found.
     pub argmax: Option<Vec<u32>>,
     /// Each row's head, where [`Fetch::Heads`] downloaded them.
     pub heads: Option<Vec<Head>>,
-    /// The logits still on the device, for [`StepLogits::fetch_logits`].
+    /// The logits still on the device, for [`StepLogits::fetch_rows`].
     device: Option<Tensor<B, 2>>,
+    /// The rows `logits` holds, where [`StepLogits::fetch_rows`] downloaded some of them
+    /// (`None`: all, or none where `logits` is empty).
+    held: Option<Vec<bool>>,
+    /// Rows in the step: one a sequence.
+    rows: usize,
 }
 
 impl<B: Backend> StepLogits<B> {
-    /// Downloads every row's logits into [`StepLogits::logits`] if they are not there
-    /// yet (a draw its head did not decide needs the whole row).
-    pub fn fetch_logits(&mut self) {
-        if let Some(t) = self.device.take().filter(|_| self.logits.is_empty()) {
+    /// Downloads the logits of the rows `wanted` marks, where they are still on the
+    /// device (a draw its head did not decide needs its whole row); the others stay
+    /// there. Once only.
+    pub fn fetch_rows(&mut self, wanted: &[bool]) {
+        let Some(t) = self.device.take().filter(|_| self.logits.is_empty()) else {
+            return;
+        };
+        let [n, _] = t.dims();
+        assert_eq!(wanted.len(), n, "a mark a row");
+        let picked: Vec<i32> = (0..n as i32).filter(|&r| wanted[r as usize]).collect();
+        if picked.len() == n {
             self.logits = to_host(t);
+        } else if !picked.is_empty() {
+            let device = t.device();
+            let index = Tensor::<B, 1, Int>::from_ints(picked.as_slice(), &device);
+            self.logits = to_host(t.select(0, index));
+            self.held = Some(wanted.to_vec());
+        }
+    }
+
+    /// Each row's logits: the row where it was downloaded, empty where it was not.
+    pub fn rows_mut(&mut self) -> Vec<&mut [f32]> {
+        let n = self.rows;
+        let held = self
+            .held
+            .as_ref()
+            .map_or(n, |h| h.iter().filter(|&&w| w).count());
+        if self.logits.is_empty() || held == 0 {
+            return (0..n).map(|_| &mut [][..]).collect();
+        }
+        let vocab = self.logits.len() / held;
+        let mut chunks = self.logits.chunks_exact_mut(vocab);
+        match &self.held {
+            None => chunks.collect(),
+            Some(wanted) => wanted
+                .iter()
+                .map(|&w| {
+                    if w {
+                        chunks.next().expect("a downloaded row")
+                    } else {
+                        &mut [][..]
+                    }
+                })
+                .collect(),
         }
     }
 }
