@@ -376,7 +376,8 @@ fn device_heads_draw_what_the_rows_draw<B: Backend>(heads: bool) {
                 }
             }
         }
-        // The rows whose draws their heads left undecided come down, and only those.
+        // The rows asked for (those whose draws the heads left undecided) come down,
+        // each the row it is, and no others.
         let wanted: Vec<bool> = (0..prompts.len())
             .map(|r| match step % 4 {
                 0 => true,

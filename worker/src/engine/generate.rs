@@ -1160,6 +1160,14 @@ impl Draw<'_> {
         if let Some(known) = self.known.take() {
             return (self.seq, Ok(known));
         }
+        if self.row.is_empty() {
+            // A draw its head left undecided whose row stayed on the device: an error,
+            // never a draw from nothing.
+            return (
+                self.seq,
+                Err("the row of logits for this draw was not fetched".into()),
+            );
+        }
         let constrained = self.mask.is_some() || !self.banned.is_empty();
         match &self.mask {
             Some(Err(e)) => return (self.seq, Err(e.clone())),

@@ -183,7 +183,9 @@ impl SamplingParams {
     /// decide the draw: the first `top_k` reach past what `top` surely holds; or the
     /// candidates within 42 of the largest do, and either no `rest` was summed or the
     /// draw lands in it, or the draw or a `top_p` cut lands too near the edge of a
-    /// candidate for the bound on that sum to tell (see `pick_with_rest`). Temperature
+    /// candidate for the bound on that sum to tell, or the temperature is so small
+    /// beside the logits that the device's exponents may be off by more than 1e-3 (see
+    /// `pick_with_rest`). Temperature
     /// must be above 0, and the row as the model gave it (nothing for
     /// [`SamplingParams::adjust`] to change).
     pub fn pick_from_top(
@@ -1119,6 +1121,37 @@ mod tests {
                 .count();
         }
         assert!(wrong > 0);
+    }
+
+    #[test]
+    fn a_top_p_cut_past_the_top_logits_still_decides_draws_well_inside_them() {
+        // Rows without peaks: the 64 largest hold far less than half the total, so a
+        // top_p of 0.5 cuts in the rest, and draws landing inside the 64 are decided.
+        let mut rng = ChaCha8Rng::seed_from_u64(14);
+        let (mut decided, mut total) = (0usize, 0usize);
+        for case in 0..6 {
+            let row = peaked_row(3000, 0, &mut rng);
+            let p = SamplingParams {
+                temperature: 1.0,
+                top_p: 0.5,
+                seed: case,
+                ..Default::default()
+            };
+            let top = device_top(&row, 64, &mut rng);
+            let skew = row.len() as f64 * f64::from(f32::EPSILON) / 2.0;
+            let rest = device_rest(&row, &top, 1.0, skew, &mut rng);
+            for pos in 0..50 {
+                total += 1;
+                if let Some(id) = p.pick_from_top(&top, row.len(), Some(&rest), pos) {
+                    assert_eq!(id, p.pick(&row, pos), "case {case}, pos {pos}");
+                    decided += 1;
+                }
+            }
+        }
+        assert!(
+            decided > total / 10 && decided < total,
+            "{decided} of {total}"
+        );
     }
 
     #[test]
