@@ -1025,6 +1025,17 @@ pub fn kill_nats_member(
             ));
             continue;
         }
+        // Routed is not recovered: JetStream's leaders and replicas catch up after.
+        // What follows (the next kill, or another drill) starts from a cluster whole.
+        for k in 0..cluster.nats_count() {
+            let server = cluster.nats_server(k);
+            if !server.wait_healthy(Duration::from_secs(30)) {
+                verdict.failures.push(format!(
+                    "{label}: {} did not call itself healthy within 30 s of the rejoin",
+                    server.name()
+                ));
+            }
+        }
     }
     // The cluster whole again serves a stream from start to end.
     last_run(cluster, &body, &reference, &mut verdict, "after the drill");

@@ -606,6 +606,31 @@ impl Nats {
         Some(peers.len())
     }
 
+    /// Whether the server calls itself healthy (`/healthz`: with JetStream, that it is
+    /// current with its cluster's leaders, streams and consumers); `None` without
+    /// monitoring or an answer.
+    pub fn healthy(&self) -> Option<bool> {
+        Some(self.monitor("healthz")?["status"] == "ok")
+    }
+
+    /// Waits until the server calls itself healthy (at once for a server without
+    /// monitoring); false after `timeout`.
+    pub fn wait_healthy(&self, timeout: Duration) -> bool {
+        if self.monitor.is_none() {
+            return true;
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.healthy() == Some(true) {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Waits until this member routes to every other server of its cluster (at once
     /// for a server alone); false after `timeout`.
     pub fn wait_routes(&self, timeout: Duration) -> bool {
