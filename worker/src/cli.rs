@@ -66,6 +66,23 @@ pub struct SynthArgs {
     /// Seed of the weights.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Format of the matrices (default: the shape's own, Q4_1; f32 for `tiny`).
+    #[arg(long = "type", value_enum)]
+    pub weight_type: Option<SynthType>,
+}
+
+/// Block formats `synth` writes.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum SynthType {
+    /// GGUF Q4_1 (4-bit values, a scale and a minimum a block).
+    #[value(name = "q4-1")]
+    Q4_1,
+    /// GGUF Q4_0 (4-bit values, a scale a block).
+    #[value(name = "q4-0")]
+    Q4_0,
+    /// GGUF Q8_0 (8-bit values, a scale a block).
+    #[value(name = "q8-0")]
+    Q8_0,
 }
 
 /// Arguments of `generate`.
@@ -233,19 +250,28 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn synth(args: &SynthArgs) -> anyhow::Result<()> {
+    use crate::engine::gguf::GgmlType;
     use crate::engine::llama::synthetic::{write_synthetic_llama, SyntheticSpec};
-    let spec = match args.shape {
+    let mut spec = match args.shape {
         SynthShape::Llama1b => SyntheticSpec::llama_1b(args.seed),
         SynthShape::Smollm2 => SyntheticSpec::smollm2_135m(args.seed),
         SynthShape::Tiny => SyntheticSpec::tiny(args.seed),
     };
+    if let Some(ty) = args.weight_type {
+        spec.weight_type = match ty {
+            SynthType::Q4_1 => GgmlType::Q4_1,
+            SynthType::Q4_0 => GgmlType::Q4_0,
+            SynthType::Q8_0 => GgmlType::Q8_0,
+        };
+    }
     write_synthetic_llama(&args.out, &spec)
         .with_context(|| format!("writing {}", args.out.display()))?;
     let bytes = std::fs::metadata(&args.out)?.len();
     println!(
-        "wrote {} ({:?}, {} layers, hidden {}, {:.1} MiB)",
+        "wrote {} ({:?} {:?}, {} layers, hidden {}, {:.1} MiB)",
         args.out.display(),
         args.shape,
+        spec.weight_type,
         spec.config.n_layers,
         spec.config.hidden,
         bytes as f64 / (1 << 20) as f64
@@ -362,14 +388,30 @@ mod tests {
 
     #[test]
     fn synth_writes_a_model_that_loads_and_generates() {
+        for ty in [None, Some(SynthType::Q8_0), Some(SynthType::Q4_0)] {
+            synth_loads_and_generates(ty);
+        }
+    }
+
+    fn synth_loads_and_generates(ty: Option<SynthType>) {
         let dir = tempfile::TempDir::new().expect("tempdir");
         let out = dir.path().join("tiny.gguf");
         synth(&SynthArgs {
             shape: SynthShape::Tiny,
             out: out.clone(),
             seed: 3,
+            weight_type: ty,
         })
         .expect("synth");
+        let gguf = crate::engine::gguf::GgufFile::open(&out).expect("opens");
+        let want = match ty {
+            None => crate::engine::gguf::GgmlType::F32,
+            Some(SynthType::Q8_0) => crate::engine::gguf::GgmlType::Q8_0,
+            Some(SynthType::Q4_0) => crate::engine::gguf::GgmlType::Q4_0,
+            Some(SynthType::Q4_1) => crate::engine::gguf::GgmlType::Q4_1,
+        };
+        let info = gguf.tensor("blk.0.ffn_up.weight").expect("a matrix");
+        assert_eq!(info.ggml_type, want);
         let engine = Engine::<crate::backend::CpuBackend>::load(
             &out,
             WeightDtype::default(),

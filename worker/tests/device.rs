@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use baton_worker::engine::{
+    gguf::GgmlType,
     llama::{
         synthetic::{write_synthetic_llama, SyntheticSpec},
         Fetch, KvCache, Llama, SeqInput, WeightDtype, HEAD,
@@ -532,6 +533,75 @@ fn the_fingerprint_names_the_hardware<B: Backend>(cubecl: bool) {
     }
 }
 
+/// Q8_0 and Q4_0 matrices stay in their blocks on cubecl's backends (burn's block-32
+/// quantized tensors: each weight the file's value, a half or a quarter of f16's bytes,
+/// and a different fingerprint); flex, whose block products quantize their inputs too,
+/// holds them as f16. Either way the logits stay within f16 rounding of the exact
+/// f32 weights', and greedy text follows theirs.
+fn q8_0_and_q4_0_stay_in_their_blocks<B: Backend>(cubecl: bool) {
+    for (ty, held, bits) in [(GgmlType::Q8_0, "q8_0", 8), (GgmlType::Q4_0, "q4_0", 4)] {
+        let dir = TempDir::new().expect("tempdir");
+        let path = dir.path().join("blocks.gguf");
+        let mut spec = SyntheticSpec::tiny(21);
+        spec.weight_type = ty;
+        spec.untied_output = true;
+        write_synthetic_llama(&path, &spec).expect("write model");
+        let exact = Engine::<B>::load(&path, WeightDtype::F32, &Default::default()).expect("f32");
+        let half = Engine::<B>::load(&path, WeightDtype::F16, &Default::default()).expect("f16");
+        let c = &spec.config;
+        let (hd, qd, kvd) = (c.hidden, c.n_heads * c.head_dim, c.kv_dim());
+        let weights = c.vocab * hd + c.n_layers * (hd * (qd + 2 * kvd) + qd * hd + 3 * hd * c.ffn);
+        assert_eq!(exact.model().held_formats(), "f32");
+        assert_eq!(exact.model().decode_weight_bytes(), 4 * weights);
+        if cubecl {
+            assert_eq!(half.model().held_formats(), held, "{ty:?}");
+            // The values, and an f32 scale for each 32 of them.
+            assert_eq!(
+                half.model().decode_weight_bytes(),
+                weights * bits / 8 + weights / 32 * 4,
+                "{ty:?}"
+            );
+        } else {
+            assert_eq!(half.model().held_formats(), "f16", "{ty:?}");
+            assert_eq!(half.model().decode_weight_bytes(), 2 * weights);
+        }
+        assert_ne!(exact.fingerprint(), half.fingerprint());
+        let tokens = prompt(3, 24);
+        let run = |e: &Engine<B>| {
+            let mut cache = e.model().new_cache();
+            logits(
+                e.model(),
+                &mut [SeqInput {
+                    tokens: &tokens,
+                    cache: &mut cache,
+                }],
+            )
+            .remove(0)
+        };
+        let d = max_diff(&run(&exact), &run(&half));
+        assert!(
+            d < 2e-2,
+            "{ty:?}: logits differ from the f32 weights' by {d}"
+        );
+        let params = GenerateParams {
+            max_tokens: 16,
+            ignore_eos: true,
+            ..Default::default()
+        };
+        let text = |e: &Engine<B>| {
+            let mut out = Vec::new();
+            e.generate(tokens.clone(), params.clone(), &mut |ev| out.push(ev.id))
+                .expect("generate");
+            out
+        };
+        assert_eq!(text(&half), text(&exact), "{ty:?}");
+        eprintln!(
+            "{ty:?} held {}: logits within {d}",
+            half.model().held_formats()
+        );
+    }
+}
+
 /// The suite, for one backend (`$cubecl`: whether it is one of cubecl's, which find rows'
 /// heads on the device and choose kernels by the hardware).
 macro_rules! device_suite {
@@ -556,6 +626,10 @@ macro_rules! device_suite {
             #[test]
             fn device_heads_draw_what_the_rows_draw() {
                 super::device_heads_draw_what_the_rows_draw::<$backend>($cubecl);
+            }
+            #[test]
+            fn q8_0_and_q4_0_stay_in_their_blocks() {
+                super::q8_0_and_q4_0_stay_in_their_blocks::<$backend>($cubecl);
             }
             #[test]
             fn the_fingerprint_names_the_hardware() {

@@ -9,6 +9,7 @@ use baton_worker::engine::cpu::qmatrix::QMatrix;
 use baton_worker::engine::gguf::{
     dequant, writer, GgmlType, GgufError, GgufFile, GgufWriter, MetaValue,
 };
+use baton_worker::engine::llama::linear::DeviceBlocks;
 use serde_json::Value;
 
 fn fixtures() -> PathBuf {
@@ -72,6 +73,32 @@ fn fixtures_dequantize_exactly_like_the_reference() {
             bits(&expected),
             "{file}: values differ from the reference"
         );
+
+        // The device engine keeps Q8_0 and Q4_0 in their blocks: the integers and
+        // scales it uploads give the reference's values bit for bit.
+        if DeviceBlocks::supports(info.ggml_type) && info.dims.len() == 2 {
+            let (cols, rows) = (info.dims[0] as usize, info.dims[1] as usize);
+            let b = DeviceBlocks::from_gguf(info.ggml_type, rows, cols, gguf.tensor_bytes(info))
+                .expect("blocks");
+            assert_eq!(b.ggml_type(), info.ggml_type);
+            let order: Vec<usize> = (0..rows).rev().collect();
+            let reversed = b.select_rows(&order).into_dense();
+            assert_eq!(bits(&b.clone().into_dense()), bits(&expected), "{file}");
+            for (r, &src) in order.iter().enumerate() {
+                assert_eq!(
+                    bits(&reversed[r * cols..(r + 1) * cols]),
+                    bits(&expected[src * cols..(src + 1) * cols]),
+                    "{file}: row {r}"
+                );
+            }
+            let twice = DeviceBlocks::concat_rows(vec![b.clone(), b.clone()]).expect("one type");
+            assert_eq!(twice.rows(), 2 * rows);
+            assert_eq!(bits(&twice.into_dense()[rows * cols..]), bits(&expected));
+            // Blocks shorter than the matrix are refused, not read past.
+            let bytes = gguf.tensor_bytes(info);
+            let short = &bytes[..bytes.len() - 1];
+            assert!(DeviceBlocks::from_gguf(info.ggml_type, rows, cols, short).is_none());
+        }
 
         // The host engine keeps these blocks as they are: their rows read back as the
         // reference's values (up to one fused multiply-add's rounding where a block has

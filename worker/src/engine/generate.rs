@@ -340,9 +340,8 @@ fn numerics_fingerprint<B: Backend>(weights: u64, dtype: WeightDtype, model: &Ll
     hasher.update(format!("weights={dtype} kv={}", model.kv_dtype()).as_bytes());
     // A grammar's masks are part of what a draw depends on.
     hasher.update(baton_common::grammar::ENGINE.as_bytes());
-    if model.host_path() {
-        hasher.update(format!(" held={}", model.held_formats()).as_bytes());
-    } else {
+    hasher.update(format!(" held={}", model.held_formats()).as_bytes());
+    if !model.host_path() {
         // The device engine's arithmetic is its backend's kernels, chosen for the
         // device's hardware (the device's index left out: two alike devices compute
         // alike).

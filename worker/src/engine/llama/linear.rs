@@ -1,7 +1,10 @@
 //! A weight matrix kept in the format the worker chose for weights.
 
+use burn_tensor::quantization::{QuantLevel, QuantScheme, QuantStore, QuantValue};
 use burn_tensor::{backend::Backend, DType, Tensor, TensorData};
 use half::f16;
+
+use crate::engine::gguf::GgmlType;
 
 /// The format weights are kept in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -89,6 +92,147 @@ pub fn weight_tensor<B: Backend>(
     }
 }
 
+/// A matrix of GGUF Q8_0 or Q4_0 blocks on its way to the device engine, which keeps it
+/// as burn's block-32 quantized tensor (8- or 4-bit symmetric values, an f32 scale a
+/// block): about a half (Q8_0) or a quarter (Q4_0) of the f16 tensor's bytes, and each
+/// weight the file's own value, where dequantizing to f16 rounds it.
+#[derive(Debug, Clone)]
+pub struct DeviceBlocks {
+    /// `Q8S` for Q8_0, `Q4S` for Q4_0.
+    value: QuantValue,
+    rows: usize,
+    cols: usize,
+    /// Each weight's integer, row-major (`q − 8` for Q4_0).
+    q: Vec<i8>,
+    /// Each block's scale, row-major (`rows × cols/32`).
+    d: Vec<f32>,
+}
+
+impl DeviceBlocks {
+    /// Whether the device engine keeps matrices of type `ty` in blocks.
+    pub fn supports(ty: GgmlType) -> bool {
+        matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0)
+    }
+
+    /// The `rows × cols` matrix in `bytes`, as the file stores blocks of type `ty`
+    /// (`None` for another type, or bytes that do not hold the matrix).
+    pub fn from_gguf(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Option<Self> {
+        let (value, size) = match ty {
+            GgmlType::Q8_0 => (QuantValue::Q8S, 34),
+            GgmlType::Q4_0 => (QuantValue::Q4S, 18),
+            _ => return None,
+        };
+        let blocks = (rows * cols) / 32;
+        if !cols.is_multiple_of(32) || bytes.len() != blocks * size {
+            return None;
+        }
+        let mut q = Vec::with_capacity(rows * cols);
+        let mut d = Vec::with_capacity(blocks);
+        for b in bytes.chunks_exact(size) {
+            d.push(f16::from_le_bytes([b[0], b[1]]).to_f32());
+            let v = &b[2..];
+            if value == QuantValue::Q8S {
+                q.extend(v.iter().map(|&x| x as i8));
+            } else {
+                // Low nibbles are elements 0..16, high nibbles 16..32.
+                q.extend(v.iter().map(|&x| (x & 0x0F) as i8 - 8));
+                q.extend(v.iter().map(|&x| (x >> 4) as i8 - 8));
+            }
+        }
+        Some(Self {
+            value,
+            rows,
+            cols,
+            q,
+            d,
+        })
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The GGUF type the blocks came from.
+    pub fn ggml_type(&self) -> GgmlType {
+        match self.value {
+            QuantValue::Q4S => GgmlType::Q4_0,
+            _ => GgmlType::Q8_0,
+        }
+    }
+
+    /// The values, row-major.
+    pub fn into_dense(self) -> Vec<f32> {
+        self.q
+            .chunks_exact(32)
+            .zip(&self.d)
+            .flat_map(|(q, &d)| q.iter().map(move |&v| f32::from(v) * d))
+            .collect()
+    }
+
+    /// The rows in the order `order` gives (each an index of a row here).
+    pub fn select_rows(&self, order: &[usize]) -> Self {
+        let (c, bc) = (self.cols, self.cols / 32);
+        let mut q = Vec::with_capacity(order.len() * c);
+        let mut d = Vec::with_capacity(order.len() * bc);
+        for &r in order {
+            q.extend_from_slice(&self.q[r * c..(r + 1) * c]);
+            d.extend_from_slice(&self.d[r * bc..(r + 1) * bc]);
+        }
+        Self {
+            rows: order.len(),
+            q,
+            d,
+            ..*self
+        }
+    }
+
+    /// The rows of every part, in order, where all are of one type and width.
+    pub fn concat_rows(parts: Vec<Self>) -> Result<Self, Vec<Self>> {
+        let same = parts
+            .windows(2)
+            .all(|w| w[0].value == w[1].value && w[0].cols == w[1].cols);
+        if parts.is_empty() || !same {
+            return Err(parts);
+        }
+        let mut all = parts.into_iter();
+        let mut first = all.next().expect("not empty");
+        for p in all {
+            first.rows += p.rows;
+            first.q.extend(p.q);
+            first.d.extend(p.d);
+        }
+        Ok(first)
+    }
+
+    /// The matrix as a quantized `[rows, cols]` tensor on `device`: values packed eight
+    /// (Q4) or four (Q8) to a `u32` along the rows, blocks of 32 along them.
+    pub fn into_tensor<B: Backend>(self, device: &B::Device) -> Tensor<B, 2> {
+        let scheme = QuantScheme::default()
+            .with_value(self.value)
+            .with_level(QuantLevel::block([1, 32]))
+            .with_store(QuantStore::PackedU32(0));
+        let data = if self.value == QuantValue::Q4S {
+            // Element i of each eight in bits 4i..4i + 4, two's complement.
+            let mut bytes: Vec<u8> = self
+                .q
+                .chunks_exact(8)
+                .map(|c| {
+                    c.iter().enumerate().fold(0u32, |a, (i, &v)| {
+                        a | (u32::from(v as u8 & 0x0F) << (4 * i))
+                    })
+                })
+                .flat_map(u32::to_le_bytes)
+                .collect();
+            bytes.extend(self.d.iter().flat_map(|v| v.to_le_bytes()));
+            TensorData::from_bytes_vec(bytes, [self.rows, self.cols], DType::QFloat(scheme))
+        } else {
+            TensorData::quantized(self.q, [self.rows, self.cols], scheme, &self.d)
+        };
+        Tensor::from_data(data, device)
+    }
+}
+
 /// `y = x · Wᵀ` for a weight stored as `[out, in]` rows, as GGUF stores it, as a burn
 /// tensor on the device (the device engine's; the host engine keeps its matrices in
 /// block form, `QMatrix`).
@@ -130,9 +274,24 @@ impl<B: Backend> Linear<B> {
         self.weight_t.dims()[1]
     }
 
-    /// Bytes of weights one product reads.
+    /// Bytes of weights one product reads (a block's scale counted in).
     pub fn weight_bytes(&self) -> usize {
-        self.weight_t.shape().num_elements() * if self.dtype == WeightDtype::F16 { 2 } else { 4 }
+        let n = self.weight_t.shape().num_elements();
+        match self.weight_t.dtype() {
+            DType::QFloat(s) => n * s.value.size_bits() / 8 + n / 32 * 4,
+            DType::F16 => 2 * n,
+            _ => 4 * n,
+        }
+    }
+
+    /// How the weights are held: `f32`, `f16`, or `q8_0`/`q4_0` blocks.
+    pub fn held(&self) -> &'static str {
+        match self.weight_t.dtype() {
+            DType::QFloat(s) if s.value == QuantValue::Q4S => "q4_0",
+            DType::QFloat(_) => "q8_0",
+            DType::F16 => "f16",
+            _ => "f32",
+        }
     }
 
     /// `x: [n, in]` → `[n, out]`.

@@ -11,7 +11,7 @@ use super::{
     attention::{Attention, Bias},
     config::LlamaConfig,
     host::{HostBlock, HostLlama, HostWeights},
-    linear::{weight_tensor, Linear},
+    linear::{weight_tensor, DeviceBlocks, Linear},
     mlp::Mlp,
     model::{Block, BurnLlama, Llama, Net, RmsNorm},
     preflight::{expected_tensors, preflight, Plan},
@@ -102,6 +102,8 @@ pub const MAX_CONTEXT: usize = 32_768;
 enum Matrix {
     Dense(Vec<f32>),
     Quant(QMatrix),
+    /// Q8_0 or Q4_0 blocks for the device engine ([`DeviceBlocks`]).
+    Device(DeviceBlocks),
 }
 
 impl Matrix {
@@ -111,6 +113,22 @@ impl Matrix {
         match self {
             Matrix::Dense(v) => v,
             Matrix::Quant(q) => (0..q.rows()).flat_map(|r| q.row(r)).collect(),
+            Matrix::Device(b) => b.into_dense(),
+        }
+    }
+
+    /// The device engine's product of `out × inp` weights: blocks where they were
+    /// kept, else a tensor in `dtype`.
+    fn into_linear<B: Backend>(
+        self,
+        out: usize,
+        inp: usize,
+        dtype: WeightDtype,
+        device: &B::Device,
+    ) -> Linear<B> {
+        match self {
+            Matrix::Device(b) => Linear::from_rows(b.into_tensor::<B>(device), dtype),
+            m => Linear::new(m.into_dense(), out, inp, dtype, device),
         }
     }
 
@@ -120,7 +138,8 @@ impl Matrix {
     fn into_quant(self, cols: usize, int: bool) -> Arc<QMatrix> {
         let q = match self {
             Matrix::Quant(q) => q,
-            Matrix::Dense(v) => {
+            m => {
+                let v = m.into_dense();
                 QMatrix::quantize_q8(&v, v.len() / cols, cols).expect("width checked when read")
             }
         };
@@ -149,6 +168,8 @@ struct Loader<'a> {
     done: usize,
     total: usize,
     progress: &'a mut dyn FnMut(usize, usize),
+    /// Whether the device engine keeps Q8_0 and Q4_0 matrices in their blocks.
+    device_blocks: bool,
 }
 
 impl Loader<'_> {
@@ -185,6 +206,16 @@ impl Loader<'_> {
     /// Reads the `out × inp` matrix `name` (GGUF dims `[inp, out]`) in the weight format.
     fn matrix(&mut self, name: &str, inp: usize, out: usize) -> Result<Matrix, LoadError> {
         if !self.dtype.is_native() {
+            let info = self.info(name, &[inp, out])?;
+            if self.device_blocks && DeviceBlocks::supports(info.ggml_type) {
+                let bytes = self.gguf.tensor_bytes(info);
+                let b =
+                    DeviceBlocks::from_gguf(info.ggml_type, out, inp, bytes).ok_or_else(|| {
+                        LoadError::Config(format!("tensor {name:?}: its blocks do not fill it"))
+                    })?;
+                self.tick();
+                return Ok(Matrix::Device(b));
+            }
             return Ok(Matrix::Dense(self.read(name, &[inp, out])?));
         }
         let info = self.info(name, &[inp, out])?;
@@ -322,9 +353,8 @@ impl BlockParts {
         let (hd, d, kvd, ffn) = (config.hidden, config.head_dim, config.kv_dim(), config.ffn);
         let qd = config.n_heads * d;
         let norm = |w: Vec<f32>| RmsNorm::new(w, config.rms_eps, device);
-        let linear = |m: Matrix, out: usize, inp: usize| {
-            Linear::new(m.into_dense(), out, inp, dtype, device)
-        };
+        let linear =
+            |m: Matrix, out: usize, inp: usize| m.into_linear::<B>(out, inp, dtype, device);
         Block {
             attn_norm: norm(self.attn_norm),
             attn: Attention {
@@ -369,11 +399,35 @@ fn unpermute(m: Matrix, heads: usize, head_dim: usize, cols: usize) -> Matrix {
     match m {
         Matrix::Dense(v) => Matrix::Dense(unpermute_rope_rows(&v, heads, head_dim, cols)),
         Matrix::Quant(q) => Matrix::Quant(q.select_rows(&rope_row_order(heads, head_dim))),
+        Matrix::Device(b) => Matrix::Device(b.select_rows(&rope_row_order(heads, head_dim))),
     }
 }
 
 /// Stacks matrices of equal width: one product instead of several.
 fn stack(parts: Vec<Matrix>, cols: usize) -> Matrix {
+    if parts.iter().all(|p| matches!(p, Matrix::Device(_))) {
+        let blocks = parts
+            .into_iter()
+            .filter_map(|p| match p {
+                Matrix::Device(b) => Some(b),
+                _ => None,
+            })
+            .collect();
+        // Parts of one type stay blocks; mixed ones (Q4_0 beside Q8_0) go dense.
+        return match DeviceBlocks::concat_rows(blocks) {
+            Ok(b) => Matrix::Device(b),
+            Err(parts) => Matrix::Dense(parts.into_iter().flat_map(|b| b.into_dense()).collect()),
+        };
+    }
+    let parts: Vec<Matrix> = if parts.iter().any(|p| matches!(p, Matrix::Quant(_))) {
+        parts
+    } else {
+        // The device engine's blocks beside dense parts: all dense.
+        parts
+            .into_iter()
+            .map(|p| Matrix::Dense(p.into_dense()))
+            .collect()
+    };
     if parts.iter().all(|p| matches!(p, Matrix::Dense(_))) {
         let mut all = Vec::new();
         for p in parts {
@@ -387,7 +441,8 @@ fn stack(parts: Vec<Matrix>, cols: usize) -> Matrix {
         .into_iter()
         .map(|p| match p {
             Matrix::Quant(q) => q,
-            Matrix::Dense(v) => {
+            m => {
+                let v = m.into_dense();
                 let rows = v.len() / cols;
                 QMatrix::quantize_q8(&v, rows, cols).expect("width checked when read")
             }
@@ -436,6 +491,9 @@ pub fn load_planned<B: Backend>(
     let mut l = Loader {
         gguf,
         dtype,
+        // burn's block-32 products run (and run exactly) on cubecl's backends; flex's
+        // quantizes the inputs too, so it takes f16 tensors.
+        device_blocks: dtype == WeightDtype::F16 && B::name(device).contains("cubecl<"),
         done: 0,
         total,
         progress,
@@ -463,7 +521,7 @@ pub fn load_planned<B: Backend>(
         Placed::Device {
             lm_head: match head {
                 None => Linear::from_rows(table.clone(), dtype),
-                Some(m) => Linear::new(m.into_dense(), vocab, hd, dtype, device),
+                Some(m) => m.into_linear::<B>(vocab, hd, dtype, device),
             },
             embed: table,
             blocks: Vec::with_capacity(config.n_layers),

@@ -174,13 +174,26 @@ impl<B: Backend> Llama<B> {
         }
     }
 
-    /// How the host engine keeps its matrices: each distinct sequence of block formats
-    /// (runs of a stack in order), sorted; empty on the device engine. Part of the
-    /// numerics fingerprint: the same file kept in other forms runs other arithmetic.
+    /// How the engine keeps its matrices: on the host engine each distinct sequence of
+    /// block formats (runs of a stack in order), on the device engine each tensor form
+    /// (`f16`, `q8_0` blocks, …); sorted, joined by commas. Part of the numerics
+    /// fingerprint: the same file kept in other forms runs other arithmetic.
     pub fn held_formats(&self) -> String {
         match &self.net {
             Net::Host(m) => m.held_formats(),
-            Net::Device(_) => String::new(),
+            Net::Device(m) => {
+                let mut all: Vec<&str> = std::iter::once(&m.lm_head)
+                    .chain(
+                        m.blocks
+                            .iter()
+                            .flat_map(|b| [&b.attn.qkv, &b.attn.out, &b.mlp.gate_up, &b.mlp.down]),
+                    )
+                    .map(Linear::held)
+                    .collect();
+                all.sort_unstable();
+                all.dedup();
+                all.join(",")
+            }
         }
     }
 
