@@ -238,6 +238,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     %backend,
                     engine = if engine.model().host_path() { "host" } else { "device" },
                     %weights,
+                    held = %engine.model().held_formats(),
                     kv = %kv_dtype,
                     model = %spec.name,
                     "engine loaded"
