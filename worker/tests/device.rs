@@ -534,9 +534,8 @@ fn the_fingerprint_names_the_hardware<B: Backend>(cubecl: bool) {
 }
 
 /// Q8_0 and Q4_0 matrices stay in their blocks on cubecl's backends (burn's block-32
-/// quantized tensors: each weight the file's value, a half or a quarter of f16's bytes,
-/// and a different fingerprint); flex, whose block products quantize their inputs too,
-/// holds them as f16. Either way the logits stay within f16 rounding of the exact
+/// quantized tensors: the file's integers, a half or a quarter of f16's bytes); flex,
+/// whose block products quantize their inputs too, holds them as f16. Either way the logits stay within f16 rounding of the exact
 /// f32 weights', and greedy text follows theirs.
 fn q8_0_and_q4_0_stay_in_their_blocks<B: Backend>(cubecl: bool) {
     for (ty, held, bits) in [(GgmlType::Q8_0, "q8_0", 8), (GgmlType::Q4_0, "q4_0", 4)] {
@@ -565,7 +564,6 @@ fn q8_0_and_q4_0_stay_in_their_blocks<B: Backend>(cubecl: bool) {
             assert_eq!(half.model().held_formats(), "f16", "{ty:?}");
             assert_eq!(half.model().decode_weight_bytes(), 2 * weights);
         }
-        assert_ne!(exact.fingerprint(), half.fingerprint());
         let tokens = prompt(3, 24);
         let run = |e: &Engine<B>| {
             let mut cache = e.model().new_cache();

@@ -91,9 +91,13 @@ fn fixtures_dequantize_exactly_like_the_reference() {
                     "{file}: row {r}"
                 );
             }
-            let twice = DeviceBlocks::concat_rows(vec![b.clone(), b.clone()]).expect("one type");
-            assert_eq!(twice.rows(), 2 * rows);
-            assert_eq!(bits(&twice.into_dense()[rows * cols..]), bits(&expected));
+            // Parts stacked in order, each with its own rows' scales.
+            let both = DeviceBlocks::concat_rows(vec![b.clone(), b.select_rows(&order)])
+                .expect("one type");
+            assert_eq!(both.rows(), 2 * rows);
+            let both = both.into_dense();
+            assert_eq!(bits(&both[..rows * cols]), bits(&expected), "{file}");
+            assert_eq!(bits(&both[rows * cols..]), bits(&reversed), "{file}");
             // Blocks shorter than the matrix are refused, not read past.
             let bytes = gguf.tensor_bytes(info);
             let short = &bytes[..bytes.len() - 1];

@@ -94,8 +94,9 @@ pub fn weight_tensor<B: Backend>(
 
 /// A matrix of GGUF Q8_0 or Q4_0 blocks on its way to the device engine, which keeps it
 /// as burn's block-32 quantized tensor (8- or 4-bit symmetric values, an f32 scale a
-/// block): about a half (Q8_0) or a quarter (Q4_0) of the f16 tensor's bytes, and each
-/// weight the file's own value, where dequantizing to f16 rounds it.
+/// block): about a half (Q8_0) or a quarter (Q4_0) of the f16 tensor's bytes, the file's
+/// integers as they are. The product dequantizes them in the input's dtype (f16 for
+/// `f16` weights), so it rounds as an f16 tensor's product does.
 #[derive(Debug, Clone)]
 pub struct DeviceBlocks {
     /// `Q8S` for Q8_0, `Q4S` for Q4_0.

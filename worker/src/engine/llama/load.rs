@@ -491,8 +491,8 @@ pub fn load_planned<B: Backend>(
     let mut l = Loader {
         gguf,
         dtype,
-        // burn's block-32 products run (and run exactly) on cubecl's backends; flex's
-        // quantizes the inputs too, so it takes f16 tensors.
+        // burn's block-32 products on cubecl's backends dequantize the blocks in the
+        // kernel; flex's quantizes the inputs to 8 bits too, so it takes f16 tensors.
         device_blocks: dtype == WeightDtype::F16 && B::name(device).contains("cubecl<"),
         done: 0,
         total,
