@@ -85,6 +85,16 @@ pub enum SynthType {
     Q8_0,
 }
 
+impl From<SynthType> for crate::engine::gguf::GgmlType {
+    fn from(ty: SynthType) -> Self {
+        match ty {
+            SynthType::Q4_1 => Self::Q4_1,
+            SynthType::Q4_0 => Self::Q4_0,
+            SynthType::Q8_0 => Self::Q8_0,
+        }
+    }
+}
+
 /// Arguments of `generate`.
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
@@ -250,7 +260,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn synth(args: &SynthArgs) -> anyhow::Result<()> {
-    use crate::engine::gguf::GgmlType;
     use crate::engine::llama::synthetic::{write_synthetic_llama, SyntheticSpec};
     let mut spec = match args.shape {
         SynthShape::Llama1b => SyntheticSpec::llama_1b(args.seed),
@@ -258,11 +267,7 @@ fn synth(args: &SynthArgs) -> anyhow::Result<()> {
         SynthShape::Tiny => SyntheticSpec::tiny(args.seed),
     };
     if let Some(ty) = args.weight_type {
-        spec.weight_type = match ty {
-            SynthType::Q4_1 => GgmlType::Q4_1,
-            SynthType::Q4_0 => GgmlType::Q4_0,
-            SynthType::Q8_0 => GgmlType::Q8_0,
-        };
+        spec.weight_type = ty.into();
     }
     write_synthetic_llama(&args.out, &spec)
         .with_context(|| format!("writing {}", args.out.display()))?;
@@ -404,12 +409,7 @@ mod tests {
         })
         .expect("synth");
         let gguf = crate::engine::gguf::GgufFile::open(&out).expect("opens");
-        let want = match ty {
-            None => crate::engine::gguf::GgmlType::F32,
-            Some(SynthType::Q8_0) => crate::engine::gguf::GgmlType::Q8_0,
-            Some(SynthType::Q4_0) => crate::engine::gguf::GgmlType::Q4_0,
-            Some(SynthType::Q4_1) => crate::engine::gguf::GgmlType::Q4_1,
-        };
+        let want = ty.map_or(crate::engine::gguf::GgmlType::F32, Into::into);
         let info = gguf.tensor("blk.0.ffn_up.weight").expect("a matrix");
         assert_eq!(info.ggml_type, want);
         let engine = Engine::<crate::backend::CpuBackend>::load(

@@ -118,11 +118,12 @@ impl DeviceBlocks {
     /// The `rows × cols` matrix in `bytes`, as the file stores blocks of type `ty`
     /// (`None` for another type, or bytes that do not hold the matrix).
     pub fn from_gguf(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Option<Self> {
-        let (value, size) = match ty {
-            GgmlType::Q8_0 => (QuantValue::Q8S, 34),
-            GgmlType::Q4_0 => (QuantValue::Q4S, 18),
+        let value = match ty {
+            GgmlType::Q8_0 => QuantValue::Q8S,
+            GgmlType::Q4_0 => QuantValue::Q4S,
             _ => return None,
         };
+        let size = ty.block_bytes()?;
         let blocks = (rows * cols) / 32;
         if !cols.is_multiple_of(32) || bytes.len() != blocks * size {
             return None;
