@@ -310,8 +310,8 @@ pub struct WorkerConfig {
     /// `cpu` or `cuda`.
     pub backend: String,
     /// Weight format in memory: `native-i16` (GGUF blocks, CPU, 16-bit integer inputs
-    /// for generated tokens; the default), `native` (the same, f32 inputs), `f16` or
-    /// `f32`.
+    /// for generated tokens; the default), `native-i8` (the same, prompts on 8-bit
+    /// inputs), `native` (the same, f32 inputs), `f16` or `f32`.
     pub weights: String,
     /// How the host store keeps keys and values: `f16` (the default; half the memory and
     /// half the bytes attention reads) or `f32`. Part of the model's fingerprint, as the

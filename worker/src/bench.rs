@@ -21,7 +21,7 @@ pub struct BenchArgs {
     /// GGUF model file.
     #[arg(long, env = baton_common::env::MODEL, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
     pub model: PathBuf,
-    /// Weight format kept in memory: native-i16, native, f16 or f32.
+    /// Weight format kept in memory: native-i16, native-i8, native, f16 or f32.
     #[arg(long, default_value = "native-i16")]
     pub dtype: WeightDtype,
     /// How the host KV store keeps keys and values: f16 or f32.

@@ -178,8 +178,9 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub lark: Option<String>,
     /// Weight format kept in memory: native-i16 (the file's blocks, CPU, with 16-bit
-    /// integer activations for generated tokens), native (the same, all f32
-    /// activations), f16 or f32.
+    /// integer activations for generated tokens), native-i8 (the same, prompts on 8-bit
+    /// activations: faster, coarser), native (the same blocks, all f32 activations), f16
+    /// or f32.
     #[arg(long, default_value = "native-i16")]
     pub dtype: WeightDtype,
     /// How the host KV store keeps keys and values: f16 or f32.

@@ -143,6 +143,7 @@ fn check_model(name: &str) {
     for (dtype, kv) in [
         (WeightDtype::F32, KvDtype::F32),
         (WeightDtype::NativeI16, KvDtype::F16),
+        (WeightDtype::NativeI8, KvDtype::F16),
     ] {
         let mut model =
             load_llama::<B>(&gguf, dtype, &Default::default(), &mut |_, _| {}).expect("loads");

@@ -66,7 +66,7 @@ pub struct ServeArgs {
     /// Backend: cpu or cuda.
     #[arg(long, env = env::BACKEND)]
     pub backend: Option<BackendKind>,
-    /// Weight format: native, native-i16, f16 or f32.
+    /// Weight format: native, native-i16, native-i8, f16 or f32.
     #[arg(long, env = env::WEIGHTS)]
     pub weights: Option<WeightDtype>,
     /// How the host KV store keeps keys and values: f16 or f32 (overrides

@@ -67,7 +67,7 @@ pub fn weight_bytes(gguf: &GgufFile, weights: WeightDtype) -> u64 {
     gguf.tensors()
         .iter()
         .map(|t| match weights {
-            WeightDtype::Native | WeightDtype::NativeI16 => t.n_bytes,
+            WeightDtype::Native | WeightDtype::NativeI16 | WeightDtype::NativeI8 => t.n_bytes,
             WeightDtype::F16 => t.n_elements * 2,
             WeightDtype::F32 => t.n_elements * 4,
         })

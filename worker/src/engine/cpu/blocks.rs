@@ -114,6 +114,9 @@ pub struct Blocks {
     pub(super) qs: Vec<u8>,
     /// Whether products quantize the input rows asked for to 16-bit blocks.
     pub(super) int_inputs: bool,
+    /// With `int_inputs`: whether the other (prompt) rows are quantized to 8-bit blocks
+    /// ([`kernels::bytes`]) instead of multiplied in f32.
+    pub(super) byte_prompts: bool,
 }
 
 /// Input rows prepared for products with one matrix ([`Blocks::prepare`]): the
@@ -147,6 +150,9 @@ pub struct Prepared {
     /// For a matrix with integer inputs: its f32 rows (all of them or those in `fx`)
     /// as panels for [`kernels::panel_product`].
     pub(super) panels: Vec<f32>,
+    /// The same rows quantized to 8-bit blocks, for a matrix with byte prompts
+    /// ([`Blocks::with_byte_prompts`]).
+    pub(super) bytes: kernels::bytes::BytePanels,
 }
 
 impl Prepared {
@@ -346,6 +352,7 @@ impl Blocks {
             scales,
             qs,
             int_inputs: false,
+            byte_prompts: false,
         };
         Some(m)
     }
@@ -377,6 +384,7 @@ impl Blocks {
             },
             qs,
             int_inputs: false,
+            byte_prompts: false,
         })
     }
 
@@ -384,6 +392,14 @@ impl Blocks {
     /// [`Blocks::prepare`] is asked to quantize when `on`.
     pub fn with_int_inputs(mut self, on: bool) -> Self {
         self.int_inputs = on;
+        self
+    }
+
+    /// The same matrix, with the prompt rows beside integer-input rows quantized to
+    /// 8-bit blocks when `on` ([`kernels::bytes`]; 16-bit floats stay f32). Only
+    /// matrices with integer inputs ([`Blocks::with_int_inputs`]) have prompt rows.
+    pub fn with_byte_prompts(mut self, on: bool) -> Self {
+        self.byte_prompts = on;
         self
     }
 
@@ -431,6 +447,7 @@ impl Blocks {
             scales: self.scales.empty_like(),
             qs: Vec::with_capacity(order.len() * bpr * qpb),
             int_inputs: self.int_inputs,
+            byte_prompts: self.byte_prompts,
         };
         self.scales.pick_rows(&mut out.scales, order, upr, bpr);
         for &r in order {
@@ -535,12 +552,21 @@ impl Blocks {
     /// Every block is prepared on its own, so a row's preparation does not depend on the
     /// rows beside it.
     pub fn prepare(&self, x: &[f32], int_rows: &[bool], out: &mut Prepared) {
-        self.prepare_with(x, int_rows, self.kind.has_mins(), out);
+        let floats = self.kind.is_float();
+        self.prepare_with(x, int_rows, self.kind.has_mins(), floats, out);
     }
 
     /// [`Blocks::prepare`], with the block sums when `sums` (for a stack of matrices
-    /// that prepares once for all, some of them 4-bit).
-    pub fn prepare_with(&self, x: &[f32], int_rows: &[bool], sums: bool, out: &mut Prepared) {
+    /// that prepares once for all, some of them 4-bit) and, with byte prompts, f32
+    /// panels too when `floats` (some of them 16-bit floats).
+    pub fn prepare_with(
+        &self,
+        x: &[f32],
+        int_rows: &[bool],
+        sums: bool,
+        floats: bool,
+        out: &mut Prepared,
+    ) {
         let (cols, bpr) = (self.cols, self.cols / BLOCK);
         let n = x.len() / cols;
         assert!(
@@ -568,7 +594,7 @@ impl Blocks {
         out.int_rows
             .extend((0..int_rows.len()).filter(|&j| int_rows[j]));
         if out.int_rows.is_empty() {
-            kernels::panels(x, cols, &mut out.panels);
+            self.prompt_panels(x, floats, out);
             return;
         }
         out.q.reserve(out.int_rows.len() * cols);
@@ -603,9 +629,24 @@ impl Blocks {
                 to.extend_from_slice(sums);
             }
         }
-        kernels::panels(&out.fx, cols, &mut out.panels);
+        let fx = std::mem::take(&mut out.fx);
+        self.prompt_panels(&fx, floats, out);
+        out.fx = fx;
+    }
+
+    /// The prompt rows `x` as f32 panels, or as byte panels with byte prompts (and f32
+    /// panels too when the stack holds 16-bit floats, which take f32 rows).
+    fn prompt_panels(&self, x: &[f32], floats: bool, out: &mut Prepared) {
+        if self.byte_prompts {
+            out.bytes.fill(x, self.cols);
+        }
+        if !self.byte_prompts || floats {
+            kernels::panels(x, self.cols, &mut out.panels);
+        }
     }
 }
 
+#[cfg(test)]
+mod byte_tests;
 #[cfg(test)]
 pub(super) mod tests;

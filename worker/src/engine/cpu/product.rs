@@ -1,9 +1,17 @@
 //! The products of a [`Blocks`] matrix with prepared input rows: integer rows through the
 //! block kernels, f32 rows through dequantized tiles and panels.
 
+use std::cell::RefCell;
+
 use super::blocks::{Blocks, Prepared, QKind, BLOCK};
+use super::kernels::bytes::{BytePanels, ByteTile};
 use super::scales::FlatRows;
 use super::{float16, kernels, packed};
+
+thread_local! {
+    /// Each thread's weight tile for byte products, kept between them.
+    static BYTE_TILE: RefCell<ByteTile> = RefCell::default();
+}
 
 impl Blocks {
     /// Products of weight rows `r0..r1` with every row of `x: [n, cols]`, into
@@ -39,11 +47,22 @@ impl Blocks {
             if n_int < n {
                 let mut part = vec![0.0f32; (r1 - r0) * (n - n_int)];
                 let (fx, fsums, panels) = (&prep.fx, &prep.fsums, &prep.panels);
-                self.product_rows_f32(fx, n - n_int, fsums, panels, r0, r1, tile, &mut part);
+                self.product_rows_f32(
+                    fx,
+                    n - n_int,
+                    fsums,
+                    panels,
+                    &prep.bytes,
+                    r0,
+                    r1,
+                    tile,
+                    &mut part,
+                );
                 scatter(&part, &prep.f_rows, n, out);
             }
         } else if n_int == 0 {
-            self.product_rows_f32(x, n, &prep.sums, &prep.panels, r0, r1, tile, out);
+            let (sums, panels) = (&prep.sums, &prep.panels);
+            self.product_rows_f32(x, n, sums, panels, &prep.bytes, r0, r1, tile, out);
         } else if n_int == n {
             self.product_rows_int(n, prep.int_inputs(&prep.sums), r0, out);
         } else {
@@ -60,13 +79,23 @@ impl Blocks {
             scatter(&part[..tr * n_int], &prep.int_rows, n, out);
             let part = &mut part[..tr * n_f];
             let (fx, fsums) = (&prep.fx, &prep.fsums);
-            self.product_rows_f32(fx, n_f, fsums, &prep.panels, r0, r1, tile, part);
+            self.product_rows_f32(
+                fx,
+                n_f,
+                fsums,
+                &prep.panels,
+                &prep.bytes,
+                r0,
+                r1,
+                tile,
+                part,
+            );
             scatter(part, &prep.f_rows, n, out);
         }
     }
 
     /// [`Blocks::product_rows`] with f32 inputs `x: [n, cols]`, their block sums and
-    /// (for a matrix with integer inputs) their panels.
+    /// (for a matrix with integer inputs) their panels, f32 or bytes.
     #[allow(clippy::too_many_arguments)]
     fn product_rows_f32(
         &self,
@@ -74,6 +103,7 @@ impl Blocks {
         n: usize,
         xsum: &[f32],
         panels: &[f32],
+        bytes: &BytePanels,
         r0: usize,
         r1: usize,
         tile: &mut Vec<f32>,
@@ -81,6 +111,15 @@ impl Blocks {
     ) {
         let bpr = self.cols / BLOCK;
         let qpb = self.qs_per_block();
+        if self.int_inputs && self.byte_prompts && !self.kind.is_float() {
+            // Prompt rows in 8-bit blocks: the weight rows as their integers, then one
+            // integer product, each output's chain fixed as the f32 panels' are.
+            BYTE_TILE.with_borrow_mut(|t| {
+                self.byte_tile(r0, r1, t);
+                kernels::bytes::product(bytes, n, t, out);
+            });
+            return;
+        }
         if self.int_inputs {
             // Prompt rows beside integer-input generated rows: dequantized tiles and a
             // product whose additions for each output are one fixed sequence, however
@@ -200,6 +239,45 @@ impl Blocks {
                 };
             }
         }
+    }
+
+    /// Weight rows `r0..r1` as their file's unsigned integers with their scales and
+    /// minimums (`w = (u − offset) · scale + min`, as [`Blocks::dequant_into`]
+    /// computes them).
+    pub(super) fn byte_tile(&self, r0: usize, r1: usize, t: &mut ByteTile) {
+        let (cols, qpb) = (self.cols, self.qs_per_block());
+        let bpr = cols / BLOCK;
+        let upb = if self.kind == QKind::Six { 2 } else { 1 };
+        let offset = match self.kind {
+            QKind::Byte => 128,
+            kind => packed::raw_offset(kind),
+        };
+        t.reset(r1 - r0, cols, upb, offset);
+        let qs = &self.qs[r0 * bpr * qpb..r1 * bpr * qpb];
+        // Fixed-size blocks, so that each loop compiles to a few vector operations.
+        let blocks =
+            t.u.chunks_exact_mut(BLOCK)
+                .map(|o| -> &mut [u8; BLOCK] { o.try_into().expect("whole blocks") });
+        match self.kind {
+            QKind::Nibble => kernels::bytes::split_nibbles(qs, &mut t.u),
+            QKind::Byte => {
+                for (block, o) in qs.chunks_exact(BLOCK).zip(blocks) {
+                    let block: &[u8; BLOCK] = block.try_into().expect("whole blocks");
+                    for i in 0..BLOCK {
+                        o[i] = block[i] ^ 0x80;
+                    }
+                }
+            }
+            kind => {
+                for (block, o) in qs.chunks_exact(qpb).zip(blocks) {
+                    packed::unpack_raw(kind, block, o);
+                }
+            }
+        }
+        let mut buf = Default::default();
+        let FlatRows { scales, mins } = self.scales_of(r0, r1).flat(&mut buf);
+        t.scale.extend_from_slice(scales);
+        t.min.extend_from_slice(mins);
     }
 
     /// [`Blocks::product_rows`] with integer inputs: four input rows at a time share

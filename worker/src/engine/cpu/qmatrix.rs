@@ -65,6 +65,18 @@ impl QMatrix {
         }
     }
 
+    /// The same matrix, with 8-bit prompt rows where asked ([`Blocks::with_byte_prompts`]).
+    pub fn with_byte_prompts(self, on: bool) -> Self {
+        QMatrix {
+            parts: self
+                .parts
+                .into_iter()
+                .map(|p| p.with_byte_prompts(on))
+                .collect(),
+            ..self
+        }
+    }
+
     /// Output rows.
     pub fn rows(&self) -> usize {
         self.rows
@@ -139,7 +151,8 @@ impl QMatrix {
     /// every run ([`Blocks::prepare`]).
     pub fn prepare(&self, x: &[f32], int_rows: &[bool], out: &mut Prepared) {
         let sums = self.parts.iter().any(|p| p.kind().has_mins());
-        self.parts[0].prepare_with(x, int_rows, sums, out);
+        let floats = self.parts.iter().any(|p| p.kind().is_float());
+        self.parts[0].prepare_with(x, int_rows, sums, floats, out);
     }
 
     /// Products of weight rows `r0..r1` with every row of `x: [n, cols]`, into

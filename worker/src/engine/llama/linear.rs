@@ -24,21 +24,43 @@ pub enum WeightDtype {
     /// reference test's 5e-3 on the default model). The default. CPU only.
     #[default]
     NativeI16,
+    /// [`WeightDtype::NativeI16`] with the prompt's rows quantized to 8-bit blocks too
+    /// ([`crate::engine::cpu::kernels::bytes`]), as llama.cpp multiplies every row:
+    /// prompts about twice as fast where the CPU has AVX-512 VNNI, at the cost of that
+    /// rounding (on the default model the last logits move by up to ~1; greedy text
+    /// can part from f32 after a few tokens; docs/benchmarks.md). Opt-in. CPU only.
+    NativeI8,
 }
 
 impl WeightDtype {
     /// Whether weights stay in the file's blocks (the CPU kernels of
     /// [`crate::engine::cpu::blocks`]).
     pub fn is_native(self) -> bool {
-        matches!(self, WeightDtype::Native | WeightDtype::NativeI16)
+        matches!(
+            self,
+            WeightDtype::Native | WeightDtype::NativeI16 | WeightDtype::NativeI8
+        )
     }
 }
 
 impl WeightDtype {
+    /// Whether generated tokens' rows take 16-bit integer inputs.
+    pub fn int_inputs(self) -> bool {
+        matches!(self, WeightDtype::NativeI16 | WeightDtype::NativeI8)
+    }
+
+    /// Whether prompt rows take 8-bit integer inputs.
+    pub fn byte_prompts(self) -> bool {
+        self == WeightDtype::NativeI8
+    }
+
     /// The burn dtype of tensors holding such weights.
     pub fn dtype(self) -> DType {
         match self {
-            WeightDtype::F32 | WeightDtype::Native | WeightDtype::NativeI16 => DType::F32,
+            WeightDtype::F32
+            | WeightDtype::Native
+            | WeightDtype::NativeI16
+            | WeightDtype::NativeI8 => DType::F32,
             WeightDtype::F16 => DType::F16,
         }
     }
@@ -52,6 +74,7 @@ impl std::fmt::Display for WeightDtype {
             WeightDtype::F16 => "f16",
             WeightDtype::Native => "native",
             WeightDtype::NativeI16 => "native-i16",
+            WeightDtype::NativeI8 => "native-i8",
         })
     }
 }
@@ -65,8 +88,9 @@ impl std::str::FromStr for WeightDtype {
             "f16" => Ok(WeightDtype::F16),
             "native" | "q" => Ok(WeightDtype::Native),
             "native-i16" => Ok(WeightDtype::NativeI16),
+            "native-i8" => Ok(WeightDtype::NativeI8),
             other => Err(format!(
-                "unknown weight format {other:?} (expected native, native-i16, f32 or f16)"
+                "unknown weight format {other:?} (expected native, native-i16, native-i8, f32 or f16)"
             )),
         }
     }
@@ -82,7 +106,7 @@ pub fn weight_tensor<B: Backend>(
 ) -> Tensor<B, 2> {
     debug_assert_eq!(values.len(), rows * cols);
     match dtype {
-        WeightDtype::F32 | WeightDtype::Native | WeightDtype::NativeI16 => {
+        WeightDtype::F32 | WeightDtype::Native | WeightDtype::NativeI16 | WeightDtype::NativeI8 => {
             Tensor::from_data(TensorData::new(values, [rows, cols]), (device, DType::F32))
         }
         WeightDtype::F16 => {

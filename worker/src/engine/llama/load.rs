@@ -132,10 +132,10 @@ impl Matrix {
         }
     }
 
-    /// The blocks for the host engine, with integer inputs for generated rows when
-    /// `int` (native formats always read as blocks; dense rows of `cols` values, which
-    /// they never are, would become 8-bit blocks).
-    fn into_quant(self, cols: usize, int: bool) -> Arc<QMatrix> {
+    /// The blocks for the host engine, with the inputs `dtype` asks for (integer for
+    /// generated rows, 8-bit for prompts); native formats always read as blocks; dense
+    /// rows of `cols` values, which they never are, would become 8-bit blocks.
+    fn into_quant(self, cols: usize, dtype: WeightDtype) -> Arc<QMatrix> {
         let q = match self {
             Matrix::Quant(q) => q,
             m => {
@@ -143,7 +143,10 @@ impl Matrix {
                 QMatrix::quantize_q8(&v, v.len() / cols, cols).expect("width checked when read")
             }
         };
-        Arc::new(q.with_int_inputs(int))
+        Arc::new(
+            q.with_int_inputs(dtype.int_inputs())
+                .with_byte_prompts(dtype.byte_prompts()),
+        )
     }
 }
 
@@ -231,7 +234,8 @@ impl Loader<'_> {
                     "tensor {name:?}: rows of {inp} values cannot be kept in 32-value blocks"
                 ))
             })?
-            .with_int_inputs(self.dtype == WeightDtype::NativeI16);
+            .with_int_inputs(self.dtype.int_inputs())
+            .with_byte_prompts(self.dtype.byte_prompts());
         self.tick();
         Ok(Matrix::Quant(q))
     }
@@ -326,20 +330,20 @@ impl Loader<'_> {
 
 impl BlockParts {
     /// The host engine's block: blocks and host vectors.
-    fn host(self, config: &LlamaConfig, int: bool) -> HostBlock {
+    fn host(self, config: &LlamaConfig, dtype: WeightDtype) -> HostBlock {
         let (hd, qd, ffn) = (config.hidden, config.n_heads * config.head_dim, config.ffn);
         HostBlock {
             attn_norm: self.attn_norm,
-            qkv: self.qkv.into_quant(hd, int),
+            qkv: self.qkv.into_quant(hd, dtype),
             qkv_bias: self.qkv_bias,
             q_norm: self.q_norm,
             k_norm: self.k_norm,
             post_attn_norm: self.post_attn_norm,
             post_ffn_norm: self.post_ffn_norm,
-            out: self.out.into_quant(qd, int),
+            out: self.out.into_quant(qd, dtype),
             ffn_norm: self.ffn_norm,
-            gate_up: self.gate_up.into_quant(hd, int),
-            down: self.down.into_quant(ffn, int),
+            gate_up: self.gate_up.into_quant(hd, dtype),
+            down: self.down.into_quant(ffn, dtype),
         }
     }
 
@@ -499,7 +503,6 @@ pub fn load_planned<B: Backend>(
         progress,
     };
     let (hd, d, vocab) = (config.hidden, config.head_dim, config.vocab);
-    let int = dtype == WeightDtype::NativeI16;
 
     // Each part goes to its engine's form as soon as it is read, so the dense values of
     // one matrix at a time are held on the host.
@@ -510,9 +513,9 @@ pub fn load_planned<B: Backend>(
         false => Some(l.matrix("output.weight", hd, vocab)?),
     };
     let mut placed = if dtype.is_native() {
-        let embed = embed.into_quant(hd, int);
+        let embed = embed.into_quant(hd, dtype);
         Placed::Host {
-            lm_head: head.map_or_else(|| embed.clone(), |m| m.into_quant(hd, int)),
+            lm_head: head.map_or_else(|| embed.clone(), |m| m.into_quant(hd, dtype)),
             embed,
             blocks: Vec::with_capacity(config.n_layers),
         }
@@ -530,7 +533,7 @@ pub fn load_planned<B: Backend>(
     for n in 0..config.n_layers {
         let parts = l.block(plan, n)?;
         match &mut placed {
-            Placed::Host { blocks, .. } => blocks.push(parts.host(&config, int)),
+            Placed::Host { blocks, .. } => blocks.push(parts.host(&config, dtype)),
             Placed::Device { blocks, .. } => blocks.push(parts.device(&config, dtype, device)),
         }
     }

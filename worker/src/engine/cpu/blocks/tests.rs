@@ -10,7 +10,7 @@ pub(in crate::engine::cpu) fn values(n: usize, seed: u32) -> Vec<f32> {
         .collect()
 }
 
-fn reference(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize) -> Vec<f32> {
+pub(super) fn reference(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize) -> Vec<f32> {
     let mut y = vec![0.0f64; n * rows];
     for j in 0..n {
         for r in 0..rows {
@@ -66,7 +66,7 @@ fn products_match_dequantized_weights() {
 
 /// `n` valid blocks of `ty` (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS) from a seed:
 /// random bytes with sane f16 scales.
-fn random_blocks(ty: GgmlType, n: usize, seed: u64) -> Vec<u8> {
+pub(super) fn random_blocks(ty: GgmlType, n: usize, seed: u64) -> Vec<u8> {
     let size = ty.block_bytes().expect("known size");
     let mut state = seed
         .wrapping_mul(6364136223846793005)

@@ -455,3 +455,4 @@ pub fn dot_nibble(
 pub(super) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512;
+pub mod bytes;

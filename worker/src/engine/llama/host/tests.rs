@@ -402,10 +402,15 @@ fn an_expected_length_is_allocated_once() {
     assert!(moved, "a cache told nothing grows as it goes");
 }
 
+/// With 16-bit generated rows, and with 8-bit prompts beside them: a generated
+/// token's logits and a prompt's are the same bits alone, beside other sequences, in
+/// parts, or moved.
 #[test]
 fn generated_rows_do_not_depend_on_their_batch() {
-    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::IQ4NL] {
-        let (_dir, model) = load(ty, 5, WeightDtype::NativeI16);
+    let kinds = [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::IQ4NL];
+    let dtypes = [WeightDtype::NativeI16, WeightDtype::NativeI8];
+    for (ty, dtype) in kinds.into_iter().flat_map(|t| dtypes.map(|d| (t, d))) {
+        let (_dir, model) = load(ty, 5, dtype);
         let prompt: &[u32] = &[5, 70, 200, 3, 9, 41, 7];
         let steps: [u32; 4] = [12, 250, 31, 8];
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -547,26 +552,66 @@ fn generated_rows_do_not_depend_on_their_batch() {
         assert_eq!(
             bits(&beside),
             bits(&first),
-            "{ty:?}: a prompt beside another differs"
+            "{ty:?} {dtype}: a prompt beside another differs"
         );
         assert_eq!(
             bits(&rest),
             bits(&first),
-            "{ty:?}: a prompt run in two parts differs"
+            "{ty:?} {dtype}: a prompt run in two parts differs"
         );
 
         for (step, (x, y)) in alone.iter().zip(&batched).enumerate() {
             assert_eq!(
                 bits(x),
                 bits(y),
-                "{ty:?} step {step}: batched logits differ from alone"
+                "{ty:?} {dtype} step {step}: batched logits differ from alone"
             );
         }
         let want = bits(alone.last().expect("steps"));
         assert_eq!(
             bits(&moved[0]),
             want,
-            "{ty:?}: a moved sequence's logits differ"
+            "{ty:?} {dtype}: a moved sequence's logits differ"
+        );
+    }
+}
+
+/// `native-i8` runs prompts on 8-bit inputs: its prompt logits are not `native-i16`'s
+/// (which runs them in f32) but lie within that rounding of them, and its generated
+/// rows then run as `native-i16`'s do (the same kernels, on slightly different keys
+/// and values).
+#[test]
+fn byte_prompts_round_the_prompt_only() {
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        let prompt: &[u32] = &[5, 70, 200, 3, 9, 41, 7, 300, 12];
+        let logits = |dtype| {
+            let (_dir, model) = load(ty, 11, dtype);
+            let mut c = model.new_cache();
+            c.set_decode_from(prompt.len());
+            let first = run(
+                &model,
+                &mut [SeqInput {
+                    tokens: prompt,
+                    cache: &mut c,
+                }],
+            );
+            let next = run(
+                &model,
+                &mut [SeqInput {
+                    tokens: &[17],
+                    cache: &mut c,
+                }],
+            );
+            (first, next)
+        };
+        let (wide, wide_next) = logits(WeightDtype::NativeI16);
+        let (bytes, bytes_next) = logits(WeightDtype::NativeI8);
+        let (d, d_next) = (max_diff(&wide, &bytes), max_diff(&wide_next, &bytes_next));
+        let scale = wide[0].iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        assert!(d > 0.0, "{ty:?}: 8-bit prompts changed nothing");
+        assert!(
+            d < 0.05 * scale && d_next < 0.05 * scale,
+            "{ty:?}: 8-bit prompts moved the logits by {d} and {d_next} (largest {scale})"
         );
     }
 }

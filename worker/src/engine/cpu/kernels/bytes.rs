@@ -1,0 +1,420 @@
+//! Prompt rows against block weights in 8-bit integers (the `native-i8` weights): each
+//! 32-value block of a prompt row is quantized to `i8` with its own scale, each weight
+//! row is unpacked to its file's integers with a scale a unit (and a minimum a block),
+//! and every unit's dot product is an exact `i32` sum. Where the CPU has AVX-512 VNNI,
+//! one `vpdpbusd` does 64 of those multiply-adds, twice the f32 panel product's
+//! arithmetic a cycle; elsewhere a portable loop gives the same bits, slowly.
+//!
+//! Weights go in as unsigned bytes `u` (their value plus an offset, `v = u − off`),
+//! inputs as signed bytes `q`, the two sides `vpdpbusd` takes. Every output is one chain
+//! from zero over its row's units in order: `acc ← fma(t, w_scale · x_scale, acc)` with
+//! `t = Σu·q − off · Σq` the unit's integer sum as f32 (exact), then for a block with a
+//! minimum `acc ← fma(m, x_scale · Σq, acc)`. Each lane of the vector kernel runs that
+//! chain for one input row, so a prompt row's result is the same bits whatever rows run
+//! beside it and whichever path runs it.
+
+use super::super::BLOCK;
+
+/// Input rows a vector of the kernel holds: lane `l` of group `g` is row `16g + l`.
+pub const LANES: usize = 16;
+
+/// The largest magnitude of a quantized input (symmetric, `−127..=127`).
+const QMAX: f32 = 127.0;
+
+/// Input rows quantized to 8-bit blocks, laid out for [`product`].
+#[derive(Debug, Clone, Default)]
+pub struct BytePanels {
+    /// `[⌈n/16⌉, cols/4, 16, 4]`: in group `g`, the `c`-th 64 bytes hold each lane's
+    /// row's values `4c..4c + 4` (padding rows: zeros).
+    pub q: Vec<i8>,
+    /// `[⌈n/16⌉, cols/32, 16]`: each block's scale (zero for padding rows).
+    pub d: Vec<f32>,
+    /// `[⌈n/16⌉, cols/32, 16]`: each block's `d · Σq`, for the weights' minimums.
+    pub s: Vec<f32>,
+    /// `[⌈n/16⌉, cols/16, 16]`: `Σq` of each half block, for the weights' offsets.
+    pub half_sums: Vec<i32>,
+    /// Columns of the rows held.
+    pub cols: usize,
+}
+
+impl BytePanels {
+    /// Quantizes `x: [n, cols]` into these panels: `d = max|x| / 127` a block, `q` the
+    /// nearest integer to `x / d` (halves away from zero).
+    pub fn fill(&mut self, x: &[f32], cols: usize) {
+        assert!(
+            cols.is_multiple_of(BLOCK) && x.len().is_multiple_of(cols.max(1)),
+            "rows of whole blocks"
+        );
+        let n = x.len() / cols.max(1);
+        let (groups, bpr) = (n.div_ceil(LANES), cols / BLOCK);
+        self.cols = cols;
+        self.q.clear();
+        self.q.resize(groups * cols * LANES, 0);
+        self.d.clear();
+        self.d.resize(groups * bpr * LANES, 0.0);
+        self.s.clear();
+        self.s.resize(groups * bpr * LANES, 0.0);
+        self.half_sums.clear();
+        self.half_sums.resize(groups * 2 * bpr * LANES, 0);
+        let mut v = [0i8; BLOCK];
+        for (j, row) in x.chunks_exact(cols).enumerate() {
+            let (g, l) = (j / LANES, j % LANES);
+            let q = &mut self.q[g * cols * LANES..(g + 1) * cols * LANES];
+            for (b, block) in row.chunks_exact(BLOCK).enumerate() {
+                let amax = block.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                let d = amax / QMAX;
+                let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+                for (o, &x) in v.iter_mut().zip(block) {
+                    *o = round_half_away(x * inv).clamp(-127, 127) as i8;
+                }
+                // Four values a lane, eight quads a block.
+                for (c, four) in v.chunks_exact(4).enumerate() {
+                    let at = (b * 8 + c) * 4 * LANES + 4 * l;
+                    q[at..at + 4].copy_from_slice(four);
+                }
+                let (h0, h1) = v.split_at(BLOCK / 2);
+                let sums = [h0, h1].map(|h| h.iter().map(|&x| i32::from(x)).sum::<i32>());
+                let at = (g * bpr + b) * LANES + l;
+                self.d[at] = d;
+                self.s[at] = d * (sums[0] + sums[1]) as f32;
+                for (u, sum) in sums.into_iter().enumerate() {
+                    self.half_sums[(g * 2 * bpr + 2 * b + u) * LANES + l] = sum;
+                }
+            }
+        }
+    }
+
+    /// Rows of panels held (a whole number of groups).
+    fn groups(&self) -> usize {
+        self.q.len() / (self.cols * LANES).max(1)
+    }
+
+    /// `Σq` of lane `l` in group `g` over unit `unit` of `upb` a block.
+    fn unit_sum(&self, g: usize, unit: usize, upb: usize, l: usize) -> i32 {
+        let bpr = self.cols / BLOCK;
+        let at = |h: usize| self.half_sums[(g * 2 * bpr + h) * LANES + l];
+        if upb == 2 {
+            at(unit)
+        } else {
+            at(2 * unit) + at(2 * unit + 1)
+        }
+    }
+}
+
+/// The nearest integer, halves away from zero, without the library call (exact for
+/// the magnitudes here, at most 127 and a rounding).
+fn round_half_away(r: f32) -> i32 {
+    let t = r as i32;
+    let cut = r - t as f32;
+    t + i32::from(cut >= 0.5) - i32::from(cut <= -0.5)
+}
+
+/// Weight rows as their file's integers, for [`product`]: `w = (u − offset) · scale +
+/// min`, a scale a unit (a block, or a half block for 6-bit blocks) and a minimum a
+/// block (for blocks that have one).
+#[derive(Debug, Clone, Default)]
+pub struct ByteTile {
+    /// `[rows, cols]`: each weight's unsigned integer `u`.
+    pub u: Vec<u8>,
+    /// `[rows, units]`: each unit's scale.
+    pub scale: Vec<f32>,
+    /// `[rows, cols/32]` for blocks with minimums, else empty.
+    pub min: Vec<f32>,
+    /// What every `u` carries above its signed value.
+    pub offset: i32,
+    /// Units a block: 1, or 2 for 6-bit blocks.
+    pub units_per_block: usize,
+    /// Rows and columns held.
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl ByteTile {
+    /// Makes the tile `rows × cols` weights with `units_per_block` scales a block and
+    /// `offset`, its values, scales and minimums emptied for the caller to fill.
+    pub fn reset(&mut self, rows: usize, cols: usize, units_per_block: usize, offset: i32) {
+        assert!(
+            cols.is_multiple_of(BLOCK) && (units_per_block == 1 || units_per_block == 2),
+            "tile shape"
+        );
+        // Every value is written before it is read: no zero-fill.
+        self.u.resize(rows * cols, 0);
+        self.u.truncate(rows * cols);
+        self.scale.clear();
+        self.min.clear();
+        self.offset = offset;
+        self.units_per_block = units_per_block;
+        self.rows = rows;
+        self.cols = cols;
+    }
+
+    fn has_mins(&self) -> bool {
+        !self.min.is_empty()
+    }
+}
+
+/// 4-bit blocks (16 bytes each, low nibbles the first 16 values, high nibbles the
+/// next) as one byte a value, into `out` (32 bytes a block).
+pub fn split_nibbles(qs: &[u8], out: &mut [u8]) {
+    assert!(
+        qs.len().is_multiple_of(16) && out.len() == 2 * qs.len(),
+        "nibble blocks disagree"
+    );
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if super::available() {
+        // SAFETY: AVX2 detected at run time; the lengths checked above.
+        done = unsafe { split_nibbles_avx2(qs, out) };
+    }
+    for (block, o) in qs[done..]
+        .chunks_exact(16)
+        .zip(out[2 * done..].chunks_exact_mut(32))
+    {
+        for i in 0..16 {
+            o[i] = block[i] & 0x0F;
+            o[i + 16] = block[i] >> 4;
+        }
+    }
+}
+
+/// [`split_nibbles`] two blocks at a time; returns the input bytes it did.
+///
+/// # Safety
+/// Needs AVX2; `out` twice as long as `qs`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn split_nibbles_avx2(qs: &[u8], out: &mut [u8]) -> usize {
+    use std::arch::x86_64::*;
+    let pairs = qs.len() / 32;
+    // SAFETY: pair `i` reads bytes `32i..32i + 32` of `qs` and writes `64i..64i + 64`
+    // of `out`, both in bounds.
+    unsafe {
+        let mask = _mm256_set1_epi8(0x0F);
+        for i in 0..pairs {
+            let v = _mm256_loadu_si256(qs.as_ptr().add(32 * i).cast());
+            let lo = _mm256_and_si256(v, mask);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+            let o = out.as_mut_ptr().add(64 * i);
+            _mm256_storeu_si256(o.cast(), _mm256_permute2x128_si256(lo, hi, 0x20));
+            _mm256_storeu_si256(o.add(32).cast(), _mm256_permute2x128_si256(lo, hi, 0x31));
+        }
+    }
+    pairs * 32
+}
+
+/// `out[r][j] = Σ_c w[r][c] · x[j][c]` for the tile's rows and the first `n` rows of
+/// `x` (as quantized in `p`), into `out: [rows, n]`.
+pub fn product(p: &BytePanels, n: usize, t: &ByteTile, out: &mut [f32]) {
+    let units = t.cols / BLOCK * t.units_per_block;
+    assert!(
+        p.cols == t.cols
+            && n.div_ceil(LANES) <= p.groups()
+            && t.u.len() == t.rows * t.cols
+            && t.scale.len() == t.rows * units
+            && out.len() == t.rows * n
+            && (t.min.is_empty() || t.min.len() == t.rows * t.cols / BLOCK),
+        "byte product shapes disagree"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if super::IntKernel::best() == super::IntKernel::Avx512 {
+        // SAFETY: `Avx512` is only chosen where AVX-512 F, BW and VNNI were detected at
+        // run time; the shapes are checked above.
+        unsafe { wide::product(p, n, t, out) };
+        return;
+    }
+    portable(p, n, t, out);
+}
+
+/// [`product`] in plain Rust: the same operations per output, in the same order.
+pub fn portable(p: &BytePanels, n: usize, t: &ByteTile, out: &mut [f32]) {
+    let (cols, upb) = (t.cols, t.units_per_block);
+    let (bpr, len) = (cols / BLOCK, BLOCK / upb);
+    let units = bpr * upb;
+    for r in 0..t.rows {
+        let u = &t.u[r * cols..(r + 1) * cols];
+        for j in 0..n {
+            let (g, l) = (j / LANES, j % LANES);
+            let q = &p.q[g * cols * LANES..(g + 1) * cols * LANES];
+            let mut acc = 0.0f32;
+            for b in 0..bpr {
+                let at = (g * bpr + b) * LANES + l;
+                for h in 0..upb {
+                    let k0 = b * BLOCK + h * len;
+                    let sum: i32 = (k0..k0 + len)
+                        .map(|k| {
+                            i32::from(u[k]) * i32::from(q[(k / 4) * 4 * LANES + 4 * l + k % 4])
+                        })
+                        .sum();
+                    let unit = b * upb + h;
+                    let t_int = sum - t.offset * p.unit_sum(g, unit, upb, l);
+                    let s = t.scale[r * units + unit] * p.d[at];
+                    acc = (t_int as f32).mul_add(s, acc);
+                }
+                if t.has_mins() {
+                    acc = t.min[r * bpr + b].mul_add(p.s[at], acc);
+                }
+            }
+            out[r * n + j] = acc;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod wide {
+    use std::arch::x86_64::*;
+
+    use super::{BytePanels, ByteTile, BLOCK, LANES};
+
+    /// [`super::product`] on 512-bit vectors: four weight rows against two groups of
+    /// sixteen input rows at a time (eight integer and eight f32 accumulators).
+    ///
+    /// # Safety
+    /// Needs AVX-512 F, BW and VNNI; the shapes as [`super::product`] checks them.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn product(p: &BytePanels, n: usize, t: &ByteTile, out: &mut [f32]) {
+        let groups = n.div_ceil(LANES);
+        let mut r = 0;
+        while r < t.rows {
+            let rr = (t.rows - r).min(4);
+            let mut g = 0;
+            while g < groups {
+                let gg = (groups - g).min(2);
+                // SAFETY: the caller's features; rows `r..r + rr` and groups `g..g + gg`
+                // lie within the tile and the panels.
+                unsafe {
+                    match (rr, gg) {
+                        (4, 2) => run::<4, 2>(p, n, t, r, g, out),
+                        (4, _) => run::<4, 1>(p, n, t, r, g, out),
+                        _ => {
+                            for i in 0..rr {
+                                for h in 0..gg {
+                                    run::<1, 1>(p, n, t, r + i, g + h, out);
+                                }
+                            }
+                        }
+                    }
+                }
+                g += gg;
+            }
+            r += rr;
+        }
+    }
+
+    /// [`block`] for the tile's units a block and minimums.
+    ///
+    /// # Safety
+    /// As [`block`].
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn run<const R: usize, const G: usize>(
+        p: &BytePanels,
+        n: usize,
+        t: &ByteTile,
+        r0: usize,
+        g0: usize,
+        out: &mut [f32],
+    ) {
+        // SAFETY: passed on from the caller.
+        unsafe {
+            match (t.units_per_block, t.has_mins()) {
+                (1, false) => block::<R, G, 1, false>(p, n, t, r0, g0, out),
+                (1, true) => block::<R, G, 1, true>(p, n, t, r0, g0, out),
+                (_, false) => block::<R, G, 2, false>(p, n, t, r0, g0, out),
+                (_, true) => block::<R, G, 2, true>(p, n, t, r0, g0, out),
+            }
+        }
+    }
+
+    /// Weight rows `r0..r0 + R` against groups `g0..g0 + G`, each output's chain as
+    /// the portable loop runs it.
+    ///
+    /// # Safety
+    /// As [`product`]; `r0 + R ≤ rows`, `g0 + G` groups within the panels.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[allow(clippy::needless_range_loop)] // `i` and `h` also name rows and groups
+    unsafe fn block<const R: usize, const G: usize, const UPB: usize, const MINS: bool>(
+        p: &BytePanels,
+        n: usize,
+        t: &ByteTile,
+        r0: usize,
+        g0: usize,
+        out: &mut [f32],
+    ) {
+        let cols = t.cols;
+        let (bpr, len) = (cols / BLOCK, BLOCK / UPB);
+        let units = bpr * UPB;
+        let (xq, xd, xs, xh) = (
+            p.q.as_ptr(),
+            p.d.as_ptr(),
+            p.s.as_ptr(),
+            p.half_sums.as_ptr(),
+        );
+        let w = t.u.as_ptr();
+        let offset = _mm512_set1_epi32(t.offset);
+        // SAFETY: the caller's features and bounds (see above).
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); G]; R];
+            for b in 0..bpr {
+                for u in 0..UPB {
+                    let mut sum = [[_mm512_setzero_si512(); G]; R];
+                    let kq0 = (b * BLOCK + u * len) / 4;
+                    for kq in kq0..kq0 + len / 4 {
+                        let x: [__m512i; G] = std::array::from_fn(|h| {
+                            _mm512_loadu_si512(xq.add(((g0 + h) * cols / 4 + kq) * 64).cast())
+                        });
+                        for i in 0..R {
+                            let wv = w
+                                .add((r0 + i) * cols + 4 * kq)
+                                .cast::<i32>()
+                                .read_unaligned();
+                            let wb = _mm512_set1_epi32(wv);
+                            for h in 0..G {
+                                sum[i][h] = _mm512_dpbusd_epi32(sum[i][h], wb, x[h]);
+                            }
+                        }
+                    }
+                    // `off · Σq` of each lane over this unit, once for all R rows.
+                    let bias: [__m512i; G] = std::array::from_fn(|h| {
+                        let half = |k: usize| {
+                            _mm512_loadu_si512(xh.add(((g0 + h) * 2 * bpr + k) * LANES).cast())
+                        };
+                        let q = if UPB == 2 {
+                            half(2 * b + u)
+                        } else {
+                            _mm512_add_epi32(half(2 * b), half(2 * b + 1))
+                        };
+                        _mm512_mullo_epi32(q, offset)
+                    });
+                    for i in 0..R {
+                        let scale = _mm512_set1_ps(t.scale[(r0 + i) * units + b * UPB + u]);
+                        for h in 0..G {
+                            let d = _mm512_loadu_ps(xd.add(((g0 + h) * bpr + b) * LANES));
+                            let s = _mm512_mul_ps(scale, d);
+                            let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum[i][h], bias[h]));
+                            acc[i][h] = _mm512_fmadd_ps(v, s, acc[i][h]);
+                        }
+                    }
+                }
+                if MINS {
+                    for i in 0..R {
+                        let m = _mm512_set1_ps(t.min[(r0 + i) * bpr + b]);
+                        for h in 0..G {
+                            let s = _mm512_loadu_ps(xs.add(((g0 + h) * bpr + b) * LANES));
+                            acc[i][h] = _mm512_fmadd_ps(m, s, acc[i][h]);
+                        }
+                    }
+                }
+            }
+            for i in 0..R {
+                for h in 0..G {
+                    let j0 = (g0 + h) * LANES;
+                    let lanes = (n - j0).min(LANES);
+                    let mask: __mmask16 = ((1u32 << lanes) - 1) as u16;
+                    let o = out.as_mut_ptr().add((r0 + i) * n + j0);
+                    _mm512_mask_storeu_ps(o, mask, acc[i][h]);
+                }
+            }
+        }
+    }
+}
