@@ -35,8 +35,8 @@ fn prompt_product(q: &Blocks, x: &[f32], n: usize) -> (Vec<f32>, Prepared) {
 
 /// Every block format with byte prompts: the product is the dequantized weights times
 /// the inputs as their 8-bit blocks dequantized (to float rounding), so within those
-/// blocks' rounding of the f32 product; the vector kernel gives the portable loop's
-/// bits; every row gives the bits it gets alone and beside generated (integer) rows;
+/// blocks' rounding of the f32 product; every kernel (512-bit, 256-bit, portable)
+/// gives the same bits; every row gives the bits it gets alone and beside generated (integer) rows;
 /// and the 8-bit inputs are really used (the result is not the f32 path's).
 #[test]
 fn byte_prompt_products_are_the_8_bit_inputs_product() {
@@ -106,16 +106,14 @@ fn byte_prompt_products_are_the_8_bit_inputs_product() {
         }
         assert!(moved, "{ty:?}: the 8-bit inputs changed nothing");
 
-        // The portable loop, bit for bit.
+        // Every kernel this CPU runs, bit for bit.
         let mut tile = kernels::bytes::ByteTile::default();
         q.byte_tile(0, rows, &mut tile);
-        let mut portable = vec![0.0f32; rows * n];
-        kernels::bytes::portable(bytes, n, &tile, &mut portable);
-        assert_eq!(
-            bits(&portable),
-            bits(&got),
-            "{ty:?}: vector and portable differ"
-        );
+        for &kernel in kernels::IntKernel::available() {
+            let mut each = vec![0.0f32; rows * n];
+            kernels::bytes::product_on(kernel, bytes, n, &tile, &mut each);
+            assert_eq!(bits(&each), bits(&got), "{ty:?}: {kernel:?} differs");
+        }
 
         // Each row alone, and a part of the weight rows.
         for j in [0, 15, 16, 36] {

@@ -215,18 +215,35 @@ pub fn product(p: &BytePanels, n: usize, t: &ByteTile, out: &mut [f32]) {
             && (t.min.is_empty() || t.min.len() == t.rows * t.cols / BLOCK),
         "byte product shapes disagree"
     );
-    #[cfg(target_arch = "x86_64")]
-    if super::IntKernel::best() == super::IntKernel::Avx512 {
-        // SAFETY: `Avx512` is only chosen where AVX-512 F, BW and VNNI were detected at
-        // run time; the shapes are checked above.
-        unsafe { wide::product(p, n, t, out) };
-        return;
+    product_on(super::IntKernel::best(), p, n, t, out);
+}
+
+/// [`product`] on one `kernel` (every kernel gives the same bits), which must be one this
+/// CPU runs ([`super::IntKernel::available`]).
+pub fn product_on(
+    kernel: super::IntKernel,
+    p: &BytePanels,
+    n: usize,
+    t: &ByteTile,
+    out: &mut [f32],
+) {
+    assert!(
+        super::IntKernel::available().contains(&kernel),
+        "{kernel:?} does not run here"
+    );
+    match kernel {
+        // SAFETY: `Avx512` runs only where AVX-512 F, BW and VNNI were detected, `Avx2`
+        // where AVX2 and FMA were (checked just above); the shapes checked by `product`.
+        #[cfg(target_arch = "x86_64")]
+        super::IntKernel::Avx512 => unsafe { wide::product(p, n, t, out) },
+        #[cfg(target_arch = "x86_64")]
+        super::IntKernel::Avx2 => unsafe { narrow::product(p, n, t, out) },
+        _ => portable(p, n, t, out),
     }
-    portable(p, n, t, out);
 }
 
 /// [`product`] in plain Rust: the same operations per output, in the same order.
-pub fn portable(p: &BytePanels, n: usize, t: &ByteTile, out: &mut [f32]) {
+fn portable(p: &BytePanels, n: usize, t: &ByteTile, out: &mut [f32]) {
     let (cols, upb) = (t.cols, t.units_per_block);
     let (bpr, len) = (cols / BLOCK, BLOCK / upb);
     let units = bpr * upb;
@@ -413,6 +430,118 @@ mod wide {
                     let mask: __mmask16 = ((1u32 << lanes) - 1) as u16;
                     let o = out.as_mut_ptr().add((r0 + i) * n + j0);
                     _mm512_mask_storeu_ps(o, mask, acc[i][h]);
+                }
+            }
+        }
+    }
+}
+
+/// [`super::product`] on 256-bit vectors without VNNI: half a group (eight input rows) a
+/// vector. The weights go in signed (`u − offset`, at most 128 in magnitude), their
+/// magnitudes against the inputs with the weights' signs (`vpsignb`), so that
+/// `vpmaddubsw`'s 16-bit pair sums never saturate (2 · 128 · 127 < 2¹⁵); `vpmaddwd`
+/// by ones makes the sums of four. The unit's integer sum is then `Σ(u − off)·q`, the
+/// one the 512-bit kernel forms as `Σu·q − off·Σq`.
+#[cfg(target_arch = "x86_64")]
+mod narrow {
+    use std::arch::x86_64::*;
+
+    use super::{BytePanels, ByteTile, BLOCK, LANES};
+
+    /// # Safety
+    /// Needs AVX2 and FMA; the shapes as [`super::product`] checks them.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn product(p: &BytePanels, n: usize, t: &ByteTile, out: &mut [f32]) {
+        let halves = n.div_ceil(LANES / 2);
+        for r in (0..t.rows).step_by(2) {
+            for h in 0..halves {
+                // SAFETY: the caller's features; rows and halves within the shapes.
+                unsafe {
+                    match (t.rows - r >= 2, t.units_per_block, t.has_mins()) {
+                        (true, 1, false) => block::<2, 1, false>(p, n, t, r, h, out),
+                        (true, 1, true) => block::<2, 1, true>(p, n, t, r, h, out),
+                        (true, _, false) => block::<2, 2, false>(p, n, t, r, h, out),
+                        (true, _, true) => block::<2, 2, true>(p, n, t, r, h, out),
+                        (false, 1, false) => block::<1, 1, false>(p, n, t, r, h, out),
+                        (false, 1, true) => block::<1, 1, true>(p, n, t, r, h, out),
+                        (false, _, false) => block::<1, 2, false>(p, n, t, r, h, out),
+                        (false, _, true) => block::<1, 2, true>(p, n, t, r, h, out),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Weight rows `r0..r0 + R` against input rows `8·half..8·half + 8`.
+    ///
+    /// # Safety
+    /// As [`product`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::needless_range_loop)] // `i` also names a row
+    unsafe fn block<const R: usize, const UPB: usize, const MINS: bool>(
+        p: &BytePanels,
+        n: usize,
+        t: &ByteTile,
+        r0: usize,
+        half: usize,
+        out: &mut [f32],
+    ) {
+        let cols = t.cols;
+        let (bpr, len) = (cols / BLOCK, BLOCK / UPB);
+        let units = bpr * UPB;
+        let (g, hf) = (half / 2, half % 2);
+        // SAFETY: the caller's features and bounds.
+        unsafe {
+            let xq = p.q.as_ptr().add(g * cols * LANES + 32 * hf);
+            let (xd, xs) = (p.d.as_ptr(), p.s.as_ptr());
+            let w = t.u.as_ptr();
+            let offset = _mm256_set1_epi8(t.offset as u8 as i8);
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for b in 0..bpr {
+                let at = (g * bpr + b) * LANES + 8 * hf;
+                for u in 0..UPB {
+                    let mut sum = [_mm256_setzero_si256(); R];
+                    let kq0 = (b * BLOCK + u * len) / 4;
+                    for kq in kq0..kq0 + len / 4 {
+                        let x = _mm256_loadu_si256(xq.add(kq * 64).cast());
+                        for i in 0..R {
+                            let wv = w
+                                .add((r0 + i) * cols + 4 * kq)
+                                .cast::<i32>()
+                                .read_unaligned();
+                            let v = _mm256_sub_epi8(_mm256_set1_epi32(wv), offset);
+                            let pairs =
+                                _mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(x, v));
+                            sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(pairs, ones));
+                        }
+                    }
+                    let d = _mm256_loadu_ps(xd.add(at));
+                    for i in 0..R {
+                        let scale = _mm256_set1_ps(t.scale[(r0 + i) * units + b * UPB + u]);
+                        let s = _mm256_mul_ps(scale, d);
+                        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[i]), s, acc[i]);
+                    }
+                }
+                if MINS {
+                    let s = _mm256_loadu_ps(xs.add(at));
+                    for i in 0..R {
+                        let m = _mm256_set1_ps(t.min[(r0 + i) * bpr + b]);
+                        acc[i] = _mm256_fmadd_ps(m, s, acc[i]);
+                    }
+                }
+            }
+            let j0 = 8 * half;
+            let lanes = (n - j0).min(8);
+            for i in 0..R {
+                let o = out.as_mut_ptr().add((r0 + i) * n + j0);
+                if lanes == 8 {
+                    _mm256_storeu_ps(o, acc[i]);
+                } else {
+                    let mut v = [0.0f32; 8];
+                    _mm256_storeu_ps(v.as_mut_ptr(), acc[i]);
+                    std::ptr::copy_nonoverlapping(v.as_ptr(), o, lanes);
                 }
             }
         }
