@@ -127,6 +127,28 @@ pub fn unpack_raw(kind: QKind, block: &[u8], out: &mut [u8; BLOCK]) {
     }
 }
 
+/// [`unpack_raw`] over whole rows of 5- and 6-bit blocks (`qs`, [`block_bytes`] each)
+/// into `out` (32 bytes a block), a block at a time in 256-bit vectors where the CPU
+/// has AVX2.
+pub fn unpack_raw_blocks(kind: QKind, qs: &[u8], out: &mut [u8]) {
+    let bb = block_bytes(kind);
+    assert!(
+        matches!(kind, QKind::Five | QKind::FiveMin | QKind::Six)
+            && qs.len().is_multiple_of(bb)
+            && out.len() == qs.len() / bb * BLOCK,
+        "packed blocks disagree"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if super::kernels::available() {
+        // SAFETY: AVX2 detected at run time; the lengths checked above.
+        unsafe { x86::unpack_raw_blocks(kind == QKind::Six, qs, out) };
+        return;
+    }
+    for (block, o) in qs.chunks_exact(bb).zip(out.chunks_exact_mut(BLOCK)) {
+        unpack_raw(kind, block, o.try_into().expect("whole blocks"));
+    }
+}
+
 /// What [`unpack_raw`]'s values carry above the signed value [`unpack`] gives.
 pub const fn raw_offset(kind: QKind) -> i32 {
     match kind {
@@ -393,6 +415,48 @@ pub fn dot_int_rows(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+
+    /// [`super::unpack_raw_blocks`] for 6-bit (`six`) or 5-bit blocks. A block's values
+    /// are its nibbles (low nibbles, then high) with two high bits (one for 5-bit) put
+    /// above them: element `8g + l` takes bits `2g, 2g + 1` of high byte `l` (6-bit), or
+    /// bit `g` of byte `l % 4` shifted down by `4 · (l / 4)` (5-bit). Broadcasting the
+    /// high bytes to the four 64-bit lanes and shifting lane `g` right by `2g` (or `g`)
+    /// puts each element's bits at the bottom of its byte: the bits a shift pulls in
+    /// from the next byte lie above those the mask keeps.
+    ///
+    /// # Safety
+    /// Needs AVX2; `qs` whole blocks and `out` 32 bytes for each.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn unpack_raw_blocks(six: bool, qs: &[u8], out: &mut [u8]) {
+        let bb = if six { 24 } else { 20 };
+        // SAFETY: block `i` reads `bb` bytes at `bb·i` and writes 32 at `32·i`, in bounds
+        // by the caller's contract.
+        unsafe {
+            let nib = _mm_set1_epi8(0x0F);
+            let (shifts, keep) = if six {
+                (_mm256_setr_epi64x(0, 2, 4, 6), _mm256_set1_epi8(3))
+            } else {
+                (_mm256_setr_epi64x(0, 1, 2, 3), _mm256_set1_epi8(1))
+            };
+            for (i, block) in qs.chunks_exact(bb).enumerate() {
+                let v = _mm_loadu_si128(block.as_ptr().cast());
+                let lo = _mm_and_si128(v, nib);
+                let hi = _mm_and_si128(_mm_srli_epi16(v, 4), nib);
+                let values = _mm256_set_m128i(hi, lo);
+                let high = if six {
+                    u64::from_le_bytes(block[16..24].try_into().expect("a whole block"))
+                } else {
+                    let h = u32::from_le_bytes(block[16..20].try_into().expect("a whole block"));
+                    // Bytes 4..8: the same four shifted down by 4 (each byte on its own).
+                    u64::from(h) | (u64::from((h >> 4) & 0x0F0F_0F0F) << 32)
+                };
+                let bits = _mm256_srlv_epi64(_mm256_set1_epi64x(high as i64), shifts);
+                let bits = _mm256_slli_epi16(_mm256_and_si256(bits, keep), 4);
+                let o = out.as_mut_ptr().add(32 * i);
+                _mm256_storeu_si256(o.cast(), _mm256_or_si256(values, bits));
+            }
+        }
+    }
 
     use super::super::kernels::avx512::kind as wide;
     use super::super::scales::x86::QuadScales;

@@ -7,6 +7,18 @@ use super::blocks::{Blocks, Prepared, QKind, BLOCK};
 use super::kernels::bytes::{BytePanels, ByteTile};
 use super::scales::FlatRows;
 use super::{float16, kernels, packed};
+use crate::engine::gguf::dequant::IQ4_VALUES;
+
+/// IQ4's sixteen values plus 128, as the byte products take them.
+const IQ4_UNSIGNED: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (IQ4_VALUES[i] as u8) ^ 0x80;
+        i += 1;
+    }
+    t
+};
 
 thread_local! {
     /// Each thread's weight tile for byte products, kept between them.
@@ -254,25 +266,16 @@ impl Blocks {
         };
         t.reset(r1 - r0, cols, upb, offset);
         let qs = &self.qs[r0 * bpr * qpb..r1 * bpr * qpb];
-        // Fixed-size blocks, so that each loop compiles to a few vector operations.
-        let blocks =
-            t.u.chunks_exact_mut(BLOCK)
-                .map(|o| -> &mut [u8; BLOCK] { o.try_into().expect("whole blocks") });
         match self.kind {
-            QKind::Nibble => kernels::bytes::split_nibbles(qs, &mut t.u),
+            QKind::Nibble => kernels::bytes::split_nibbles(qs, None, &mut t.u),
+            QKind::Iq4 => kernels::bytes::split_nibbles(qs, Some(&IQ4_UNSIGNED), &mut t.u),
             QKind::Byte => {
-                for (block, o) in qs.chunks_exact(BLOCK).zip(blocks) {
-                    let block: &[u8; BLOCK] = block.try_into().expect("whole blocks");
-                    for i in 0..BLOCK {
-                        o[i] = block[i] ^ 0x80;
-                    }
+                // The same length: 32 bytes a block either side.
+                for (o, &b) in t.u.iter_mut().zip(qs) {
+                    *o = b ^ 0x80;
                 }
             }
-            kind => {
-                for (block, o) in qs.chunks_exact(qpb).zip(blocks) {
-                    packed::unpack_raw(kind, block, o);
-                }
-            }
+            kind => packed::unpack_raw_blocks(kind, qs, &mut t.u),
         }
         let mut buf = Default::default();
         let FlatRows { scales, mins } = self.scales_of(r0, r1).flat(&mut buf);

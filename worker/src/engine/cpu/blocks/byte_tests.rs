@@ -209,3 +209,52 @@ fn sixteen_bit_floats_keep_f32_prompts() {
         "the f16 rows of a stack"
     );
 }
+
+/// The unsigned values the byte products unpack (vector and scalar) are each kind's
+/// signed values plus its offset.
+#[test]
+fn unpacked_bytes_are_the_values_plus_the_offset() {
+    for (ty, cols) in [
+        (GgmlType::Q5_0, 256),
+        (GgmlType::Q5_1, 256),
+        (GgmlType::Q5K, 256),
+        (GgmlType::Q6K, 256),
+        (GgmlType::IQ4NL, 256),
+        (GgmlType::IQ4XS, 256),
+        (GgmlType::Q4_1, 256),
+    ] {
+        let rows = 3;
+        let (q, _) = matrix(ty, rows, cols, 5);
+        let mut tile = kernels::bytes::ByteTile::default();
+        q.byte_tile(0, rows, &mut tile);
+        let bb = q.qs_per_block();
+        for (b, block) in q.qs.chunks_exact(bb).enumerate() {
+            let want: Vec<i32> = if q.kind == QKind::Nibble {
+                block
+                    .iter()
+                    .map(|&v| i32::from(v & 0x0F))
+                    .chain(block.iter().map(|&v| i32::from(v >> 4)))
+                    .collect()
+            } else {
+                packed::unpack(q.kind, block)
+                    .iter()
+                    .map(|&v| i32::from(v))
+                    .collect()
+            };
+            let got: Vec<i32> = tile.u[b * BLOCK..(b + 1) * BLOCK]
+                .iter()
+                .map(|&u| i32::from(u) - tile.offset)
+                .collect();
+            assert_eq!(got, want, "{ty:?} block {b}");
+            if q.kind.is_packed() && q.kind != QKind::Iq4 {
+                let mut one = [0u8; BLOCK];
+                packed::unpack_raw(q.kind, block, &mut one);
+                assert_eq!(
+                    &one[..],
+                    &tile.u[b * BLOCK..(b + 1) * BLOCK],
+                    "{ty:?} scalar"
+                );
+            }
+        }
+    }
+}

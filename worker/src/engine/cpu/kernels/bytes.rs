@@ -154,8 +154,9 @@ impl ByteTile {
 }
 
 /// 4-bit blocks (16 bytes each, low nibbles the first 16 values, high nibbles the
-/// next) as one byte a value, into `out` (32 bytes a block).
-pub fn split_nibbles(qs: &[u8], out: &mut [u8]) {
+/// next) as one byte a value, into `out` (32 bytes a block): the nibble itself, or
+/// `table[nibble]` (IQ4's values, offset to unsigned).
+pub fn split_nibbles(qs: &[u8], table: Option<&[u8; 16]>, out: &mut [u8]) {
     assert!(
         qs.len().is_multiple_of(16) && out.len() == 2 * qs.len(),
         "nibble blocks disagree"
@@ -164,36 +165,43 @@ pub fn split_nibbles(qs: &[u8], out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     if super::available() {
         // SAFETY: AVX2 detected at run time; the lengths checked above.
-        done = unsafe { split_nibbles_avx2(qs, out) };
+        done = unsafe { split_nibbles_avx2(qs, table, out) };
     }
+    let look = |v: u8| table.map_or(v, |t| t[usize::from(v)]);
     for (block, o) in qs[done..]
         .chunks_exact(16)
         .zip(out[2 * done..].chunks_exact_mut(32))
     {
         for i in 0..16 {
-            o[i] = block[i] & 0x0F;
-            o[i + 16] = block[i] >> 4;
+            o[i] = look(block[i] & 0x0F);
+            o[i + 16] = look(block[i] >> 4);
         }
     }
 }
 
-/// [`split_nibbles`] two blocks at a time; returns the input bytes it did.
+/// [`split_nibbles`] two blocks at a time (the table looked up with `vpshufb`); returns
+/// the input bytes it did.
 ///
 /// # Safety
 /// Needs AVX2; `out` twice as long as `qs`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn split_nibbles_avx2(qs: &[u8], out: &mut [u8]) -> usize {
+unsafe fn split_nibbles_avx2(qs: &[u8], table: Option<&[u8; 16]>, out: &mut [u8]) -> usize {
     use std::arch::x86_64::*;
     let pairs = qs.len() / 32;
     // SAFETY: pair `i` reads bytes `32i..32i + 32` of `qs` and writes `64i..64i + 64`
-    // of `out`, both in bounds.
+    // of `out`, both in bounds; the table is 16 bytes.
     unsafe {
         let mask = _mm256_set1_epi8(0x0F);
+        let lut = table.map(|t| _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().cast())));
         for i in 0..pairs {
             let v = _mm256_loadu_si256(qs.as_ptr().add(32 * i).cast());
-            let lo = _mm256_and_si256(v, mask);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+            let mut lo = _mm256_and_si256(v, mask);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+            if let Some(lut) = lut {
+                lo = _mm256_shuffle_epi8(lut, lo);
+                hi = _mm256_shuffle_epi8(lut, hi);
+            }
             let o = out.as_mut_ptr().add(64 * i);
             _mm256_storeu_si256(o.cast(), _mm256_permute2x128_si256(lo, hi, 0x20));
             _mm256_storeu_si256(o.add(32).cast(), _mm256_permute2x128_si256(lo, hi, 0x31));
