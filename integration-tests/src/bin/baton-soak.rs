@@ -5,7 +5,7 @@
 //!            [--weights FORMAT] [--coordinator 'KEY = VALUE']...
 //! ```
 //!
-//! `--weights` sets the workers' `worker.weights` (`native`, `native-i16`, `f16`, `f32`);
+//! `--weights` sets the workers' `worker.weights` (`native`, `native-i16`, `native-i8`, `f16`, `f32`);
 //! each `--coordinator` line goes into the `[coordinator]` section of the cluster's
 //! `cluster.toml` (`--coordinator 'reconnect_window_s = 60'`).
 //!
@@ -25,7 +25,7 @@ const USAGE: &str = "usage: baton-soak [--simulated] [--minutes N] [--kill-every
                      [--coordinator 'KEY = VALUE']...";
 
 /// The weight formats a worker takes (`worker.weights`).
-const WEIGHTS: [&str; 4] = ["native", "native-i16", "f16", "f32"];
+const WEIGHTS: [&str; 5] = ["native", "native-i16", "native-i8", "f16", "f32"];
 
 fn parse() -> Result<(bool, Option<String>, Vec<String>, SoakOptions), String> {
     let mut simulated = false;

@@ -396,7 +396,7 @@ impl Blocks {
     }
 
     /// The same matrix, with the prompt rows beside integer-input rows quantized to
-    /// 8-bit blocks when `on` ([`kernels::bytes`]; 16-bit floats stay f32). Only
+    /// 8-bit blocks when `on` (`cpu/kernels/bytes.rs`; 16-bit floats stay f32). Only
     /// matrices with integer inputs ([`Blocks::with_int_inputs`]) have prompt rows.
     pub fn with_byte_prompts(mut self, on: bool) -> Self {
         self.byte_prompts = on;

@@ -25,7 +25,7 @@ pub enum WeightDtype {
     #[default]
     NativeI16,
     /// [`WeightDtype::NativeI16`] with the prompt's rows quantized to 8-bit blocks too
-    /// ([`crate::engine::cpu::kernels::bytes`]), as llama.cpp multiplies every row:
+    /// (`cpu/kernels/bytes.rs`), as llama.cpp multiplies every row:
     /// prompts about twice as fast where the CPU has AVX-512 VNNI, at the cost of that
     /// rounding (on the default model the last logits move by up to ~1; greedy text
     /// can part from f32 after a few tokens; docs/benchmarks.md). Opt-in. CPU only.
