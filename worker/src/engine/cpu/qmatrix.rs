@@ -77,6 +77,11 @@ impl QMatrix {
         }
     }
 
+    /// Whether prompt rows take 8-bit inputs ([`QMatrix::with_byte_prompts`]).
+    pub fn byte_prompts(&self) -> bool {
+        self.parts.iter().any(|p| p.byte_prompts)
+    }
+
     /// Output rows.
     pub fn rows(&self) -> usize {
         self.rows

@@ -601,6 +601,16 @@ fn output_part(
     let vocab = w.lm_head.rows();
     h.resize(last.len(), 0.0);
     rms_norm(last, &w.norm, eps, h);
+    // With 8-bit prompts every sequence's last row takes 16-bit inputs here, prompt or
+    // not: one row a sequence reads the blocks as decode does, where a prompt's row
+    // would unpack the whole vocabulary into tiles for itself.
+    let every: Vec<bool>;
+    let last_int = if w.lm_head.byte_prompts() {
+        every = vec![true; nseq];
+        &every[..]
+    } else {
+        last_int
+    };
     w.lm_head.prepare(h, last_int, prep);
     while let Some((r0, r1)) = chunk(counters, phase, vocab, threads) {
         yt.resize((r1 - r0) * nseq, 0.0);

@@ -289,16 +289,6 @@ unsafe fn split_nibbles_avx2(qs: &[u8], table: Option<&[u8; 16]>, out: &mut [u8]
 /// `out[r][j] = Σ_c w[r][c] · x[j][c]` for the tile's rows and the first `n` rows of
 /// `x` (as quantized in `p`), into `out: [rows, n]`.
 pub fn product(p: &BytePanels, n: usize, t: &ByteTile, out: &mut [f32]) {
-    let units = t.cols / BLOCK * t.units_per_block;
-    assert!(
-        p.cols == t.cols
-            && n.div_ceil(LANES) <= p.groups()
-            && t.u.len() == t.rows * t.cols
-            && t.scale.len() == t.rows * units
-            && out.len() == t.rows * n
-            && (t.min.is_empty() || t.min.len() == t.rows * t.cols / BLOCK),
-        "byte product shapes disagree"
-    );
     product_on(super::IntKernel::best(), p, n, t, out);
 }
 
@@ -315,9 +305,24 @@ pub fn product_on(
         super::IntKernel::available().contains(&kernel),
         "{kernel:?} does not run here"
     );
+    let units = t.cols / BLOCK * t.units_per_block;
+    let (groups, bpr) = (p.groups(), p.cols / BLOCK);
+    assert!(
+        p.cols == t.cols
+            && p.q.len() == groups * p.cols * LANES
+            && p.d.len() == groups * bpr * LANES
+            && p.s.len() == groups * bpr * LANES
+            && p.half_sums.len() == 2 * groups * bpr * LANES
+            && n.div_ceil(LANES) <= groups
+            && t.u.len() == t.rows * t.cols
+            && t.scale.len() == t.rows * units
+            && out.len() == t.rows * n
+            && (t.min.is_empty() || t.min.len() == t.rows * t.cols / BLOCK),
+        "byte product shapes disagree"
+    );
     match kernel {
         // SAFETY: `Avx512` runs only where AVX-512 F, BW and VNNI were detected, `Avx2`
-        // where AVX2 and FMA were (checked just above); the shapes checked by `product`.
+        // where AVX2 and FMA were (checked just above); the shapes checked above.
         #[cfg(target_arch = "x86_64")]
         super::IntKernel::Avx512 => unsafe { wide::product(p, n, t, out) },
         #[cfg(target_arch = "x86_64")]
