@@ -213,9 +213,9 @@ impl ByteTile {
             cols.is_multiple_of(BLOCK) && (units_per_block == 1 || units_per_block == 2),
             "tile shape"
         );
-        // Every value is written before it is read: no zero-fill.
+        // Every value is written before it is read: values kept from the last tile are
+        // not cleared (only growth is zero-filled).
         self.u.resize(rows * cols, 0);
-        self.u.truncate(rows * cols);
         self.scale.clear();
         self.min.clear();
         self.offset = offset;
