@@ -600,6 +600,44 @@ fn q8_0_and_q4_0_stay_in_their_blocks<B: Backend>(cubecl: bool) {
     }
 }
 
+/// `baton-worker bench` runs on the backend: prefill, decode and batched decode, greedy
+/// and sampled, in the device engine's default formats (f16 weights, f16 cache). Its
+/// figures on llvmpipe or flex say nothing of a GPU's; this checks that the command works.
+fn bench_runs<B: Backend>(backend: &str) {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: baton_worker::bench::BenchArgs,
+    }
+    let dir = TempDir::new().expect("tempdir");
+    let model = tiny(&dir, 17);
+    for temperature in ["0", "0.8"] {
+        let args = Cli::try_parse_from([
+            "bench",
+            "--model",
+            model.to_str().expect("utf-8 path"),
+            "--backend",
+            backend,
+            "--dtype",
+            "f16",
+            "--prompt-tokens",
+            "12",
+            "--gen-tokens",
+            "4",
+            "--reps",
+            "1",
+            "--batch",
+            "3",
+            "--temperature",
+            temperature,
+        ])
+        .expect("bench arguments")
+        .bench;
+        baton_worker::bench::run::<B>(&args, &Default::default()).expect("bench runs");
+    }
+}
+
 /// The suite, for one backend (`$cubecl`: whether it is one of cubecl's, which find rows'
 /// heads on the device and choose kernels by the hardware).
 macro_rules! device_suite {
@@ -632,6 +670,10 @@ macro_rules! device_suite {
             #[test]
             fn the_fingerprint_names_the_hardware() {
                 super::the_fingerprint_names_the_hardware::<$backend>($cubecl);
+            }
+            #[test]
+            fn bench_runs() {
+                super::bench_runs::<$backend>(if $cubecl { "wgpu" } else { "cpu" });
             }
             #[test]
             fn the_prefix_cache_serves_the_device_engine() {
