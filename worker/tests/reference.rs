@@ -153,7 +153,7 @@ fn f16_weights_stay_near_the_reference() {
 
 /// The device engine on a wgpu adapter (in CI Mesa's software Vulkan driver, where a
 /// token of the default model takes most of a second): f32 weights with an f32 cache,
-/// the first chat case (`BATON_WGPU_REFERENCE_CASES=n`: the first `n` of each kind; the
+/// the first raw case (`BATON_WGPU_REFERENCE_CASES=n`: the first `n` of each kind; the
 /// whole set passes there too, in about 17 minutes with both caches).
 #[cfg(feature = "wgpu")]
 #[test]
@@ -162,12 +162,13 @@ fn f32_weights_on_a_wgpu_device_match_the_reference() {
     let cases = std::env::var("BATON_WGPU_REFERENCE_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .map_or(Cases { raw: 0, chat: 1 }, |n| Cases { raw: n, chat: n });
+        .map_or(Cases { raw: 1, chat: 0 }, |n| Cases { raw: n, chat: n });
     check_on::<WgpuBackend>(WeightDtype::F32, KvDtype::F32, cases, Agreement::Exact);
 }
 
 /// The device engine's default formats on a wgpu adapter: f16 weights and an f16 cache,
-/// the first raw and the first chat case.
+/// the first chat case (the first raw case passes too, within 2.3e-2, every token
+/// equal).
 #[cfg(feature = "wgpu")]
 #[test]
 fn f16_weights_on_a_wgpu_device_stay_near_the_reference() {
@@ -175,7 +176,7 @@ fn f16_weights_on_a_wgpu_device_stay_near_the_reference() {
     check_on::<WgpuBackend>(
         WeightDtype::F16,
         KvDtype::F16,
-        Cases { raw: 1, chat: 1 },
+        Cases { raw: 0, chat: 1 },
         Agreement::Near {
             tolerance: LOGIT_TOLERANCE_F16_WEIGHTS,
             tokens: 32,
