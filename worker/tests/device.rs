@@ -165,6 +165,60 @@ fn a_batch_of_eight_decodes_what_each_decodes_alone<B: Backend>() {
     }
 }
 
+/// A step whose rows mostly draw greedily from the logits as they are, beside one whose
+/// draw a penalty changes (so it needs its whole row), downloads that row alone: the
+/// others' argmaxes come down as ids. Every sequence still gets the tokens it gets alone.
+fn a_mixed_step_downloads_only_the_rows_it_needs<B: Backend>() {
+    let dir = TempDir::new().expect("tempdir");
+    let engine = engine::<B>(&tiny(&dir, 21));
+    let max_tokens = 7;
+    let params = |i: u64| {
+        let mut p = GenerateParams {
+            max_tokens,
+            ignore_eos: true,
+            ..Default::default()
+        };
+        if i == 2 {
+            p.sampling.presence_penalty = 0.7;
+        }
+        p
+    };
+    assert!(params(2).sampling.adjusts() && !params(0).sampling.adjusts());
+    let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt(i, 4 + 3 * i as usize)).collect();
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut out = Vec::new();
+            engine
+                .generate(p.clone(), params(i as u64), &mut |ev| out.push(ev.id))
+                .expect("generate");
+            out
+        })
+        .collect();
+    let before = engine.downloaded_rows();
+    let mut seqs: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| engine.start(p.clone(), params(i as u64)).expect("start"))
+        .collect();
+    let mut steps = 0;
+    while seqs.iter().any(|s| s.finish_reason().is_none()) {
+        let mut live: Vec<_> = seqs.iter_mut().collect();
+        engine.step(&mut live).expect("step");
+        steps += 1;
+    }
+    assert_eq!(steps, max_tokens, "every sequence drew at every step");
+    for (i, (seq, want)) in seqs.iter().zip(&alone).enumerate() {
+        assert_eq!(seq.generated(), &want[..], "sequence {i}");
+    }
+    assert_eq!(
+        engine.downloaded_rows() - before,
+        max_tokens,
+        "one row a step: the penalized sequence's"
+    );
+}
+
 /// A sequence's keys and values are written in place: the device store is allocated
 /// once, with room for the positions the sequence is expected to reach, and 100 decode
 /// steps later it is still that one allocation; past the expected room it grows (and
@@ -670,6 +724,10 @@ macro_rules! device_suite {
             #[test]
             fn the_fingerprint_names_the_hardware() {
                 super::the_fingerprint_names_the_hardware::<$backend>($cubecl);
+            }
+            #[test]
+            fn a_mixed_step_downloads_only_the_rows_it_needs() {
+                super::a_mixed_step_downloads_only_the_rows_it_needs::<$backend>();
             }
             #[test]
             fn bench_runs() {

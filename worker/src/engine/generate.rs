@@ -334,6 +334,8 @@ pub struct Engine<B: Backend> {
     prefix: Mutex<PrefixCache>,
     /// Most tokens one step runs (0: no limit); see [`Engine::set_step_tokens`].
     step_tokens: AtomicUsize,
+    /// Rows of logits the device engine has downloaded ([`Engine::downloaded_rows`]).
+    downloaded_rows: AtomicUsize,
     /// The vocabulary as the grammar engine sees it, made at the first grammar.
     guides: OnceLock<Result<Guides, String>>,
 }
@@ -463,6 +465,7 @@ impl<B: Backend> Engine<B> {
             fingerprint,
             prefix: Mutex::new(PrefixCache::new(0)),
             step_tokens: AtomicUsize::new(0),
+            downloaded_rows: AtomicUsize::new(0),
             guides: OnceLock::new(),
         })
     }
@@ -481,9 +484,15 @@ impl<B: Backend> Engine<B> {
         self.step_tokens.store(tokens, Ordering::Relaxed);
     }
 
+    /// Rows of logits the device engine has downloaded so far, a whole row each (the
+    /// host engine's logits are host memory: none). A step downloads ids and heads, and
+    /// whole rows only for the draws that need them.
+    pub fn downloaded_rows(&self) -> usize {
+        self.downloaded_rows.load(Ordering::Relaxed)
+    }
+
     /// Sets the prefix cache's budget in bytes (0 disables it and frees what it holds).
-    /// Only the host forward path (weights in block form) uses it; with the burn path
-    /// (`f32`, `f16`, cuda) every prompt is run in full whatever the budget.
+    /// Both engines use it; the device engine keeps its blocks on the device.
     pub fn set_prefix_cache(&self, bytes: usize) {
         self.prefix_cache().set_budget(bytes);
     }

@@ -117,10 +117,17 @@ impl<B: Backend> Engine<B> {
             let prompts = runs.iter().filter(|r| r.1 > 1).count();
             tracing::debug!(rows, generating, prompts, "forward");
         }
-        // Where every row that draws is greedy, the device engine downloads ids only;
-        // where the others draw from the model's logits as they are, the heads of the
-        // rows first (the rest stays on the device unless a head does not decide a draw).
+        // The device engine downloads each row's argmax, and where a row draws from the
+        // model's logits as they are at a temperature, the heads of the rows; then only
+        // the rows that need every logit: those whose draw their head left undecided,
+        // those the sampler's adjustments or a grammar change, and scored prompts'. The
+        // step's other rows stay on the device.
         let scored: Vec<bool> = runs.iter().map(|&(i, _)| seqs[i].scoring()).collect();
+        let whole: Vec<bool> = runs
+            .iter()
+            .zip(&scored)
+            .map(|(&(i, _), &scored)| scored || !seqs[i].plain())
+            .collect();
         let temperatures: Vec<f32> = runs
             .iter()
             .map(|&(i, _)| {
@@ -131,14 +138,16 @@ impl<B: Backend> Engine<B> {
                 }
             })
             .collect();
-        let fetch = if scored.iter().any(|&s| s) {
+        let fetch = if whole.iter().all(|&w| w) {
             Fetch::Logits
-        } else if runs.iter().all(|&(i, _)| seqs[i].plain_greedy()) {
+        } else if runs
+            .iter()
+            .zip(&whole)
+            .all(|(&(i, _), &w)| w || seqs[i].plain_greedy())
+        {
             Fetch::Ids
-        } else if runs.iter().all(|&(i, _)| seqs[i].plain()) {
-            Fetch::Heads(&temperatures)
         } else {
-            Fetch::Logits
+            Fetch::Heads(&temperatures)
         };
         // The grammar masks of the rows that draw are computed on a thread of their own
         // while the forward pass runs: they depend on the tokens so far only.
@@ -218,18 +227,20 @@ impl<B: Backend> Engine<B> {
                 Some((id, logprobs))
             })
             .collect();
-        if forward.heads.is_some() {
-            // Only the rows whose draw their head left undecided come down.
-            let wanted: Vec<bool> = runs
-                .iter()
-                .zip(&from_heads)
-                .map(|(&(i, take), drawn)| {
-                    let s = &*seqs[i];
-                    drawn.is_none() && take == s.pending.len() && !s.plain_greedy()
-                })
-                .collect();
-            forward.fetch_rows(&wanted);
-        }
+        // Only the rows that need every logit come down (where they are still on the
+        // device).
+        let wanted: Vec<bool> = runs
+            .iter()
+            .zip(&from_heads)
+            .zip(&scored)
+            .map(|((&(i, take), drawn), &scored)| {
+                let s = &*seqs[i];
+                scored || (drawn.is_none() && take == s.pending.len() && !s.plain_greedy())
+            })
+            .collect();
+        forward.fetch_rows(&wanted);
+        self.downloaded_rows
+            .fetch_add(forward.downloaded_rows(), Ordering::Relaxed);
         let greedy = forward.argmax.take();
         let mut masks: Vec<Option<Result<toktrie::SimpleVob, String>>> =
             runs.iter().map(|_| None).collect();

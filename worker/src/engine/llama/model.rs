@@ -273,8 +273,8 @@ impl<B: Backend> Llama<B> {
 
     /// [`Llama::forward`], handing back what `fetch` asks of the logits. The host engine
     /// has every row on the host and gives the logits and the argmax whatever is asked;
-    /// the device engine downloads only what is asked, and with [`Fetch::Heads`] keeps
-    /// the logits on the device for [`StepLogits::fetch_rows`].
+    /// the device engine downloads only what is asked, and with [`Fetch::Ids`] and
+    /// [`Fetch::Heads`] keeps the logits on the device for [`StepLogits::fetch_rows`].
     pub fn forward_fetch(
         &self,
         seqs: &mut [SeqInput<'_, B>],
@@ -289,15 +289,17 @@ impl<B: Backend> Llama<B> {
                 device: None,
                 held: None,
                 rows,
+                downloaded: 0,
             },
             Logits::Device(t) => match fetch {
                 Fetch::Ids => StepLogits {
                     logits: Vec::new(),
-                    argmax: Some(device_argmax(t)),
+                    argmax: Some(device_argmax(t.clone())),
                     heads: None,
-                    device: None,
+                    device: Some(t),
                     held: None,
                     rows,
+                    downloaded: 0,
                 },
                 Fetch::Heads(temperatures) if self.fetches_heads() => {
                     let (argmax, heads) = device_heads(t.clone(), temperatures);
@@ -308,6 +310,7 @@ impl<B: Backend> Llama<B> {
                         device: Some(t),
                         held: None,
                         rows,
+                        downloaded: 0,
                     }
                 }
                 Fetch::Heads(_) | Fetch::Logits => StepLogits {
@@ -317,6 +320,7 @@ impl<B: Backend> Llama<B> {
                     device: None,
                     held: None,
                     rows,
+                    downloaded: rows,
                 },
             },
         })
@@ -473,7 +477,8 @@ pub const HEAD: usize = 64;
 /// What a forward pass hands back of each row's logits ([`Llama::forward_fetch`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Fetch<'a> {
-    /// Each row's argmax: the device path downloads the ids alone.
+    /// Each row's argmax: the device path downloads the ids alone, and leaves the logits
+    /// on the device.
     Ids,
     /// The argmax, and each row's [`HEAD`] largest logits with their ids and the sum of
     /// the rest at the row's temperature, one a row (1 where the row does not draw at
@@ -517,12 +522,14 @@ pub struct StepLogits<B: Backend> {
     held: Option<Vec<bool>>,
     /// Rows in the step: one a sequence.
     rows: usize,
+    /// Rows of logits downloaded from the device so far.
+    downloaded: usize,
 }
 
 impl<B: Backend> StepLogits<B> {
     /// Downloads the logits of the rows `wanted` marks, where they are still on the
-    /// device (a draw its head did not decide needs its whole row); the others stay
-    /// there. Once only.
+    /// device (a draw its head did not decide, or one that the sampler's adjustments or a
+    /// grammar change, needs its whole row); the others stay there. Once only.
     pub fn fetch_rows(&mut self, wanted: &[bool]) {
         let Some(t) = self.device.take().filter(|_| self.logits.is_empty()) else {
             return;
@@ -530,6 +537,7 @@ impl<B: Backend> StepLogits<B> {
         let [n, _] = t.dims();
         assert_eq!(wanted.len(), n, "a mark a row");
         let picked: Vec<i32> = (0..n as i32).filter(|&r| wanted[r as usize]).collect();
+        self.downloaded += picked.len();
         if picked.len() == n {
             self.logits = to_host(t);
         } else if !picked.is_empty() {
@@ -538,6 +546,12 @@ impl<B: Backend> StepLogits<B> {
             self.logits = to_host(t.select(0, index));
             self.held = Some(wanted.to_vec());
         }
+    }
+
+    /// Rows of logits downloaded from the device (none on the host engine, whose logits
+    /// are host memory).
+    pub fn downloaded_rows(&self) -> usize {
+        self.downloaded
     }
 
     /// Each row's logits: the row where it was downloaded, empty where it was not.
