@@ -239,16 +239,13 @@ impl<B: Backend> Attention<B> {
             scale: Some(f64::from(how.scale)),
             ..Default::default()
         };
-        // Several queries (a prompt, or a chunk of one after cached positions): repeat
-        // each KV head for its query heads, and mask what query `i` (position
-        // `start + i`) may not see: later positions, and those past its window. The mask
-        // is spelled out rather than left to `is_causal`, whose diagonal would have to
-        // line up with the last key when the queries are fewer than the keys.
-        let expand = |t: Tensor<B, 3>| {
-            t.unsqueeze_dim::<4>(1)
-                .expand([kvh, group, total, d])
-                .reshape([1, h, total, d])
-        };
+        // Several queries (a prompt, or a chunk of one after cached positions). As at
+        // decode, the `group` query heads sharing a KV head become `group · len` query
+        // rows of it (head h reads KV head h / group), so keys are never repeated. The
+        // mask hides what query `i` (position `start + i`) may not see: later
+        // positions, and those past its window. It is spelled out rather than left to
+        // `is_causal`, whose diagonal would have to line up with the last key when the
+        // queries are fewer than the keys.
         let mut hidden = Vec::with_capacity(len * total);
         for i in 0..len {
             let pos = start + i;
@@ -257,17 +254,30 @@ impl<B: Backend> Attention<B> {
                 hidden.push(key > pos || past);
             }
         }
+        let hidden = hidden.repeat(group);
+        let rows = group * len;
         let mask = Tensor::<B, 2, burn_tensor::Bool>::from_data(
-            TensorData::new(hidden, [len, total]),
+            TensorData::new(hidden, [rows, total]),
             &q.device(),
         )
-        .reshape([1, 1, len, total])
-        .expand([1, h, len, total]);
-        let q = q.swap_dims(0, 1).unsqueeze_dim::<4>(0);
-        let out = attention(q, expand(keys), expand(values), Some(mask), None, options);
-        // [1, h, len, d] → [len, h·d]
-        out.squeeze_dim::<3>(0)
-            .swap_dims(0, 1)
+        .reshape([1, 1, rows, total])
+        .expand([1, kvh, rows, total]);
+        // [len, h, d] → [len, kvh, group, d] → [1, kvh, group·len, d]
+        let q = q
+            .reshape([len, kvh, group, d])
+            .permute([1, 2, 0, 3])
+            .reshape([1, kvh, rows, d]);
+        let out = attention(
+            q,
+            keys.unsqueeze_dim::<4>(0),
+            values.unsqueeze_dim::<4>(0),
+            Some(mask),
+            None,
+            options,
+        );
+        // [1, kvh, group·len, d] → [len, kvh, group, d] → [len, h·d]
+        out.reshape([kvh, group, len, d])
+            .permute([2, 0, 1, 3])
             .reshape([len, h * d])
     }
 }
