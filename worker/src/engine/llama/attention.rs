@@ -1,7 +1,8 @@
 //! Grouped-query self-attention.
 
 use burn_tensor::{
-    backend::Backend, module::attention, ops::AttentionModuleOptions, DType, Tensor, TensorData,
+    backend::Backend, module::attention, ops::AttentionModuleOptions, Bool, DType, Tensor,
+    TensorData,
 };
 
 use super::{
@@ -69,8 +70,66 @@ pub struct AttendWith<'a, B: Backend> {
     pub window: Option<usize>,
 }
 
+/// A mask on the device: `true` hides a key from a query.
+type Mask<B> = Tensor<B, 4, Bool>;
+
+/// The attention masks of one forward pass. A mask depends only on the step's spans and
+/// on a layer's window, so each is built on the host and uploaded once, then shared by
+/// every layer with that window, not rebuilt layer by layer.
+pub struct StepMasks<B: Backend> {
+    /// By (sequence, window): a prompt's `[1, kv_heads, group·len, total]`.
+    prompts: Vec<(usize, Option<usize>, Mask<B>)>,
+    /// By window: the decode rows' `[rows, kv_heads, group, keys]`, `None` where it
+    /// hides nothing.
+    decode: Vec<(Option<usize>, Option<Mask<B>>)>,
+}
+
+impl<B: Backend> StepMasks<B> {
+    /// None built yet.
+    pub fn new() -> Self {
+        Self {
+            prompts: Vec::new(),
+            decode: Vec::new(),
+        }
+    }
+
+    fn prompt(
+        &mut self,
+        seq: usize,
+        window: Option<usize>,
+        build: impl FnOnce() -> Tensor<B, 4, Bool>,
+    ) -> Tensor<B, 4, Bool> {
+        if let Some((.., m)) = self.prompts.iter().find(|p| (p.0, p.1) == (seq, window)) {
+            return m.clone();
+        }
+        let m = build();
+        self.prompts.push((seq, window, m.clone()));
+        m
+    }
+
+    fn decode(
+        &mut self,
+        window: Option<usize>,
+        build: impl FnOnce() -> Option<Tensor<B, 4, Bool>>,
+    ) -> Option<Tensor<B, 4, Bool>> {
+        if let Some((_, m)) = self.decode.iter().find(|(w, _)| *w == window) {
+            return m.clone();
+        }
+        let m = build();
+        self.decode.push((window, m.clone()));
+        m
+    }
+}
+
+impl<B: Backend> Default for StepMasks<B> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl<B: Backend> Attention<B> {
-    /// `x: [rows, hidden]` for all sequences of the batch → `[rows, hidden]`.
+    /// `x: [rows, hidden]` for all sequences of the batch → `[rows, hidden]`. `masks`
+    /// holds what earlier layers of the same step built.
     pub fn forward(
         &self,
         layer: usize,
@@ -78,6 +137,7 @@ impl<B: Backend> Attention<B> {
         spans: &[SeqSpan],
         caches: &mut [&mut DeviceKvCache<B>],
         how: &AttendWith<'_, B>,
+        masks: &mut StepMasks<B>,
     ) -> Tensor<B, 2> {
         let rope = how.rope;
         let (h, kvh, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
@@ -122,12 +182,18 @@ impl<B: Backend> Attention<B> {
             } else {
                 let keys = store.k.narrow(1, 0, total).cast(DType::F32);
                 let values = store.v.narrow(1, 0, total).cast(DType::F32);
-                outs[i] = Some(self.attend(q, keys, values, span.pos, how));
+                let mask = masks.prompt(i, how.window, || {
+                    self.prompt_mask(span.len, span.pos, how.window, &keys.device())
+                });
+                outs[i] = Some(self.attend(q, keys, values, mask, how));
             }
         }
         if !decode.is_empty() {
-            let rows =
-                self.attend_decode(decode.iter().map(|(_, q, s, t)| (q.clone(), s, *t)), how);
+            let rows = self.attend_decode(
+                decode.iter().map(|(_, q, s, t)| (q.clone(), s, *t)),
+                how,
+                masks,
+            );
             // A step of decode rows alone (the common one) is already in row order.
             if decode.len() == spans.len() {
                 return self.out.forward(rows);
@@ -154,6 +220,7 @@ impl<B: Backend> Attention<B> {
         &self,
         rows: impl ExactSizeIterator<Item = (Tensor<B, 3>, &'s LayerKv<B>, usize)>,
         how: &AttendWith<'_, B>,
+        masks: &mut StepMasks<B>,
     ) -> Tensor<B, 2> {
         let (h, kvh, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
         let group = h / kvh;
@@ -184,18 +251,12 @@ impl<B: Backend> Attention<B> {
         let device = rows[0].0.device();
         let mut q = Vec::with_capacity(n);
         let (mut keys, mut values) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        let mut hidden = Vec::with_capacity(n * span);
-        for (row_q, store, total) in &rows {
+        for (row_q, store, _) in &rows {
             // The `group` query heads sharing a KV head become `group` query rows of it
             // (head h reads KV head h / group), so keys are never repeated.
             q.push(row_q.clone().reshape([1, kvh, group, d]));
             keys.push(take(&store.k).unsqueeze_dim::<4>(0));
             values.push(take(&store.v).unsqueeze_dim::<4>(0));
-            let pos = total - 1;
-            for key in first..longest {
-                let past = how.window.is_some_and(|w| pos >= key + w);
-                hidden.push(key > pos || past);
-            }
         }
         let cat = |t: Vec<Tensor<B, 4>>| {
             if t.len() == 1 {
@@ -205,13 +266,20 @@ impl<B: Backend> Attention<B> {
             }
         };
         let (keys, values) = (cat(keys).cast(DType::F32), cat(values).cast(DType::F32));
-        let mask = (hidden.iter().any(|&x| x)).then(|| {
-            Tensor::<B, 2, burn_tensor::Bool>::from_data(
-                TensorData::new(hidden, [n, span]),
-                &device,
-            )
-            .reshape([n, 1, 1, span])
-            .expand([n, kvh, group, span])
+        let mask = masks.decode(how.window, || {
+            let mut hidden = Vec::with_capacity(n * span);
+            for (_, _, total) in &rows {
+                let pos = total - 1;
+                for key in first..longest {
+                    let past = how.window.is_some_and(|w| pos >= key + w);
+                    hidden.push(key > pos || past);
+                }
+            }
+            (hidden.iter().any(|&x| x)).then(|| {
+                Tensor::<B, 2, Bool>::from_data(TensorData::new(hidden, [n, span]), &device)
+                    .reshape([n, 1, 1, span])
+                    .expand([n, kvh, group, span])
+            })
         });
         let options = AttentionModuleOptions {
             scale: Some(f64::from(how.scale)),
@@ -220,48 +288,58 @@ impl<B: Backend> Attention<B> {
         attention(cat(q), keys, values, mask, None, options).reshape([n, h * d])
     }
 
+    /// What a prompt's query rows may not see, laid out as [`Self::attend`] lays out
+    /// its queries (`group · len` rows of each KV head, query `i` at position
+    /// `start + i`): later positions, and those past its window. It is spelled out
+    /// rather than left to `is_causal`, whose diagonal would have to line up with the
+    /// last key when the queries are fewer than the keys.
+    fn prompt_mask(
+        &self,
+        len: usize,
+        start: usize,
+        window: Option<usize>,
+        device: &B::Device,
+    ) -> Tensor<B, 4, Bool> {
+        let (kvh, group) = (self.n_kv_heads, self.n_heads / self.n_kv_heads);
+        let total = start + len;
+        let mut hidden = Vec::with_capacity(len * total);
+        for i in 0..len {
+            let pos = start + i;
+            for key in 0..total {
+                let past = window.is_some_and(|w| pos >= key + w);
+                hidden.push(key > pos || past);
+            }
+        }
+        let rows = group * len;
+        Tensor::<B, 2, Bool>::from_data(
+            TensorData::new(hidden.repeat(group), [rows, total]),
+            device,
+        )
+        .reshape([1, 1, rows, total])
+        .expand([1, kvh, rows, total])
+    }
+
     /// `q: [len, heads, d]` (positions `start..start + len`) against the cached
-    /// `[kv_heads, total, d]` (positions `0..total`, `total = start + len`) →
-    /// `[len, heads·d]`.
+    /// `[kv_heads, total, d]` (positions `0..total`, `total = start + len`), `mask` from
+    /// [`Self::prompt_mask`] → `[len, heads·d]`. As at decode, the `group` query heads
+    /// sharing a KV head become `group · len` query rows of it (head h reads KV head
+    /// h / group), so keys are never repeated.
     fn attend(
         &self,
         q: Tensor<B, 3>,
         keys: Tensor<B, 3>,
         values: Tensor<B, 3>,
-        start: usize,
+        mask: Tensor<B, 4, Bool>,
         how: &AttendWith<'_, B>,
     ) -> Tensor<B, 2> {
         let (h, kvh, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
         let group = h / kvh;
         let [len, _, _] = q.dims();
-        let total = keys.dims()[1];
+        let rows = group * len;
         let options = AttentionModuleOptions {
             scale: Some(f64::from(how.scale)),
             ..Default::default()
         };
-        // Several queries (a prompt, or a chunk of one after cached positions). As at
-        // decode, the `group` query heads sharing a KV head become `group · len` query
-        // rows of it (head h reads KV head h / group), so keys are never repeated. The
-        // mask hides what query `i` (position `start + i`) may not see: later
-        // positions, and those past its window. It is spelled out rather than left to
-        // `is_causal`, whose diagonal would have to line up with the last key when the
-        // queries are fewer than the keys.
-        let mut hidden = Vec::with_capacity(len * total);
-        for i in 0..len {
-            let pos = start + i;
-            for key in 0..total {
-                let past = how.window.is_some_and(|w| pos >= key + w);
-                hidden.push(key > pos || past);
-            }
-        }
-        let hidden = hidden.repeat(group);
-        let rows = group * len;
-        let mask = Tensor::<B, 2, burn_tensor::Bool>::from_data(
-            TensorData::new(hidden, [rows, total]),
-            &q.device(),
-        )
-        .reshape([1, 1, rows, total])
-        .expand([1, kvh, rows, total]);
         // [len, h, d] → [len, kvh, group, d] → [1, kvh, group·len, d]
         let q = q
             .reshape([len, kvh, group, d])

@@ -10,7 +10,7 @@ use burn_tensor::{backend::Backend, Int, Tensor, TensorData};
 
 use super::{
     super::sampler::Rest,
-    attention::{AttendWith, Attention, SeqSpan},
+    attention::{AttendWith, Attention, SeqSpan, StepMasks},
     cache::{DeviceKvCache, HostKvCache, KvCache, KvDtype},
     config::LlamaConfig,
     host::{HostLlama, HostLogits},
@@ -425,6 +425,7 @@ impl<B: Backend> BurnLlama<B> {
             Some(n) => n.forward(t),
             None => t,
         };
+        let mut masks = StepMasks::new();
         for (layer, block) in self.blocks.iter().enumerate() {
             let h = block.attn_norm.forward(x.clone());
             let (rope, window) = self.config.layer_rope(layer, &self.rope, &self.rope_local);
@@ -433,7 +434,9 @@ impl<B: Backend> BurnLlama<B> {
                 scale: self.config.attn_scale,
                 window,
             };
-            let a = block.attn.forward(layer, h, spans, caches, &how);
+            let a = block
+                .attn
+                .forward(layer, h, spans, caches, &how, &mut masks);
             x = x + post(&block.post_attn_norm, a);
             let h = block.ffn_norm.forward(x.clone());
             x = x + post(&block.post_ffn_norm, block.mlp.forward(h));
