@@ -115,6 +115,25 @@ fn chunked_prefill_equals_whole<B: Backend>() {
     }
 }
 
+/// The tokens each prompt generates alone, prompt `i` with `params(i)`.
+fn each_alone<B: Backend>(
+    engine: &Engine<B>,
+    prompts: &[Vec<u32>],
+    params: impl Fn(u64) -> GenerateParams,
+) -> Vec<Vec<u32>> {
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut out = Vec::new();
+            engine
+                .generate(p.clone(), params(i as u64), &mut |ev| out.push(ev.id))
+                .expect("generate");
+            out
+        })
+        .collect()
+}
+
 /// Eight sequences of different lengths decoding together (one attention call for all
 /// their decode rows) each get the tokens they get alone.
 fn a_batch_of_eight_decodes_what_each_decodes_alone<B: Backend>() {
@@ -137,17 +156,7 @@ fn a_batch_of_eight_decodes_what_each_decodes_alone<B: Backend>() {
         p
     };
     let prompts: Vec<Vec<u32>> = (0..8).map(|i| prompt(i, 3 + 5 * i as usize)).collect();
-    let alone: Vec<Vec<u32>> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let mut out = Vec::new();
-            engine
-                .generate(p.clone(), params(i as u64), &mut |ev| out.push(ev.id))
-                .expect("generate");
-            out
-        })
-        .collect();
+    let alone = each_alone(&engine, &prompts, params);
     let mut seqs: Vec<_> = prompts
         .iter()
         .enumerate()
@@ -185,17 +194,7 @@ fn a_mixed_step_downloads_only_the_rows_it_needs<B: Backend>() {
     };
     assert!(params(2).sampling.adjusts() && !params(0).sampling.adjusts());
     let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt(i, 4 + 3 * i as usize)).collect();
-    let alone: Vec<Vec<u32>> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let mut out = Vec::new();
-            engine
-                .generate(p.clone(), params(i as u64), &mut |ev| out.push(ev.id))
-                .expect("generate");
-            out
-        })
-        .collect();
+    let alone = each_alone(&engine, &prompts, params);
     let before = engine.downloaded_rows();
     let mut seqs: Vec<_> = prompts
         .iter()
