@@ -73,6 +73,12 @@ pub struct AttendWith<'a, B: Backend> {
 /// A mask on the device: `true` hides a key from a query.
 type Mask<B> = Tensor<B, 4, Bool>;
 
+/// Whether the query at `pos` may not see the key at `key`: a later position, or one
+/// past the layer's window (a query sees itself and the `window − 1` before it).
+fn hidden(pos: usize, key: usize, window: Option<usize>) -> bool {
+    key > pos || window.is_some_and(|w| pos >= key + w)
+}
+
 /// The attention masks of one forward pass. A mask depends only on the step's spans and
 /// on a layer's window, so each is built on the host and uploaded once, then shared by
 /// every layer with that window, not rebuilt layer by layer.
@@ -97,8 +103,8 @@ impl<B: Backend> StepMasks<B> {
         &mut self,
         seq: usize,
         window: Option<usize>,
-        build: impl FnOnce() -> Tensor<B, 4, Bool>,
-    ) -> Tensor<B, 4, Bool> {
+        build: impl FnOnce() -> Mask<B>,
+    ) -> Mask<B> {
         if let Some((.., m)) = self.prompts.iter().find(|p| (p.0, p.1) == (seq, window)) {
             return m.clone();
         }
@@ -110,8 +116,8 @@ impl<B: Backend> StepMasks<B> {
     fn decode(
         &mut self,
         window: Option<usize>,
-        build: impl FnOnce() -> Option<Tensor<B, 4, Bool>>,
-    ) -> Option<Tensor<B, 4, Bool>> {
+        build: impl FnOnce() -> Option<Mask<B>>,
+    ) -> Option<Mask<B>> {
         if let Some((_, m)) = self.decode.iter().find(|(w, _)| *w == window) {
             return m.clone();
         }
@@ -267,16 +273,14 @@ impl<B: Backend> Attention<B> {
         };
         let (keys, values) = (cat(keys).cast(DType::F32), cat(values).cast(DType::F32));
         let mask = masks.decode(how.window, || {
-            let mut hidden = Vec::with_capacity(n * span);
-            for (_, _, total) in &rows {
-                let pos = total - 1;
-                for key in first..longest {
-                    let past = how.window.is_some_and(|w| pos >= key + w);
-                    hidden.push(key > pos || past);
-                }
-            }
-            (hidden.iter().any(|&x| x)).then(|| {
-                Tensor::<B, 2, Bool>::from_data(TensorData::new(hidden, [n, span]), &device)
+            let hide: Vec<bool> = rows
+                .iter()
+                .flat_map(|&(_, _, total)| {
+                    (first..longest).map(move |key| hidden(total - 1, key, how.window))
+                })
+                .collect();
+            hide.iter().any(|&x| x).then(|| {
+                Tensor::<B, 2, Bool>::from_data(TensorData::new(hide, [n, span]), &device)
                     .reshape([n, 1, 1, span])
                     .expand([n, kvh, group, span])
             })
@@ -299,24 +303,16 @@ impl<B: Backend> Attention<B> {
         start: usize,
         window: Option<usize>,
         device: &B::Device,
-    ) -> Tensor<B, 4, Bool> {
+    ) -> Mask<B> {
         let (kvh, group) = (self.n_kv_heads, self.n_heads / self.n_kv_heads);
         let total = start + len;
-        let mut hidden = Vec::with_capacity(len * total);
-        for i in 0..len {
-            let pos = start + i;
-            for key in 0..total {
-                let past = window.is_some_and(|w| pos >= key + w);
-                hidden.push(key > pos || past);
-            }
-        }
+        let hide: Vec<bool> = (start..total)
+            .flat_map(|pos| (0..total).map(move |key| hidden(pos, key, window)))
+            .collect();
         let rows = group * len;
-        Tensor::<B, 2, Bool>::from_data(
-            TensorData::new(hidden.repeat(group), [rows, total]),
-            device,
-        )
-        .reshape([1, 1, rows, total])
-        .expand([1, kvh, rows, total])
+        Tensor::<B, 2, Bool>::from_data(TensorData::new(hide.repeat(group), [rows, total]), device)
+            .reshape([1, 1, rows, total])
+            .expand([1, kvh, rows, total])
     }
 
     /// `q: [len, heads, d]` (positions `start..start + len`) against the cached
@@ -329,7 +325,7 @@ impl<B: Backend> Attention<B> {
         q: Tensor<B, 3>,
         keys: Tensor<B, 3>,
         values: Tensor<B, 3>,
-        mask: Tensor<B, 4, Bool>,
+        mask: Mask<B>,
         how: &AttendWith<'_, B>,
     ) -> Tensor<B, 2> {
         let (h, kvh, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
